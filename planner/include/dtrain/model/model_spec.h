@@ -1,0 +1,119 @@
+// The model description (model.toml): a GPT- or Llama-style decoder-only transformer and how it is trained.
+//
+// File format (docs/formats.md#model-toml):
+//   [model]    name, arch (gpt | llama), layers, hidden, ffn_hidden, heads, kv_heads, vocab, seq_len,
+//              tied_embeddings, norm, activation, position, dropout, norm_eps, rope_theta, ffn_multiple_of
+//   [training] global_batch, dtype, optimizer, lr, min_lr, warmup_steps, decay_steps, weight_decay, beta1, beta2,
+//              eps, grad_clip, attention, grad_reduce_dtype, overlap_grad_reduce
+// Unknown keys are errors with the nearest valid key suggested; every error names file, line and key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "dtrain/common/dtype.h"
+
+namespace dtrain {
+class TomlDocument;
+}
+
+namespace dtrain::model {
+
+enum class Arch { kGpt, kLlama };
+enum class NormKind { kLayerNorm, kRmsNorm };
+enum class ActivationKind { kGelu, kSwiGlu };
+enum class PositionKind { kLearned, kRope };
+// How the attention core is computed: kFlash never materialises the s x s score matrix (and skips the masked half
+// of a causal product); kMaterialized is the classic QK^T -> softmax -> dropout -> AV sequence (Megatron 2021).
+enum class AttentionImpl { kFlash, kMaterialized };
+
+std::string_view to_string(Arch arch);
+std::string_view to_string(NormKind norm);
+std::string_view to_string(ActivationKind act);
+std::string_view to_string(PositionKind pos);
+std::string_view to_string(AttentionImpl impl);
+
+struct ModelSpec {
+  std::string name;
+  Arch arch = Arch::kGpt;
+  std::int64_t layers = 0;
+  std::int64_t hidden = 0;
+  std::int64_t ffn_hidden = 0;
+  std::int64_t heads = 0;
+  std::int64_t kv_heads = 0;
+  std::int64_t vocab = 0;
+  std::int64_t seq_len = 0;
+  bool tied_embeddings = true;
+  NormKind norm = NormKind::kLayerNorm;
+  ActivationKind activation = ActivationKind::kGelu;
+  PositionKind position = PositionKind::kLearned;
+  bool linear_bias = true;  // gpt: biases on every linear layer; llama: none
+  double dropout = 0.0;     // hidden and attention dropout probability
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+
+  std::int64_t head_dim() const { return hidden / heads; }
+  std::int64_t kv_dim() const { return kv_heads * head_dim(); }
+  // Columns of the fused QKV projection: hidden (queries) + 2 * kv_heads * head_dim.
+  std::int64_t qkv_columns() const { return hidden + 2 * kv_dim(); }
+  // Columns of the first MLP matrix: ffn_hidden, or 2 * ffn_hidden for SwiGLU (gate and up fused).
+  std::int64_t fc1_columns() const { return activation == ActivationKind::kSwiGlu ? 2 * ffn_hidden : ffn_hidden; }
+
+  // Parameters of one transformer layer (weights, biases, norms).
+  std::int64_t layer_params() const;
+  // Token embedding (+ learned positions).
+  std::int64_t embedding_params() const;
+  // Final norm + output projection (zero extra weights when tied).
+  std::int64_t head_params() const;
+  std::int64_t total_params() const;
+
+  // Model FLOPs of one optimizer step over `tokens` tokens, forward + backward, no recomputation: the MFU numerator.
+  // Dense GEMMs 6 x params-in-matmuls x tokens plus attention 12 x layers x hidden x seq_len x tokens (the score and
+  // value products counted in full, as Megatron, PaLM and Korthikanti do).
+  double model_flops(double tokens) const;
+};
+
+enum class Optimizer { kAdam, kAdamW, kSgd };
+std::string_view to_string(Optimizer opt);
+
+struct TrainingSpec {
+  std::int64_t global_batch = 0;  // sequences per optimizer step
+  DType dtype = DType::kBf16;
+  Optimizer optimizer = Optimizer::kAdam;
+  AttentionImpl attention = AttentionImpl::kFlash;
+  // Data type of data-parallel gradient reduction: fp32 (Megatron's main grads, the default) or the training dtype.
+  bool grad_reduce_fp32 = true;
+  // Whether the data-parallel gradient reduction overlaps the backward pass (bucket by bucket, as soon as a bucket's
+  // gradients are final). Megatron-LM before 2023 reduced after the whole backward pass.
+  bool overlap_grad_reduce = true;
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  std::int64_t warmup_steps = 10;
+  std::int64_t decay_steps = 1000;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0 disables clipping
+};
+
+struct ModelDescription {
+  ModelSpec model;
+  TrainingSpec training;
+  std::string source;  // file the description came from ("" when built in code)
+  std::string digest;  // SHA-256 of the canonical form (canonical_text()), independent of comments and formatting
+};
+
+// Parses and validates. Throws dtrain::Error (input, exit 2) naming file, line and key.
+ModelDescription load_model(const std::string& path);
+ModelDescription parse_model(const TomlDocument& doc);
+
+// Checks cross-field rules (heads divide hidden, kv_heads divide heads, ...). Called by the parsers; exposed for
+// descriptions built in code. Throws dtrain::Error (input) naming the fields.
+void validate(const ModelSpec& model, const TrainingSpec& training, const std::string& source);
+
+// Every field in a fixed order, one "key = value" per line: the text the digest is taken over, and what
+// `dtplan explain` echoes.
+std::string canonical_text(const ModelDescription& desc);
+
+}  // namespace dtrain::model

@@ -1,0 +1,81 @@
+// A parallel layout: the numbers the planner chooses and every other part of dtrain consumes.
+//
+// Keys (the same in plan.toml [config], the JSON `config` object and `dtplan --fix`):
+//   tp, pp, dp, vpp, micro_batch, num_microbatches, recompute (none | selective | full), sequence_parallel,
+//   distributed_optimizer, schedule (gpipe | 1f1b | interleaved | zb-h1), placement (tp-dp-pp | tp-pp-dp).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dtrain::plan {
+
+enum class Recompute { kNone, kSelective, kFull };
+// gpipe: all forwards, then all backwards. 1f1b: PipeDream-flush / Megatron non-interleaved. interleaved: Megatron's
+// interleaved 1F1B over vpp model chunks per stage. zb-h1: zero-bubble H1 (Qi et al. 2024), backward split into
+// input and weight gradients, 1F1B memory.
+enum class Schedule { kGpipe, k1F1B, kInterleaved, kZbH1 };
+// Order of the coordinates in the global rank, fastest first: tp-dp-pp is Megatron's default (data-parallel peers
+// close together); tp-pp-dp keeps pipeline neighbours together.
+enum class PlacementOrder { kTpDpPp, kTpPpDp };
+
+std::string_view to_string(Recompute r);
+std::string_view to_string(Schedule s);
+std::string_view to_string(PlacementOrder p);
+std::optional<Recompute> parse_recompute(std::string_view text);
+std::optional<Schedule> parse_schedule(std::string_view text);
+std::optional<PlacementOrder> parse_placement(std::string_view text);
+
+struct ParallelConfig {
+  int tp = 1;
+  int pp = 1;
+  int dp = 1;
+  int vpp = 1;  // model chunks per pipeline stage
+  int micro_batch = 1;
+  int num_microbatches = 1;  // global_batch / (micro_batch * dp)
+  Recompute recompute = Recompute::kNone;
+  bool sequence_parallel = false;
+  bool distributed_optimizer = false;
+  Schedule schedule = Schedule::k1F1B;
+  PlacementOrder placement = PlacementOrder::kTpDpPp;
+  // Transformer layers of each model chunk, pp * vpp entries in chunk order: chunk c = v * pp + stage runs on
+  // pipeline stage (c % pp) as its (c / pp)-th chunk. Empty: split as evenly as possible.
+  std::vector<int> chunk_layers;
+
+  int world_size() const { return tp * pp * dp; }
+  int chunks() const { return pp * vpp; }
+  // Layers on pipeline stage s (summed over its chunks).
+  int stage_layers(int stage) const;
+  // "tp=8 pp=8 dp=16 vpp=2 mb=1 m=96 recompute=selective sp=on dopt=on schedule=interleaved"
+  std::string summary() const;
+  bool operator==(const ParallelConfig& o) const = default;
+};
+
+// Dimensions pinned with --fix (unset = searched).
+struct FixedDims {
+  std::optional<int> tp, pp, dp, vpp, micro_batch;
+  std::optional<Recompute> recompute;
+  std::optional<bool> sequence_parallel, distributed_optimizer;
+  std::optional<Schedule> schedule;
+  std::optional<PlacementOrder> placement;
+  std::vector<int> chunk_layers;  // "chunk_layers=5/6/6/5"
+
+  bool empty() const;
+  bool all_pinned() const;  // every searched dimension given
+};
+
+// Parses "tp=8,pp=4,recompute=full". Throws dtrain::Error (input) naming the bad item and listing valid keys.
+FixedDims parse_fixed(std::string_view text);
+// Merges b into a (b wins); for --fix given several times.
+FixedDims merge(FixedDims a, const FixedDims& b);
+std::string to_string(const FixedDims& f);
+
+// Even split of `layers` over `chunks` model chunks: the first `layers % chunks` chunks... get one more, but the
+// first and last chunks (which also hold the embedding and the head) get the extra layers last.
+std::vector<int> even_chunk_layers(int layers, int chunks);
+
+}  // namespace dtrain::plan

@@ -1,0 +1,167 @@
+// The cost model: predicted step time and per-stage memory of a parallel layout of a model on a cluster.
+//
+// Every formula, its source and its calibration are in docs/cost-model.md. In short:
+//   - compute per op: max(FLOPs / (peak x gemm_efficiency(FLOPs)), bytes / (HBM x hbm_efficiency));
+//   - collectives: latency x steps + algorithm factor x bytes / (bandwidth x efficiency(bytes)), hierarchical
+//     (inside the NVLink domain, then across nodes) when a group spans nodes;
+//   - pipeline: sum of stage times + (m - 1) x slowest stage for 1F1B (interleaved: bubble / vpp; zb-h1: weight
+//     gradients fill the bubble), plus the point-to-point transfers on the critical path;
+//   - data-parallel reduction bucketed and overlapped with the last micro-batch's backward except its tail;
+//   - memory per pipeline stage: weights, gradients, optimizer state (sharded with the distributed optimizer),
+//     activations of the micro-batches in flight (Korthikanti et al. 2022), embedding and logits, workspace,
+//     fragmentation.
+// The same per-instruction costs serve the IR simulator (dtrain::ir), so the analytic estimate and the simulated
+// lowered programs can be compared.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/model/layer_graph.h"
+#include "dtrain/model/model_spec.h"
+#include "dtrain/plan/config.h"
+#include "dtrain/topology/cluster_spec.h"
+
+namespace dtrain::plan {
+
+struct TimeBreakdown {
+  double compute_s = 0;      // forward + backward math on the slowest stage, all micro-batches
+  double recompute_s = 0;    // forward recomputation (selective or full)
+  double tp_comm_s = 0;      // exposed tensor-parallel collectives
+  double bubble_s = 0;       // pipeline fill and drain
+  double pp_comm_s = 0;      // exposed pipeline point-to-point transfers
+  double dp_comm_s = 0;      // exposed data-parallel reduction (and parameter all-gather)
+  double optimizer_s = 0;    // optimizer step, gradient norm, tied-embedding reduction
+  double overhead_s = 0;     // fixed per-step overhead
+  double total() const {
+    return compute_s + recompute_s + tp_comm_s + bubble_s + pp_comm_s + dp_comm_s + optimizer_s + overhead_s;
+  }
+};
+
+struct StageMemory {
+  int stage = 0;
+  int layers = 0;
+  double params = 0;                // parameters held by one GPU of this stage
+  double weights_bytes = 0;
+  double gradients_bytes = 0;
+  double optimizer_bytes = 0;
+  double activations_bytes = 0;     // transformer layers' saved activations, all micro-batches in flight
+  double boundary_bytes = 0;        // embedding and head activations (first and last stage)
+  double transient_bytes = 0;       // largest short-lived buffer: a recomputed layer, the logits
+  double reserved_bytes = 0;        // CUDA context, library workspaces, communication buffers
+  double fragmentation_bytes = 0;
+  double inflight_microbatches = 0; // micro-batches whose activations are alive at the peak (chunk units / vpp)
+  // Korthikanti-comparable parts: transformer layers only.
+  double layer_params = 0;
+  double layer_state_bytes = 0;     // (weights + gradients + optimizer) of the transformer layers
+  double total_bytes() const {
+    return weights_bytes + gradients_bytes + optimizer_bytes + activations_bytes + boundary_bytes + transient_bytes +
+           reserved_bytes + fragmentation_bytes;
+  }
+};
+
+// Per-micro-batch cost of one pipeline stage, split the way schedules need it.
+struct StageTimes {
+  double forward_s = 0;          // compute + exposed tp collectives of the forward pass
+  double backward_input_s = 0;   // input gradients (+ recomputation, + tp collectives of backward)
+  double backward_weight_s = 0;  // weight gradients (separable in zero-bubble schedules)
+  double recompute_s = 0;        // part of backward_input_s that is recomputation
+  double tp_comm_s = 0;          // part of forward_s + backward_input_s that is tp communication
+  double total() const { return forward_s + backward_input_s + backward_weight_s; }
+};
+
+struct Estimate {
+  ParallelConfig config;
+  bool feasible = false;
+  std::string reason;  // why not feasible (memory), empty when feasible
+  TimeBreakdown breakdown;
+  double iteration_s = 0;
+  double tokens_per_s = 0;
+  double tflops_per_gpu = 0;  // model FLOPs per second per GPU (no recomputation)
+  double mfu = 0;             // model FLOPs utilisation
+  double hfu = 0;             // hardware FLOPs utilisation (recomputation counted)
+  std::vector<StageMemory> stages;
+  double peak_memory_bytes = 0;
+  int peak_stage = 0;
+  double capacity_bytes = 0;
+  std::vector<StageTimes> stage_times;  // per micro-batch
+  double p2p_s = 0;                     // one pipeline transfer between stages
+  double dp_reduce_s = 0;               // full data-parallel reduction of the largest stage, before overlap
+};
+
+// Shape of a communication group on the cluster.
+struct GroupGeometry {
+  int size = 1;
+  int per_node = 1;   // members on one node
+  int nodes = 1;      // nodes spanned
+  bool nvlink = true; // members on one node share the NVLink domain
+};
+
+class CostModel {
+ public:
+  CostModel(model::ModelDescription model, topology::ClusterSpec cluster);
+
+  const model::ModelDescription& model() const { return model_; }
+  const topology::ClusterSpec& cluster() const { return cluster_; }
+  const model::LayerGraph& graph() const { return graph_; }
+
+  // Why a layout cannot run at all (heads not divisible, batch not divisible, ...), or nullopt. Memory is not
+  // checked here (see evaluate).
+  std::optional<std::string> structural_problem(const ParallelConfig& config, std::int64_t global_batch) const;
+
+  // Full evaluation. config.num_microbatches and config.chunk_layers are filled in when empty/zero.
+  Estimate evaluate(ParallelConfig config, std::int64_t global_batch) const;
+
+  // Memory only (for pruning before timing): peak bytes over stages.
+  double peak_memory_bytes(const ParallelConfig& config) const;
+
+  // ---- building blocks, shared with the IR simulator ----
+  double gemm_seconds(double m, double n, double k) const;
+  double memory_seconds(double bytes) const;
+  // Forward time of one op for a micro-batch under tp / sequence parallelism (compute only).
+  double op_forward_seconds(const model::Op& op, const ParallelConfig& config) const;
+  double op_backward_seconds(const model::Op& op, const ParallelConfig& config) const;
+  // Weight-gradient part of op_backward_seconds (GEMMs only).
+  double op_weight_grad_seconds(const model::Op& op, const ParallelConfig& config) const;
+
+  double all_reduce_seconds(double bytes, const GroupGeometry& g) const;
+  double all_gather_seconds(double bytes, const GroupGeometry& g) const;   // bytes: the gathered (full) size
+  double reduce_scatter_seconds(double bytes, const GroupGeometry& g) const;
+  // One pipeline transfer of an activation (or its gradient) between stage s and s+1.
+  double p2p_seconds(const ParallelConfig& config) const;
+
+  GroupGeometry tp_group(const ParallelConfig& config) const;
+  GroupGeometry dp_group(const ParallelConfig& config) const;
+  // Whether pipeline neighbours always share a node.
+  bool pp_neighbours_share_node(const ParallelConfig& config) const;
+
+  // Bytes of the tensor-parallel all-reduce of one layer output (tokens x hidden x activation bytes).
+  double hidden_bytes(const ParallelConfig& config) const;
+  // Tensor-parallel collective time of one transformer layer's forward / backward pass.
+  double layer_tp_forward_seconds(const ParallelConfig& config) const;
+  double layer_tp_backward_seconds(const ParallelConfig& config) const;
+  // Per-micro-batch cost of a model chunk with `layers` layers, with the embedding and/or head when asked.
+  StageTimes chunk_times(const ParallelConfig& config, int layers, bool embedding, bool head) const;
+  // Data-parallel gradient reduction of `params` parameters (sharded: reduce-scatter + parameter all-gather).
+  double dp_reduce_seconds(const ParallelConfig& config, double params) const;
+  double optimizer_seconds(const ParallelConfig& config, double params) const;
+  // Parameters one GPU holds for `layers` layers, with embedding/head.
+  double stage_params(const ParallelConfig& config, int layers, bool embedding, bool head) const;
+  double bucket_bytes() const { return kBucketBytes; }
+
+  static constexpr double kBucketBytes = 40.0 * 1024 * 1024;  // Megatron's default DDP bucket (40 MB)
+
+ private:
+  StageMemory stage_memory(const ParallelConfig& config, int stage) const;
+  double collective_seconds(double bytes, const GroupGeometry& g, double bw_factor, int steps_factor) const;
+
+  model::ModelDescription model_;
+  topology::ClusterSpec cluster_;
+  model::LayerGraph graph_;
+  double layer_params_sharded_ = 0;    // layer parameters split by tp
+  double layer_params_replicated_ = 0; // norms, row-parallel biases
+};
+
+}  // namespace dtrain::plan

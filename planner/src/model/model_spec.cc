@@ -1,0 +1,222 @@
+#include "dtrain/model/model_spec.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "dtrain/common/digest.h"
+#include "dtrain/common/error.h"
+#include "dtrain/common/toml_reader.h"
+
+namespace dtrain::model {
+
+std::string_view to_string(Arch arch) { return arch == Arch::kGpt ? "gpt" : "llama"; }
+std::string_view to_string(NormKind norm) { return norm == NormKind::kLayerNorm ? "layernorm" : "rmsnorm"; }
+std::string_view to_string(ActivationKind act) { return act == ActivationKind::kGelu ? "gelu" : "swiglu"; }
+std::string_view to_string(PositionKind pos) { return pos == PositionKind::kLearned ? "learned" : "rope"; }
+std::string_view to_string(AttentionImpl impl) { return impl == AttentionImpl::kFlash ? "flash" : "materialized"; }
+std::string_view to_string(Optimizer opt) {
+  switch (opt) {
+    case Optimizer::kAdam: return "adam";
+    case Optimizer::kAdamW: return "adamw";
+    case Optimizer::kSgd: return "sgd";
+  }
+  return "?";
+}
+
+std::int64_t ModelSpec::layer_params() const {
+  std::int64_t norm_params = norm == NormKind::kLayerNorm ? 2 * hidden : hidden;  // weight (+ bias)
+  std::int64_t p = 2 * norm_params;
+  p += hidden * qkv_columns() + hidden * hidden;        // QKV, attention output
+  p += hidden * fc1_columns() + ffn_hidden * hidden;    // MLP
+  if (linear_bias) p += qkv_columns() + hidden + fc1_columns() + hidden;
+  return p;
+}
+
+std::int64_t ModelSpec::embedding_params() const {
+  std::int64_t p = vocab * hidden;
+  if (position == PositionKind::kLearned) p += seq_len * hidden;
+  return p;
+}
+
+std::int64_t ModelSpec::head_params() const {
+  std::int64_t p = norm == NormKind::kLayerNorm ? 2 * hidden : hidden;
+  if (!tied_embeddings) p += vocab * hidden;
+  return p;
+}
+
+std::int64_t ModelSpec::total_params() const { return layers * layer_params() + embedding_params() + head_params(); }
+
+double ModelSpec::model_flops(double tokens) const {
+  double layer_matmul = static_cast<double>(hidden) * static_cast<double>(qkv_columns()) +
+                        static_cast<double>(hidden) * static_cast<double>(hidden) +
+                        static_cast<double>(hidden) * static_cast<double>(fc1_columns()) +
+                        static_cast<double>(ffn_hidden) * static_cast<double>(hidden);
+  double matmul_params = static_cast<double>(layers) * layer_matmul + static_cast<double>(vocab) * hidden;
+  double attention = 12.0 * static_cast<double>(layers) * static_cast<double>(hidden) * static_cast<double>(seq_len);
+  return tokens * (6.0 * matmul_params + attention);
+}
+
+namespace {
+
+// The Llama rule for the MLP width: 2/3 of 4h, times an optional multiplier, rounded up to a multiple.
+std::int64_t llama_ffn_hidden(std::int64_t hidden, double multiplier, std::int64_t multiple_of) {
+  auto f = static_cast<std::int64_t>(2.0 * 4.0 * static_cast<double>(hidden) / 3.0);
+  f = static_cast<std::int64_t>(multiplier * static_cast<double>(f));
+  return multiple_of * ((f + multiple_of - 1) / multiple_of);
+}
+
+[[noreturn]] void fail_pair(TableReader& r, std::string_view key, std::string_view message) { r.fail(key, message); }
+
+}  // namespace
+
+ModelDescription parse_model(const TomlDocument& doc) {
+  ModelDescription desc;
+  desc.source = doc.file();
+  TableReader root = doc.root();
+  if (auto version = root.get_int("format"); version && *version != 1) {
+    root.fail("format", "unsupported format version (this dtrain reads format = 1)");
+  }
+  auto model_table = root.table("model");
+  auto training_table = root.table("training");
+  root.reject_unknown();
+  if (!model_table) root.fail_table("missing the [model] table (see examples/models/tiny.toml)");
+  if (!training_table) root.fail_table("missing the [training] table (global_batch, dtype, optimizer)");
+
+  TableReader& m = *model_table;
+  ModelSpec& spec = desc.model;
+  spec.name = m.get_string("name").value_or("");
+  if (spec.name.empty()) m.fail("name", "required key is missing or empty");
+  auto arch = m.get_choice("arch", {"gpt", "llama"});
+  if (!arch) m.fail("arch", "required key is missing (gpt or llama)");
+  spec.arch = *arch == "gpt" ? Arch::kGpt : Arch::kLlama;
+  bool llama = spec.arch == Arch::kLlama;
+
+  spec.layers = m.get_int_at_least("layers", 1).value_or(0);
+  if (spec.layers == 0) m.fail("layers", "required key is missing");
+  spec.hidden = m.get_int_at_least("hidden", 1).value_or(0);
+  if (spec.hidden == 0) m.fail("hidden", "required key is missing");
+  spec.heads = m.get_int_at_least("heads", 1).value_or(0);
+  if (spec.heads == 0) m.fail("heads", "required key is missing");
+  spec.kv_heads = m.get_int_at_least("kv_heads", 1).value_or(spec.heads);
+  spec.vocab = m.get_int_at_least("vocab", 2).value_or(0);
+  if (spec.vocab == 0) m.fail("vocab", "required key is missing");
+  spec.seq_len = m.get_int_at_least("seq_len", 1).value_or(0);
+  if (spec.seq_len == 0) m.fail("seq_len", "required key is missing");
+  spec.tied_embeddings = m.get_bool("tied_embeddings").value_or(!llama);
+
+  auto norm = m.get_choice("norm", {"layernorm", "rmsnorm"});
+  spec.norm = norm ? (*norm == "layernorm" ? NormKind::kLayerNorm : NormKind::kRmsNorm)
+                   : (llama ? NormKind::kRmsNorm : NormKind::kLayerNorm);
+  auto act = m.get_choice("activation", {"gelu", "swiglu"});
+  spec.activation = act ? (*act == "gelu" ? ActivationKind::kGelu : ActivationKind::kSwiGlu)
+                        : (llama ? ActivationKind::kSwiGlu : ActivationKind::kGelu);
+  auto pos = m.get_choice("position", {"learned", "rope"});
+  spec.position = pos ? (*pos == "learned" ? PositionKind::kLearned : PositionKind::kRope)
+                      : (llama ? PositionKind::kRope : PositionKind::kLearned);
+  spec.linear_bias = m.get_bool("linear_bias").value_or(!llama);
+  spec.dropout = m.get_number("dropout").value_or(0.0);
+  if (spec.dropout < 0.0 || spec.dropout >= 1.0) m.fail("dropout", "must be in [0, 1)");
+  spec.norm_eps = m.get_positive_number("norm_eps").value_or(1e-5);
+  spec.rope_theta = m.get_positive_number("rope_theta").value_or(10000.0);
+  std::int64_t multiple_of = m.get_int_at_least("ffn_multiple_of", 1).value_or(256);
+  double ffn_multiplier = m.get_positive_number("ffn_dim_multiplier").value_or(1.0);
+  if (auto ffn = m.get_int_at_least("ffn_hidden", 1)) {
+    spec.ffn_hidden = *ffn;
+  } else {
+    spec.ffn_hidden = llama ? llama_ffn_hidden(spec.hidden, ffn_multiplier, multiple_of) : 4 * spec.hidden;
+  }
+
+  // Cross-field rules, each reported at the key the user is most likely to fix.
+  if (spec.hidden % spec.heads != 0) {
+    fail_pair(m, "heads", fmt::format("does not divide hidden = {} (hidden/heads must be an integer)", spec.hidden));
+  }
+  if (spec.kv_heads > spec.heads) {
+    fail_pair(m, "kv_heads", fmt::format("is larger than heads = {} (kv_heads must divide heads)", spec.heads));
+  }
+  if (spec.heads % spec.kv_heads != 0) {
+    fail_pair(m, "kv_heads", fmt::format("does not divide heads = {} (grouped-query attention needs heads/kv_heads "
+                                         "to be an integer)", spec.heads));
+  }
+  if (spec.position == PositionKind::kRope && spec.head_dim() % 2 != 0) {
+    fail_pair(m, "position", fmt::format("rope needs an even head dimension, hidden/heads = {}", spec.head_dim()));
+  }
+  m.reject_unknown();
+
+  TableReader& t = *training_table;
+  TrainingSpec& tr = desc.training;
+  auto gb = t.get_int("global_batch");
+  if (!gb) t.fail("global_batch", "required key is missing (sequences per optimizer step)");
+  if (*gb < 1) t.fail("global_batch", "must be at least 1 sequence");
+  tr.global_batch = *gb;
+  auto dtype = t.get_choice("dtype", {"bf16", "fp16", "fp8", "fp32"});
+  tr.dtype = dtype ? *parse_dtype(*dtype) : DType::kBf16;
+  auto opt = t.get_choice("optimizer", {"adam", "adamw", "sgd"});
+  tr.optimizer = !opt ? Optimizer::kAdam : (*opt == "adam" ? Optimizer::kAdam : *opt == "adamw" ? Optimizer::kAdamW
+                                                                                                 : Optimizer::kSgd);
+  auto attention = t.get_choice("attention", {"flash", "materialized"});
+  tr.attention = attention && *attention == "materialized" ? AttentionImpl::kMaterialized : AttentionImpl::kFlash;
+  auto grad_dtype = t.get_choice("grad_reduce_dtype", {"fp32", "dtype"});
+  tr.grad_reduce_fp32 = !grad_dtype || *grad_dtype == "fp32";
+  tr.overlap_grad_reduce = t.get_bool("overlap_grad_reduce").value_or(true);
+  tr.lr = t.get_positive_number("lr").value_or(tr.lr);
+  tr.min_lr = t.get_number("min_lr").value_or(tr.lr / 10.0);
+  if (tr.min_lr < 0 || tr.min_lr > tr.lr) t.fail("min_lr", fmt::format("must be in [0, lr = {}]", tr.lr));
+  tr.warmup_steps = t.get_int_at_least("warmup_steps", 0).value_or(tr.warmup_steps);
+  tr.decay_steps = t.get_int_at_least("decay_steps", 1).value_or(tr.decay_steps);
+  tr.weight_decay = t.get_number("weight_decay").value_or(tr.weight_decay);
+  if (tr.weight_decay < 0) t.fail("weight_decay", "must not be negative");
+  tr.beta1 = t.get_number("beta1").value_or(tr.beta1);
+  if (tr.beta1 < 0 || tr.beta1 >= 1) t.fail("beta1", "must be in [0, 1)");
+  tr.beta2 = t.get_number("beta2").value_or(tr.beta2);
+  if (tr.beta2 < 0 || tr.beta2 >= 1) t.fail("beta2", "must be in [0, 1)");
+  tr.eps = t.get_positive_number("eps").value_or(tr.eps);
+  tr.grad_clip = t.get_number("grad_clip").value_or(tr.grad_clip);
+  if (tr.grad_clip < 0) t.fail("grad_clip", "must not be negative (0 disables clipping)");
+  t.reject_unknown();
+
+  validate(spec, tr, desc.source);
+  desc.digest = sha256_hex(canonical_text(desc));
+  return desc;
+}
+
+ModelDescription load_model(const std::string& path) { return parse_model(TomlDocument::parse_file(path)); }
+
+void validate(const ModelSpec& m, const TrainingSpec& t, const std::string& source) {
+  auto bad = [&](const std::string& what) {
+    throw input_error(fmt::format("{}: {}", source.empty() ? "model" : source, what));
+  };
+  if (m.layers < 1 || m.hidden < 1 || m.heads < 1 || m.kv_heads < 1 || m.vocab < 2 || m.seq_len < 1 ||
+      m.ffn_hidden < 1) {
+    bad("layers, hidden, heads, kv_heads, ffn_hidden and seq_len must be at least 1 and vocab at least 2");
+  }
+  if (m.hidden % m.heads != 0) bad(fmt::format("heads = {} does not divide hidden = {}", m.heads, m.hidden));
+  if (m.heads % m.kv_heads != 0) bad(fmt::format("kv_heads = {} does not divide heads = {}", m.kv_heads, m.heads));
+  if (t.global_batch < 1) bad("global_batch must be at least 1");
+}
+
+std::string canonical_text(const ModelDescription& d) {
+  const ModelSpec& m = d.model;
+  const TrainingSpec& t = d.training;
+  std::string s;
+  s += fmt::format("model.name = {}\nmodel.arch = {}\nmodel.layers = {}\nmodel.hidden = {}\nmodel.ffn_hidden = {}\n",
+                   m.name, to_string(m.arch), m.layers, m.hidden, m.ffn_hidden);
+  s += fmt::format("model.heads = {}\nmodel.kv_heads = {}\nmodel.vocab = {}\nmodel.seq_len = {}\n", m.heads,
+                   m.kv_heads, m.vocab, m.seq_len);
+  s += fmt::format("model.tied_embeddings = {}\nmodel.norm = {}\nmodel.activation = {}\nmodel.position = {}\n",
+                   m.tied_embeddings, to_string(m.norm), to_string(m.activation), to_string(m.position));
+  s += fmt::format("model.linear_bias = {}\nmodel.dropout = {}\nmodel.norm_eps = {}\nmodel.rope_theta = {}\n",
+                   m.linear_bias, m.dropout, m.norm_eps, m.rope_theta);
+  s += fmt::format("training.global_batch = {}\ntraining.dtype = {}\ntraining.optimizer = {}\n", t.global_batch,
+                   to_string(t.dtype), to_string(t.optimizer));
+  s += fmt::format("training.attention = {}\ntraining.grad_reduce_dtype = {}\ntraining.overlap_grad_reduce = {}\n",
+                   to_string(t.attention), t.grad_reduce_fp32 ? "fp32" : "dtype", t.overlap_grad_reduce);
+  s += fmt::format("training.lr = {}\ntraining.min_lr = {}\ntraining.warmup_steps = {}\ntraining.decay_steps = {}\n",
+                   t.lr, t.min_lr, t.warmup_steps, t.decay_steps);
+  s += fmt::format("training.weight_decay = {}\ntraining.beta1 = {}\ntraining.beta2 = {}\ntraining.eps = {}\n",
+                   t.weight_decay, t.beta1, t.beta2, t.eps);
+  s += fmt::format("training.grad_clip = {}\n", t.grad_clip);
+  return s;
+}
+
+}  // namespace dtrain::model

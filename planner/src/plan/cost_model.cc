@@ -1,0 +1,614 @@
+#include "dtrain/plan/cost_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "dtrain/common/error.h"
+
+namespace dtrain::plan {
+
+using model::Op;
+using model::OpKind;
+using model::TpSplit;
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+double weight_bytes_per_param(DType dtype) { return dtype == DType::kFp32 ? 4.0 : 2.0; }
+
+// Megatron keeps fp32 main gradients unless told to reduce in the training dtype.
+double grad_bytes_per_param(const model::TrainingSpec& t) {
+  return (t.grad_reduce_fp32 || t.dtype == DType::kFp32) ? 4.0 : weight_bytes_per_param(t.dtype);
+}
+
+// Optimizer state per parameter: mixed-precision Adam keeps an fp32 master copy and two fp32 moments (12 bytes;
+// Korthikanti et al. count 18 bytes with the 2-byte weight and 4-byte gradient); pure fp32 training needs no master
+// copy. SGD with momentum keeps one moment.
+double optimizer_bytes_per_param(const model::TrainingSpec& t) {
+  double master = t.dtype == DType::kFp32 ? 0.0 : 4.0;
+  double moments = t.optimizer == model::Optimizer::kSgd ? 4.0 : 8.0;
+  return master + moments;
+}
+
+}  // namespace
+
+CostModel::CostModel(model::ModelDescription model, topology::ClusterSpec cluster)
+    : model_(std::move(model)), cluster_(topology::default_network(std::move(cluster))),
+      graph_(model::build_layer_graph(model_.model, model_.training)) {
+  for (const Op& op : graph_.layer) {
+    double p = static_cast<double>(op.params);
+    if (op.split == TpSplit::kSequence) {
+      layer_params_replicated_ += p;
+    } else if (op.kind == OpKind::kLinear && op.split == TpSplit::kRow) {
+      double bias = static_cast<double>(op.params - op.in_features * op.out_features);
+      layer_params_sharded_ += p - bias;
+      layer_params_replicated_ += bias;
+    } else {
+      layer_params_sharded_ += p;
+    }
+  }
+}
+
+std::optional<std::string> CostModel::structural_problem(const ParallelConfig& c, std::int64_t global_batch) const {
+  const auto& m = model_.model;
+  if (c.tp < 1 || c.pp < 1 || c.dp < 1 || c.vpp < 1 || c.micro_batch < 1) return "every degree must be at least 1";
+  if (m.heads % c.tp != 0) return fmt::format("tp={} does not divide heads={}", c.tp, m.heads);
+  if (m.kv_heads % c.tp != 0) return fmt::format("tp={} does not divide kv_heads={}", c.tp, m.kv_heads);
+  if (m.ffn_hidden % c.tp != 0) return fmt::format("tp={} does not divide ffn_hidden={}", c.tp, m.ffn_hidden);
+  if (c.sequence_parallel && c.tp == 1) return "sequence parallelism needs tp > 1";
+  if (c.sequence_parallel && m.seq_len % c.tp != 0) {
+    return fmt::format("sequence parallelism needs tp={} to divide seq_len={}", c.tp, m.seq_len);
+  }
+  if (c.pp > m.layers) return fmt::format("pp={} exceeds layers={}", c.pp, m.layers);
+  if (!c.chunk_layers.empty()) {
+    if (static_cast<int>(c.chunk_layers.size()) != c.pp * c.vpp) {
+      return fmt::format("chunk_layers has {} entries, pp*vpp = {}", c.chunk_layers.size(), c.pp * c.vpp);
+    }
+    int sum = 0;
+    for (int l : c.chunk_layers) {
+      if (l < 1) return "every model chunk needs at least one layer";
+      sum += l;
+    }
+    if (sum != m.layers) return fmt::format("chunk_layers add up to {}, the model has {} layers", sum, m.layers);
+  } else if (static_cast<std::int64_t>(c.pp) * c.vpp > m.layers) {
+    return fmt::format("pp*vpp={} exceeds layers={}", c.pp * c.vpp, m.layers);
+  }
+  if (global_batch % (static_cast<std::int64_t>(c.micro_batch) * c.dp) != 0) {
+    return fmt::format("global_batch={} is not a multiple of micro_batch*dp={}", global_batch, c.micro_batch * c.dp);
+  }
+  std::int64_t mbs = global_batch / (static_cast<std::int64_t>(c.micro_batch) * c.dp);
+  if (c.schedule == Schedule::kInterleaved) {
+    if (c.vpp < 2) return "the interleaved schedule needs vpp >= 2";
+    if (c.pp < 2) return "the interleaved schedule needs pp >= 2";
+    if (mbs % c.pp != 0) return fmt::format("interleaving needs num_microbatches={} divisible by pp={}", mbs, c.pp);
+  } else if (c.vpp != 1) {
+    return fmt::format("vpp={} needs the interleaved schedule", c.vpp);
+  }
+  if (c.distributed_optimizer && c.dp == 1) return "the distributed optimizer needs dp > 1";
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Compute
+
+double CostModel::gemm_seconds(double m, double n, double k) const {
+  const auto& gpu = cluster_.node.gpu;
+  const auto& cal = gpu.calibration;
+  double flops = 2.0 * m * n * k;
+  // Efficiency rises with the GEMM's size and saturates (Calculon's step function, made smooth): small GEMMs lose to
+  // launch overhead and partial waves of thread blocks.
+  double eff = cal.gemm_efficiency_max * flops / (flops + cal.gemm_half_gflop * 1e9);
+  double peak = gpu.peak_flops(model_.training.dtype);
+  double compute = flops / (peak * eff);
+  double bytes = static_cast<double>(gemm_operand_bytes(model_.training.dtype)) * (m * k + k * n + m * n);
+  return std::max(compute, memory_seconds(bytes));
+}
+
+double CostModel::memory_seconds(double bytes) const {
+  const auto& gpu = cluster_.node.gpu;
+  return bytes / (gpu.hbm_gbps * 1e9 * gpu.calibration.hbm_efficiency);
+}
+
+namespace {
+struct Partition {
+  double tokens;       // tokens of the micro-batch
+  double local_tokens; // tokens this rank's sequence-split ops see
+  double tp;
+};
+Partition partition(const ParallelConfig& c, double seq_len) {
+  double tokens = static_cast<double>(c.micro_batch) * seq_len;
+  return {tokens, c.sequence_parallel ? tokens / c.tp : tokens, static_cast<double>(c.tp)};
+}
+}  // namespace
+
+double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) const {
+  const auto& m = model_.model;
+  Partition p = partition(c, static_cast<double>(m.seq_len));
+  switch (op.kind) {
+    case OpKind::kLinear: {
+      double in = static_cast<double>(op.in_features), out = static_cast<double>(op.out_features);
+      if (op.split == TpSplit::kRow) return gemm_seconds(p.tokens, out, in / p.tp);
+      return gemm_seconds(p.tokens, std::ceil(out / p.tp), in);  // column and vocab-parallel
+    }
+    case OpKind::kAttention: {
+      double s = static_cast<double>(m.seq_len), hd = static_cast<double>(m.head_dim());
+      double heads = static_cast<double>(m.heads) / p.tp;
+      double batch = static_cast<double>(c.micro_batch) * heads;
+      double elementwise = memory_seconds(op.bytes_per_token * p.tokens / p.tp);
+      if (op.causal_fraction < 1.0) {
+        // Fused flash kernel: compute-bound at the attention kernel's efficiency.
+        const auto& gpu = cluster_.node.gpu;
+        double flops = op.flops_per_token * p.tokens / p.tp * op.causal_fraction;
+        double compute = flops / (gpu.peak_flops(model_.training.dtype) * gpu.calibration.attention_efficiency);
+        return std::max(compute, elementwise);
+      }
+      // QK^T (s x hd by hd x s) and AV (s x s by s x hd), batched over micro-batch and local heads.
+      double scores = gemm_seconds(batch * s, s, hd);
+      double values = gemm_seconds(batch * s, hd, s);
+      return scores + values + elementwise;
+    }
+    case OpKind::kTokenEmbedding:
+      // Every rank of a vocab-parallel embedding looks up all tokens (zeros outside its vocabulary shard).
+      return memory_seconds(op.bytes_per_token * p.tokens);
+    case OpKind::kNorm:
+    case OpKind::kDropoutResidual: return memory_seconds(op.bytes_per_token * p.local_tokens);
+    case OpKind::kRope:
+    case OpKind::kActivation:
+    case OpKind::kCrossEntropy: return memory_seconds(op.bytes_per_token * p.tokens / p.tp);
+  }
+  return 0;
+}
+
+double CostModel::op_backward_seconds(const Op& op, const ParallelConfig& c) const {
+  return op.backward_factor * op_forward_seconds(op, c);
+}
+
+double CostModel::op_weight_grad_seconds(const Op& op, const ParallelConfig& c) const {
+  // A linear layer's backward is two GEMMs of its forward's size: input gradient and weight gradient.
+  if (op.kind != OpKind::kLinear || op.params == 0) return 0;
+  return op_forward_seconds(op, c);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Communication
+
+GroupGeometry CostModel::tp_group(const ParallelConfig& c) const {
+  int g = cluster_.node.gpus;
+  GroupGeometry geo;
+  geo.size = c.tp;
+  geo.per_node = std::min(c.tp, g);
+  geo.nodes = (c.tp + geo.per_node - 1) / geo.per_node;
+  geo.nvlink = geo.per_node <= cluster_.node.nvlink_domain;
+  return geo;
+}
+
+GroupGeometry CostModel::dp_group(const ParallelConfig& c) const {
+  int g = cluster_.node.gpus;
+  int stride = c.placement == PlacementOrder::kTpDpPp ? c.tp : c.tp * c.pp;
+  GroupGeometry geo;
+  geo.size = c.dp;
+  geo.per_node = stride < g ? std::max(1, std::min(c.dp, g / stride)) : 1;
+  geo.nodes = (c.dp + geo.per_node - 1) / geo.per_node;
+  // Members on one node are `stride` GPUs apart: inside one NVLink domain when they fit in it.
+  geo.nvlink = (geo.per_node - 1) * stride < cluster_.node.nvlink_domain;
+  return geo;
+}
+
+bool CostModel::pp_neighbours_share_node(const ParallelConfig& c) const {
+  int stride = c.placement == PlacementOrder::kTpDpPp ? c.tp * c.dp : c.tp;
+  return static_cast<std::int64_t>(stride) * c.pp <= cluster_.node.gpus;
+}
+
+double CostModel::collective_seconds(double bytes, const GroupGeometry& g, double bw_factor, int steps_factor) const {
+  // Ring algorithm, hierarchical when the group spans nodes: inside the node over NVLink (or PCIe), then across
+  // nodes on 1/per_node of the data, each GPU using its share of the node's NICs (every GPU of the node is in some
+  // group of this kind and they communicate at once). Time per level: latency per ring step + the algorithm's
+  // bandwidth factor ((n-1)/n per pass; all-reduce makes two passes) x bytes / (bandwidth x efficiency(bytes)).
+  if (g.size <= 1 || bytes <= 0) return 0;
+  const auto& node = cluster_.node;
+  const auto& net = cluster_.network;
+  double t = 0;
+  int k = g.per_node;
+  if (k > 1) {
+    double bw = (g.nvlink ? node.nvlink_gbps : node.pcie_gbps) * 1e9;
+    double eff = net.efficiency_at("nvlink", k, bytes);
+    t += net.nvlink_latency_s * steps_factor * (k - 1) + bw_factor * (k - 1) / k * bytes / (bw * eff);
+  }
+  int n = g.nodes;
+  if (n > 1) {
+    double shard = bytes / k;
+    double bw = node.network_gbps_per_gpu() * 1e9;
+    double eff = net.efficiency_at("network", n, shard);
+    t += net.network_latency_s * steps_factor * (n - 1) + bw_factor * (n - 1) / n * shard / (bw * eff);
+  }
+  return t;
+}
+
+double CostModel::all_reduce_seconds(double bytes, const GroupGeometry& g) const {
+  return collective_seconds(bytes, g, 2.0, 2);
+}
+double CostModel::all_gather_seconds(double bytes, const GroupGeometry& g) const {
+  return collective_seconds(bytes, g, 1.0, 1);
+}
+double CostModel::reduce_scatter_seconds(double bytes, const GroupGeometry& g) const {
+  return collective_seconds(bytes, g, 1.0, 1);
+}
+
+double CostModel::hidden_bytes(const ParallelConfig& c) const {
+  return static_cast<double>(c.micro_batch) * static_cast<double>(model_.model.seq_len) *
+         static_cast<double>(model_.model.hidden) * activation_bytes(model_.training.dtype);
+}
+
+double CostModel::layer_tp_forward_seconds(const ParallelConfig& c) const {
+  if (c.tp == 1) return 0;
+  GroupGeometry g = tp_group(c);
+  double bytes = hidden_bytes(c);
+  // Megatron's split: one all-reduce after each row-parallel layer (attention output, fc2); with sequence
+  // parallelism an all-gather before each column-parallel layer and a reduce-scatter after each row-parallel one.
+  if (c.sequence_parallel) return 2.0 * (all_gather_seconds(bytes, g) + reduce_scatter_seconds(bytes, g));
+  return 2.0 * all_reduce_seconds(bytes, g);
+}
+
+double CostModel::layer_tp_backward_seconds(const ParallelConfig& c) const {
+  // Backward mirrors forward: all-reduce of the column-parallel layers' input gradients (reduce-scatter, plus the
+  // all-gather of the output gradient before each row-parallel layer, with sequence parallelism).
+  return layer_tp_forward_seconds(c);
+}
+
+double CostModel::p2p_seconds(const ParallelConfig& c) const {
+  if (c.pp == 1) return 0;
+  const auto& node = cluster_.node;
+  const auto& net = cluster_.network;
+  double bytes = hidden_bytes(c);
+  // Each tensor-parallel rank sends its 1/tp slice (already sharded with sequence parallelism; otherwise Megatron's
+  // scatter-gather optimisation splits it and the receiver all-gathers over NVLink).
+  double shard = bytes / c.tp;
+  bool local = pp_neighbours_share_node(c);
+  double bw = (local ? node.nvlink_gbps : node.network_gbps_per_gpu()) * 1e9;
+  double eff = net.efficiency_at(local ? "nvlink" : "network", 2, shard);
+  double t = net.p2p_latency_s + shard / (bw * eff);
+  if (!c.sequence_parallel && c.tp > 1) t += all_gather_seconds(bytes, tp_group(c));
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Stage times
+
+StageTimes CostModel::chunk_times(const ParallelConfig& c, int layers, bool embedding, bool head) const {
+  StageTimes layer;
+  for (const Op& op : graph_.layer) {
+    double f = op_forward_seconds(op, c);
+    double w = op_weight_grad_seconds(op, c);
+    layer.forward_s += f;
+    layer.backward_input_s += op.backward_factor * f - w;
+    layer.backward_weight_s += w;
+    if (c.recompute == Recompute::kSelective && op.kind == OpKind::kAttention) layer.recompute_s += f;
+  }
+  double tp_f = layer_tp_forward_seconds(c);
+  double tp_b = layer_tp_backward_seconds(c);
+  if (c.recompute == Recompute::kFull) layer.recompute_s = layer.forward_s + tp_f;
+  layer.forward_s += tp_f;
+  layer.backward_input_s += tp_b + layer.recompute_s;
+  layer.tp_comm_s = tp_f + tp_b + (c.recompute == Recompute::kFull ? tp_f : 0.0);
+
+  double n = static_cast<double>(layers);
+  StageTimes out;
+  out.forward_s = n * layer.forward_s;
+  out.backward_input_s = n * layer.backward_input_s;
+  out.backward_weight_s = n * layer.backward_weight_s;
+  out.recompute_s = n * layer.recompute_s;
+  out.tp_comm_s = n * layer.tp_comm_s;
+
+  GroupGeometry g = tp_group(c);
+  double hb = hidden_bytes(c);
+  auto add_ops = [&](const std::vector<Op>& ops) {
+    for (const Op& op : ops) {
+      double f = op_forward_seconds(op, c);
+      double w = op_weight_grad_seconds(op, c);
+      out.forward_s += f;
+      out.backward_input_s += op.backward_factor * f - w;
+      out.backward_weight_s += w;
+    }
+  };
+  if (embedding) {
+    add_ops(graph_.embedding);
+    if (c.tp > 1) {
+      // The vocab-parallel lookup's partial rows are summed: all-reduce (reduce-scatter with SP).
+      double comm = c.sequence_parallel ? reduce_scatter_seconds(hb, g) : all_reduce_seconds(hb, g);
+      out.forward_s += comm;
+      out.tp_comm_s += comm;
+    }
+  }
+  if (head) {
+    add_ops(graph_.head);
+    if (c.tp > 1) {
+      // Input of the vocab-parallel logits: all-gathered with SP; its gradient all-reduced (reduce-scattered).
+      // Cross entropy: three all-reduces of one fp32 value per token (max, target logit, sum of exponentials).
+      double tokens = static_cast<double>(c.micro_batch) * static_cast<double>(model_.model.seq_len);
+      double ce = 3.0 * all_reduce_seconds(4.0 * tokens, g);
+      double fwd = (c.sequence_parallel ? all_gather_seconds(hb, g) : 0.0) + ce;
+      double bwd = c.sequence_parallel ? reduce_scatter_seconds(hb, g) : all_reduce_seconds(hb, g);
+      out.forward_s += fwd;
+      out.backward_input_s += bwd;
+      out.tp_comm_s += fwd + bwd;
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Data parallelism and optimizer
+
+double CostModel::stage_params(const ParallelConfig& c, int layers, bool embedding, bool head) const {
+  const auto& m = model_.model;
+  double tp = c.tp;
+  double p = static_cast<double>(layers) * (layer_params_sharded_ / tp + layer_params_replicated_);
+  double vocab_shard = std::ceil(static_cast<double>(m.vocab) / tp) * static_cast<double>(m.hidden);
+  if (embedding) {
+    p += vocab_shard;
+    if (m.position == model::PositionKind::kLearned) p += static_cast<double>(m.seq_len * m.hidden);
+  }
+  if (head) {
+    p += m.norm == model::NormKind::kLayerNorm ? 2.0 * m.hidden : static_cast<double>(m.hidden);
+    // Untied: the output matrix. Tied with pp > 1: the last stage keeps its own copy of the word embeddings, kept
+    // equal by an all-reduce of their gradients with the first stage.
+    if (!m.tied_embeddings || (!embedding && c.pp > 1)) p += vocab_shard;
+  }
+  return p;
+}
+
+double CostModel::dp_reduce_seconds(const ParallelConfig& c, double params) const {
+  if (c.dp == 1) return 0;
+  GroupGeometry g = dp_group(c);
+  double grad_bytes = params * grad_bytes_per_param(model_.training);
+  // Gradients travel in buckets (latency paid per bucket, efficiency of the bucket's size).
+  double buckets = std::max(1.0, std::ceil(grad_bytes / kBucketBytes));
+  double per_bucket = grad_bytes / buckets;
+  if (!c.distributed_optimizer) return buckets * all_reduce_seconds(per_bucket, g);
+  // Distributed optimizer (ZeRO-1): reduce-scatter the gradients, all-gather the updated parameters.
+  double param_bytes = params * weight_bytes_per_param(model_.training.dtype);
+  double param_buckets = std::max(1.0, std::ceil(param_bytes / kBucketBytes));
+  return buckets * reduce_scatter_seconds(per_bucket, g) +
+         param_buckets * all_gather_seconds(param_bytes / param_buckets, g);
+}
+
+double CostModel::optimizer_seconds(const ParallelConfig& c, double params) const {
+  const auto& t = model_.training;
+  double local = c.distributed_optimizer ? params / c.dp : params;
+  // Adam reads the gradient and the three fp32 states and writes the states and the low-precision weight; the
+  // gradient norm reads the gradient once more. A memory-bound pass.
+  double state = optimizer_bytes_per_param(t);
+  double bytes = grad_bytes_per_param(t) * 2.0 + 2.0 * state + weight_bytes_per_param(t.dtype);
+  return memory_seconds(local * bytes);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Memory
+
+StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
+  const auto& m = model_.model;
+  const auto& t = model_.training;
+  const auto& cal = cluster_.calibration();
+  StageMemory mem;
+  mem.stage = stage;
+  mem.layers = c.stage_layers(stage);
+  bool first = stage == 0;
+  bool last = stage == c.pp - 1;
+  mem.params = stage_params(c, mem.layers, first, last);
+  mem.layer_params = static_cast<double>(mem.layers) * (layer_params_sharded_ / c.tp + layer_params_replicated_);
+
+  double wb = weight_bytes_per_param(t.dtype);
+  double gb = grad_bytes_per_param(t);
+  double ob = optimizer_bytes_per_param(t) / (c.distributed_optimizer ? c.dp : 1);
+  mem.weights_bytes = mem.params * wb;
+  mem.gradients_bytes = mem.params * gb;
+  mem.optimizer_bytes = mem.params * ob;
+  mem.layer_state_bytes = mem.layer_params * (wb + gb + ob);
+
+  // Saved activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2, generalised by op).
+  double tokens = static_cast<double>(c.micro_batch) * static_cast<double>(m.seq_len);
+  double tp = c.tp;
+  double seq_div = c.sequence_parallel ? tp : 1.0;
+  double full_layer = 0;
+  for (const Op& op : graph_.layer) {
+    full_layer += op.saved_sharded_per_token / tp + op.saved_sequence_per_token / seq_div +
+                  op.saved_quadratic_per_token / tp;
+  }
+  full_layer *= tokens;
+  double layer_bytes = full_layer;
+  if (c.recompute == Recompute::kSelective) {
+    layer_bytes = 0;
+    for (const Op& op : graph_.layer) {
+      layer_bytes += op.saved_sharded_per_token / tp + op.saved_sequence_per_token / seq_div;
+    }
+    layer_bytes *= tokens;
+  } else if (c.recompute == Recompute::kFull) {
+    layer_bytes = tokens * static_cast<double>(m.hidden) * activation_bytes(t.dtype) / seq_div;  // the layer input
+  }
+
+  // Micro-batches in flight at the peak, in units of one model chunk's activations.
+  double chunk_units = 1;
+  int p = c.pp, v = c.vpp, mbs = c.num_microbatches;
+  switch (c.schedule) {
+    case Schedule::kGpipe: chunk_units = static_cast<double>(mbs) * v; break;
+    case Schedule::k1F1B:
+    case Schedule::kZbH1: chunk_units = std::min(p - stage, mbs); break;
+    case Schedule::kInterleaved:
+      // Megatron's interleaved warm-up: (p - stage - 1) * 2 + (v - 1) * p forwards before the first backward, plus
+      // the one in progress (Korthikanti: the first stage holds p * (1 + (p-1)/(p*v)) micro-batches' worth).
+      chunk_units = std::min((p - stage - 1) * 2 + (v - 1) * p + 1, mbs * v);
+      break;
+  }
+  double layers_per_chunk = static_cast<double>(mem.layers) / v;
+  mem.inflight_microbatches = chunk_units / v;
+  mem.activations_bytes = chunk_units * layers_per_chunk * layer_bytes;
+
+  double e = activation_bytes(t.dtype);
+  if (first) {
+    double emb = 0;
+    for (const Op& op : graph_.embedding) emb += op.saved_sequence_per_token / seq_div + op.saved_sharded_per_token / tp;
+    mem.boundary_bytes += emb * tokens * mem.inflight_microbatches;
+  }
+  double transient = 0;
+  if (c.recompute == Recompute::kFull) transient = full_layer;  // one layer recomputed in full
+  if (last) {
+    double head = 0;
+    for (const Op& op : graph_.head) head += op.saved_sequence_per_token / seq_div + op.saved_sharded_per_token / tp;
+    mem.boundary_bytes += head * tokens;
+    // The logits in the training dtype and their fp32 copy exist together while the loss is computed.
+    double vocab_shard = std::ceil(static_cast<double>(m.vocab) / tp);
+    transient = std::max(transient, tokens * vocab_shard * (e + 4.0));
+  }
+  mem.transient_bytes = transient;
+  mem.reserved_bytes = cal.runtime_reserved_gib * kGiB;
+  double tensors = mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes + mem.activations_bytes +
+                   mem.boundary_bytes + mem.transient_bytes;
+  mem.fragmentation_bytes = cal.memory_fragmentation * tensors;
+  return mem;
+}
+
+double CostModel::peak_memory_bytes(const ParallelConfig& c) const {
+  double peak = 0;
+  for (int s = 0; s < c.pp; ++s) peak = std::max(peak, stage_memory(c, s).total_bytes());
+  return peak;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Whole step
+
+Estimate CostModel::evaluate(ParallelConfig c, std::int64_t global_batch) const {
+  const auto& m = model_.model;
+  const auto& cal = cluster_.calibration();
+  if (auto problem = structural_problem(c, global_batch)) throw internal_error("evaluate: " + *problem);
+  c.num_microbatches = static_cast<int>(global_batch / (static_cast<std::int64_t>(c.micro_batch) * c.dp));
+  if (c.chunk_layers.empty()) c.chunk_layers = even_chunk_layers(static_cast<int>(m.layers), c.chunks());
+
+  Estimate est;
+  est.config = c;
+  const int p = c.pp, v = c.vpp, mbs = c.num_microbatches;
+  const int chunks = c.chunks();
+
+  // Per-micro-batch times of each stage (sum of its chunks).
+  est.stage_times.assign(static_cast<std::size_t>(p), StageTimes{});
+  for (int ch = 0; ch < chunks; ++ch) {
+    StageTimes t = chunk_times(c, c.chunk_layers[static_cast<std::size_t>(ch)], ch == 0, ch == chunks - 1);
+    StageTimes& s = est.stage_times[static_cast<std::size_t>(ch % p)];
+    s.forward_s += t.forward_s;
+    s.backward_input_s += t.backward_input_s;
+    s.backward_weight_s += t.backward_weight_s;
+    s.recompute_s += t.recompute_s;
+    s.tp_comm_s += t.tp_comm_s;
+  }
+  double overhead_per_mb = cal.microbatch_overhead_s * v;
+  double t_max = 0, t_sum = 0;
+  int slowest = 0;
+  for (int s = 0; s < p; ++s) {
+    double t = est.stage_times[static_cast<std::size_t>(s)].total() + overhead_per_mb;
+    t_sum += t;
+    if (t > t_max) {
+      t_max = t;
+      slowest = s;
+    }
+  }
+  // Pipeline (Alpa/Metis): sum of stage times + (m - 1) x slowest; interleaving divides the fill and drain by vpp;
+  // zero-bubble H1 fills it with weight-gradient work, leaving (forward + input gradient - weight gradient).
+  double pipe = 0;
+  switch (c.schedule) {
+    case Schedule::kGpipe:
+    case Schedule::k1F1B: pipe = t_sum + (mbs - 1) * t_max; break;
+    case Schedule::kInterleaved: pipe = mbs * t_max + (t_sum - t_max) / v; break;
+    case Schedule::kZbH1: {
+      double fill = 0;
+      for (int s = 0; s < p; ++s) {
+        if (s == slowest) continue;
+        const StageTimes& st = est.stage_times[static_cast<std::size_t>(s)];
+        fill += std::max(0.0, st.forward_s + st.backward_input_s - st.backward_weight_s + overhead_per_mb);
+      }
+      pipe = mbs * t_max + fill;
+      break;
+    }
+  }
+  const StageTimes& bottleneck = est.stage_times[static_cast<std::size_t>(slowest)];
+  TimeBreakdown& b = est.breakdown;
+  b.recompute_s = mbs * bottleneck.recompute_s;
+  b.tp_comm_s = mbs * bottleneck.tp_comm_s;
+  b.compute_s = mbs * t_max - b.recompute_s - b.tp_comm_s;
+  b.bubble_s = pipe - mbs * t_max;
+
+  // Pipeline transfers on the critical path: one per micro-batch and model chunk in the steady state, plus the
+  // fill and drain hops.
+  est.p2p_s = p2p_seconds(c);
+  if (p > 1) b.pp_comm_s = est.p2p_s * (static_cast<double>(mbs) * v + 2.0 * (p - 1));
+
+  // Data-parallel reduction of the stage with the most parameters.
+  double max_params = 0;
+  int param_stage = 0;
+  for (int s = 0; s < p; ++s) {
+    double params = stage_params(c, c.stage_layers(s), s == 0, s == p - 1);
+    if (params > max_params) {
+      max_params = params;
+      param_stage = s;
+    }
+  }
+  est.dp_reduce_s = dp_reduce_seconds(c, max_params);
+  if (model_.training.overlap_grad_reduce && c.dp > 1) {
+    // Buckets reduce while the last micro-batch's backward is still running; what is left when it ends is exposed,
+    // and never less than the last bucket.
+    const StageTimes& st = est.stage_times[static_cast<std::size_t>(param_stage)];
+    double window = st.backward_input_s + st.backward_weight_s;
+    double buckets = std::max(1.0, std::ceil(max_params * grad_bytes_per_param(model_.training) / kBucketBytes));
+    b.dp_comm_s = std::max(est.dp_reduce_s / buckets, est.dp_reduce_s - window);
+  } else {
+    b.dp_comm_s = est.dp_reduce_s;
+  }
+
+  b.optimizer_s = optimizer_seconds(c, max_params);
+  if (p > 1 && m.tied_embeddings) {
+    // First and last stage sum the gradients of their copies of the word embeddings.
+    GroupGeometry pair{2, 1, 2, false};
+    if (pp_neighbours_share_node(c)) pair = GroupGeometry{2, 2, 1, true};
+    double bytes = std::ceil(static_cast<double>(m.vocab) / c.tp) * m.hidden * grad_bytes_per_param(model_.training);
+    b.optimizer_s += all_reduce_seconds(bytes, pair);
+  }
+  b.overhead_s = cal.step_overhead_s;
+
+  est.iteration_s = b.total();
+  double tokens = static_cast<double>(global_batch) * static_cast<double>(m.seq_len);
+  double gpus = static_cast<double>(c.world_size());
+  double peak = cluster_.node.gpu.peak_flops(model_.training.dtype);
+  double model_flops = m.model_flops(tokens);
+  // Recomputation FLOPs: full repeats every layer's forward (a third of its forward + backward work); selective
+  // repeats the attention scores (4*s*h per token per layer).
+  double layer_flops = model_flops - 6.0 * tokens * static_cast<double>(m.vocab) * m.hidden;
+  double recompute_flops = 0;
+  if (c.recompute == Recompute::kFull) recompute_flops = layer_flops / 3.0;
+  if (c.recompute == Recompute::kSelective) {
+    recompute_flops = 4.0 * static_cast<double>(m.seq_len) * m.hidden * static_cast<double>(m.layers) * tokens;
+  }
+  est.tokens_per_s = tokens / est.iteration_s;
+  est.tflops_per_gpu = model_flops / est.iteration_s / gpus / 1e12;
+  est.mfu = model_flops / (est.iteration_s * gpus * peak);
+  est.hfu = (model_flops + recompute_flops) / (est.iteration_s * gpus * peak);
+
+  // Memory.
+  est.capacity_bytes = cluster_.node.gpu.memory_bytes();
+  for (int s = 0; s < p; ++s) {
+    est.stages.push_back(stage_memory(c, s));
+    double total = est.stages.back().total_bytes();
+    if (total > est.peak_memory_bytes) {
+      est.peak_memory_bytes = total;
+      est.peak_stage = s;
+    }
+  }
+  est.feasible = est.peak_memory_bytes <= est.capacity_bytes;
+  if (!est.feasible) {
+    est.reason = fmt::format("stage {} needs {:.1f} GiB, the GPU has {:.1f} GiB", est.peak_stage,
+                             est.peak_memory_bytes / kGiB, est.capacity_bytes / kGiB);
+  }
+  return est;
+}
+
+}  // namespace dtrain::plan

@@ -1,0 +1,58 @@
+// The built-in catalog of accelerators the planner knows: peak dense rates per dtype, memory, HBM bandwidth, and the
+// calibration defaults for that GPU type (GEMM efficiency curve, achieved HBM fraction, attention kernel efficiency).
+//
+// Figures are datasheet numbers (NVIDIA A100/H100/H200/V100/L40S datasheets; ../shared/data/published/hardware.md);
+// memory is what the driver reports (nvidia-smi), in GiB. Calibration is one set of constants per GPU type, fitted
+// once against published end-to-end runs (docs/cost-model.md#calibration), never per model.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtrain/common/dtype.h"
+
+namespace dtrain::topology {
+
+// How well a GPU type turns its peak into delivered work. A cluster.toml [calibration] table overrides any field.
+struct Calibration {
+  // GEMM efficiency as a function of the GEMM's FLOPs F: gemm_efficiency_max * F / (F + gemm_half_gflop * 1e9).
+  // Small GEMMs run far below peak (launch and wave-quantisation overheads); large ones approach the maximum.
+  double gemm_efficiency_max = 0.85;
+  double gemm_half_gflop = 1.0;
+  // Fraction of peak a fused attention kernel reaches (flash attention).
+  double attention_efficiency = 0.6;
+  // Fraction of HBM bandwidth reached by elementwise kernels (norms, activations, softmax, optimizer).
+  double hbm_efficiency = 0.75;
+  // Fixed time per optimizer step outside the model (data loading, logging, launch gaps, synchronisation).
+  double step_overhead_s = 0.05;
+  // Time lost per micro-batch per pipeline stage (kernel launch gaps, host scheduling).
+  double microbatch_overhead_s = 0.0005;
+  // Memory lost to the allocator's fragmentation, as a fraction of what tensors use.
+  double memory_fragmentation = 0.05;
+  // Memory the runtime takes before any tensor: CUDA context, cuBLAS workspaces, NCCL buffers.
+  double runtime_reserved_gib = 2.0;
+};
+
+struct GpuSpec {
+  std::string name;
+  double tflops_bf16 = 0;  // dense tensor-core peak; 0 = not supported
+  double tflops_fp16 = 0;
+  double tflops_fp8 = 0;
+  double tflops_fp32 = 0;  // what fp32 GEMMs run at (TF32 tensor cores where the GPU has them)
+  double memory_gib = 0;
+  double hbm_gbps = 0;     // GB/s
+  Calibration calibration;
+
+  // Peak rate for GEMMs in this dtype, FLOP/s; 0 when the GPU has no such mode.
+  double peak_flops(DType dtype) const;
+  double memory_bytes() const { return memory_gib * 1024.0 * 1024.0 * 1024.0; }
+};
+
+// The catalog entry for `name` (exact match, case-insensitive, also accepting common aliases such as "A100-80GB",
+// "H100"); nullopt when unknown.
+std::optional<GpuSpec> find_gpu(std::string_view name);
+std::vector<std::string> catalog_names();
+
+}  // namespace dtrain::topology

@@ -1,0 +1,281 @@
+#include "dtrain/topology/cluster_spec.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "dtrain/common/error.h"
+#include "dtrain/common/strings.h"
+#include "dtrain/common/toml_reader.h"
+
+namespace dtrain::topology {
+
+double EfficiencyCurve::at(double message_bytes) const {
+  if (bytes.empty()) return 1.0;
+  if (message_bytes <= bytes.front()) return efficiency.front();
+  if (message_bytes >= bytes.back()) return efficiency.back();
+  auto it = std::upper_bound(bytes.begin(), bytes.end(), message_bytes);
+  std::size_t i = static_cast<std::size_t>(it - bytes.begin());
+  double x0 = std::log(bytes[i - 1]), x1 = std::log(bytes[i]);
+  double w = (std::log(message_bytes) - x0) / (x1 - x0);
+  return efficiency[i - 1] + w * (efficiency[i] - efficiency[i - 1]);
+}
+
+double NetworkSpec::efficiency_at(const std::string& scope, int participants, double message_bytes) const {
+  const EfficiencyCurve* best = nullptr;
+  double best_distance = 1e300;
+  for (const auto& c : efficiency) {
+    if (c.scope != scope) continue;
+    double d = c.participants == 0 ? 1e100 : std::fabs(std::log(static_cast<double>(std::max(participants, 1))) -
+                                                       std::log(static_cast<double>(c.participants)));
+    if (best == nullptr || d < best_distance) {
+      best = &c;
+      best_distance = d;
+    }
+  }
+  return best == nullptr ? 1.0 : best->at(message_bytes);
+}
+
+std::vector<EfficiencyCurve> default_efficiency_curves() {
+  // Fraction of nominal per-direction bandwidth that NCCL ring collectives reach on large messages: about 230 of
+  // 300 GB/s on 8 A100 NVLink3 GPUs (nccl-tests issue #149), 370 of 450 on H100 NVLink4 (issue #212); about 0.9 of
+  // the IB line rate across nodes for 1 GB messages (SimAI nic_ratio.csv). Smaller messages lose to protocol
+  // overhead; the per-step latency in NetworkSpec covers the dependence on group size.
+  return {
+      {"nvlink", 0, {1e5, 1e6, 1e7, 1e8, 1e9}, {0.20, 0.45, 0.68, 0.77, 0.80}},
+      {"network", 0, {1e5, 1e6, 1e7, 1e8, 1e9}, {0.25, 0.55, 0.80, 0.90, 0.92}},
+  };
+}
+
+ClusterSpec default_network(ClusterSpec spec) {
+  if (spec.network.efficiency.empty()) spec.network.efficiency = default_efficiency_curves();
+  return spec;
+}
+
+namespace {
+
+void read_gpu_table(TableReader& g, GpuSpec& gpu, bool custom) {
+  if (auto name = g.get_string("name")) gpu.name = *name;
+  if (auto v = g.get_number("tflops_bf16")) {
+    if (*v < 0) g.fail("tflops_bf16", "must not be negative (0 = not supported)");
+    gpu.tflops_bf16 = *v;
+  }
+  if (auto v = g.get_number("tflops_fp16")) {
+    if (*v < 0) g.fail("tflops_fp16", "must not be negative (0 = not supported)");
+    gpu.tflops_fp16 = *v;
+  }
+  if (auto v = g.get_number("tflops_fp8")) {
+    if (*v < 0) g.fail("tflops_fp8", "must not be negative (0 = not supported)");
+    gpu.tflops_fp8 = *v;
+  }
+  if (auto v = g.get_number("tflops_fp32")) {
+    if (*v < 0) g.fail("tflops_fp32", "must not be negative (0 = not supported)");
+    gpu.tflops_fp32 = *v;
+  }
+  if (auto v = g.get_positive_number("memory_gib")) gpu.memory_gib = *v;
+  if (auto v = g.get_positive_number("hbm_gbps")) gpu.hbm_gbps = *v;
+  g.reject_unknown();
+  if (custom) {
+    if (gpu.name.empty()) g.fail("name", "a custom [gpu] needs a name");
+    if (gpu.memory_gib <= 0) g.fail("memory_gib", "a custom [gpu] needs memory_gib");
+    if (gpu.hbm_gbps <= 0) g.fail("hbm_gbps", "a custom [gpu] needs hbm_gbps");
+    if (gpu.tflops_bf16 <= 0 && gpu.tflops_fp16 <= 0 && gpu.tflops_fp32 <= 0 && gpu.tflops_fp8 <= 0) {
+      g.fail_table("a custom [gpu] needs at least one of tflops_bf16, tflops_fp16, tflops_fp8, tflops_fp32");
+    }
+  }
+}
+
+void read_calibration(TableReader& c, Calibration& cal) {
+  auto frac = [&](std::string_view key, double& field) {
+    if (auto v = c.get_number(key)) {
+      if (!(*v > 0.0 && *v <= 1.0)) c.fail(key, "must be in (0, 1]");
+      field = *v;
+    }
+  };
+  auto nonneg = [&](std::string_view key, double& field) {
+    if (auto v = c.get_number(key)) {
+      if (*v < 0.0) c.fail(key, "must not be negative");
+      field = *v;
+    }
+  };
+  frac("gemm_efficiency_max", cal.gemm_efficiency_max);
+  if (auto v = c.get_positive_number("gemm_half_gflop")) cal.gemm_half_gflop = *v;
+  frac("attention_efficiency", cal.attention_efficiency);
+  frac("hbm_efficiency", cal.hbm_efficiency);
+  nonneg("step_overhead_s", cal.step_overhead_s);
+  nonneg("microbatch_overhead_s", cal.microbatch_overhead_s);
+  nonneg("memory_fragmentation", cal.memory_fragmentation);
+  nonneg("runtime_reserved_gib", cal.runtime_reserved_gib);
+  c.reject_unknown();
+}
+
+void read_network(TableReader& n, NetworkSpec& net) {
+  if (auto v = n.get_number("nvlink_latency_us")) {
+    if (*v < 0) n.fail("nvlink_latency_us", "must not be negative");
+    net.nvlink_latency_s = *v * 1e-6;
+  }
+  if (auto v = n.get_number("network_latency_us")) {
+    if (*v < 0) n.fail("network_latency_us", "must not be negative");
+    net.network_latency_s = *v * 1e-6;
+  }
+  if (auto v = n.get_number("p2p_latency_us")) {
+    if (*v < 0) n.fail("p2p_latency_us", "must not be negative");
+    net.p2p_latency_s = *v * 1e-6;
+  }
+  auto tables = n.table_array("efficiency");
+  if (!tables.empty()) net.efficiency.clear();
+  for (auto& t : tables) {
+    EfficiencyCurve curve;
+    auto scope = t.get_choice("scope", {"nvlink", "network"});
+    if (!scope) t.fail("scope", "required key is missing (nvlink or network)");
+    curve.scope = *scope;
+    curve.participants = static_cast<int>(t.get_int_at_least("participants", 2).value_or(0));
+    auto bytes = t.get_number_array("bytes");
+    auto eff = t.get_number_array("efficiency");
+    if (!bytes || bytes->empty()) t.fail("bytes", "required: ascending message sizes in bytes");
+    if (!eff || eff->size() != bytes->size()) {
+      t.fail("efficiency", fmt::format("needs one value per entry of bytes ({})", bytes->size()));
+    }
+    for (std::size_t i = 0; i < bytes->size(); ++i) {
+      if (!((*bytes)[i] > 0) || (i > 0 && (*bytes)[i] <= (*bytes)[i - 1])) {
+        t.fail("bytes", "must be positive and strictly ascending");
+      }
+      if (!((*eff)[i] > 0 && (*eff)[i] <= 1)) t.fail("efficiency", "every value must be in (0, 1]");
+    }
+    curve.bytes = *bytes;
+    curve.efficiency = *eff;
+    t.reject_unknown();
+    net.efficiency.push_back(std::move(curve));
+  }
+  n.reject_unknown();
+}
+
+}  // namespace
+
+ClusterSpec parse_cluster(const TomlDocument& doc) {
+  ClusterSpec spec;
+  spec.source = doc.file();
+  TableReader root = doc.root();
+  if (auto version = root.get_int("format"); version && *version != 1) {
+    root.fail("format", "unsupported format version (this dtrain reads format = 1)");
+  }
+  auto cluster = root.table("cluster");
+  auto node = root.table("node");
+  auto gpu = root.table("gpu");
+  auto network = root.table("network");
+  auto calibration = root.table("calibration");
+  root.reject_unknown();
+  if (!cluster) root.fail_table("missing the [cluster] table (name, nodes)");
+  if (!node) root.fail_table("missing the [node] table (gpus, gpu, nvlink_domain, nvlink_gbps, nics, nic_gbps)");
+
+  spec.name = cluster->get_string("name").value_or("");
+  if (spec.name.empty()) cluster->fail("name", "required key is missing or empty");
+  spec.nodes = static_cast<int>(cluster->get_int_at_least("nodes", 1).value_or(1));
+  cluster->reject_unknown();
+
+  TableReader& n = *node;
+  NodeSpec& ns = spec.node;
+  auto gpus = n.get_int_at_least("gpus", 1);
+  if (!gpus) n.fail("gpus", "required key is missing (GPUs per node)");
+  if (*gpus > 1024) n.fail("gpus", "more than 1024 GPUs in one node is not plausible");
+  ns.gpus = static_cast<int>(*gpus);
+  auto gpu_name = n.get_string("gpu");
+  if (gpu_name) {
+    auto found = find_gpu(*gpu_name);
+    if (found) {
+      ns.gpu = *found;
+    } else if (!gpu) {
+      std::string msg = fmt::format("unknown GPU; the catalog has {}", join(catalog_names(), ", "));
+      if (auto s = nearest(*gpu_name, catalog_names())) msg += fmt::format(" (did you mean \"{}\"?)", *s);
+      msg += ", or describe it in a [gpu] table";
+      n.fail("gpu", msg);
+    } else {
+      ns.gpu.name = *gpu_name;
+    }
+  } else if (!gpu) {
+    n.fail("gpu", "required key is missing (a catalog name such as \"A100-SXM4-80GB\", or a [gpu] table)");
+  }
+  if (gpu) read_gpu_table(*gpu, ns.gpu, !gpu_name || !find_gpu(*gpu_name));
+
+  ns.nvlink_domain = static_cast<int>(n.get_int_at_least("nvlink_domain", 1).value_or(ns.gpus));
+  if (ns.nvlink_domain > ns.gpus) {
+    n.fail("nvlink_domain", fmt::format("is larger than gpus = {} per node (multi-node NVLink domains are not "
+                                        "modelled)", ns.gpus));
+  }
+  if (ns.gpus % ns.nvlink_domain != 0) {
+    n.fail("nvlink_domain", fmt::format("does not divide gpus = {} (every GPU belongs to one domain)", ns.gpus));
+  }
+  ns.nvlink_gbps = n.get_positive_number("nvlink_gbps").value_or(ns.nvlink_domain > 1 ? 300.0 : 25.0);
+  ns.nics = static_cast<int>(n.get_int_at_least("nics", 0).value_or(ns.gpus));
+  ns.nic_gbps = n.get_positive_number("nic_gbps").value_or(25.0);
+  ns.pcie_gbps = n.get_positive_number("pcie_gbps").value_or(25.0);
+  if (spec.nodes > 1 && ns.nics == 0) {
+    n.fail("nics", fmt::format("is 0 but [cluster] nodes = {}: nodes need a network to train together", spec.nodes));
+  }
+  if (auto rails = n.get_int_array("nic_of_gpu")) {
+    if (static_cast<int>(rails->size()) != ns.gpus) {
+      n.fail("nic_of_gpu", fmt::format("needs one entry per GPU ({})", ns.gpus));
+    }
+    for (auto r : *rails) {
+      if (r < 0 || r >= ns.nics) n.fail("nic_of_gpu", fmt::format("entries must be NIC indices 0..{}", ns.nics - 1));
+      ns.nic_of_gpu.push_back(static_cast<int>(r));
+    }
+  }
+  n.reject_unknown();
+
+  if (network) read_network(*network, spec.network);
+  if (calibration) read_calibration(*calibration, ns.gpu.calibration);
+  spec = default_network(std::move(spec));
+  validate(spec);
+  return spec;
+}
+
+ClusterSpec load_cluster(const std::string& path) { return parse_cluster(TomlDocument::parse_file(path)); }
+
+void validate(const ClusterSpec& spec) {
+  std::string where = spec.source.empty() ? "cluster" : spec.source;
+  auto bad = [&](const std::string& msg) { throw input_error(fmt::format("{}: {}", where, msg)); };
+  if (spec.nodes < 1) bad("nodes must be at least 1");
+  if (spec.node.gpus < 1) bad("[node] gpus must be at least 1");
+  if (spec.node.gpu.memory_gib <= 0 || spec.node.gpu.hbm_gbps <= 0) bad("[gpu] needs memory_gib and hbm_gbps");
+  if (spec.node.nvlink_domain < 1 || spec.node.gpus % spec.node.nvlink_domain != 0) {
+    bad("[node] nvlink_domain must divide gpus");
+  }
+}
+
+std::string node_toml(const ClusterSpec& s) {
+  const NodeSpec& n = s.node;
+  std::string out = "[node]\n";
+  out += fmt::format("gpus = {}\ngpu = \"{}\"\nnvlink_domain = {}\nnvlink_gbps = {}\nnics = {}\nnic_gbps = {}\n",
+                     n.gpus, n.gpu.name, n.nvlink_domain, n.nvlink_gbps, n.nics, n.nic_gbps);
+  out += fmt::format("pcie_gbps = {}\n", n.pcie_gbps);
+  if (!n.nic_of_gpu.empty()) {
+    std::vector<std::string> r;
+    for (int v : n.nic_of_gpu) r.push_back(std::to_string(v));
+    out += fmt::format("nic_of_gpu = [{}]\n", join(r, ", "));
+  }
+  return out;
+}
+
+std::string canonical_text(const ClusterSpec& s) {
+  std::string out = fmt::format("cluster.name = {}\ncluster.nodes = {}\n", s.name, s.nodes);
+  out += node_toml(s);
+  const GpuSpec& g = s.node.gpu;
+  out += fmt::format("gpu = {} {} {} {} {} {} {}\n", g.name, g.tflops_bf16, g.tflops_fp16, g.tflops_fp8, g.tflops_fp32,
+                     g.memory_gib, g.hbm_gbps);
+  const Calibration& c = g.calibration;
+  out += fmt::format("calibration = {} {} {} {} {} {} {} {}\n", c.gemm_efficiency_max, c.gemm_half_gflop,
+                     c.attention_efficiency, c.hbm_efficiency, c.step_overhead_s, c.microbatch_overhead_s,
+                     c.memory_fragmentation, c.runtime_reserved_gib);
+  out += fmt::format("network = {} {} {}\n", s.network.nvlink_latency_s, s.network.network_latency_s,
+                     s.network.p2p_latency_s);
+  for (const auto& e : s.network.efficiency) {
+    out += fmt::format("efficiency {} {}:", e.scope, e.participants);
+    for (std::size_t i = 0; i < e.bytes.size(); ++i) out += fmt::format(" {}={}", e.bytes[i], e.efficiency[i]);
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace dtrain::topology
