@@ -7,7 +7,7 @@
 #       GoogleTest program; every TEST becomes a ctest test.
 
 set(DTRAIN_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wcast-align -Wunused
-    -Woverloaded-virtual -Wnull-dereference -Wformat=2 -Wimplicit-fallthrough)
+    -Woverloaded-virtual -Wformat=2 -Wimplicit-fallthrough)
 if(DTRAIN_WERROR)
   list(APPEND DTRAIN_WARNINGS -Werror)
 endif()

@@ -1,0 +1,52 @@
+// dtplan: plans 3D-parallel training, explains the plan, lowers it to per-rank programs, verifies and simulates
+// them, and shows a node's topology. See docs/user-guide.md.
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "commands.h"
+#include "dtrain/common/log.h"
+#include "dtrain/common/version.h"
+
+namespace dtrain::dtplan {
+namespace {
+
+std::vector<std::pair<int, CommandSetup>>& registry() {
+  static std::vector<std::pair<int, CommandSetup>> r;
+  return r;
+}
+ExitCode g_exit_code = ExitCode::kOk;
+
+}  // namespace
+
+CommandRegistrar::CommandRegistrar(int order, CommandSetup setup) { registry().emplace_back(order, setup); }
+void set_exit_code(ExitCode code) { g_exit_code = code; }
+
+}  // namespace dtrain::dtplan
+
+int main(int argc, char** argv) {
+  using namespace dtrain;
+  CLI::App app{"dtplan: plan, explain, lower, verify and simulate distributed training layouts"};
+  app.set_version_flag("--version", std::string("dtplan ") + kVersion);
+  app.require_subcommand(1);
+  auto& reg = dtplan::registry();
+  std::stable_sort(reg.begin(), reg.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [order, setup] : reg) setup(app);
+  try {
+    log::init("dtplan", log::Level::kWarn);
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return static_cast<int>(ExitCode::kBadInput);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "dtplan: %s\n", e.what());
+    return static_cast<int>(e.exit_code());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dtplan: internal error: %s\n", e.what());
+    return static_cast<int>(ExitCode::kFailure);
+  }
+  return static_cast<int>(dtplan::g_exit_code);
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds the tests of concurrent code with ThreadSanitizer (build-tsan/) and AddressSanitizer + UBSan (build-asan/)
+# and runs them. Which test programs: tests/sanitizer-targets.txt (one CMake target per line, "# comments" allowed);
+# which tests inside them: the ctest label "concurrent".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mapfile -t targets < <(grep -v '^\s*#' tests/sanitizer-targets.txt | sed 's/\s//g' | grep -v '^$' || true)
+if [[ ${#targets[@]} -eq 0 ]]; then
+  echo "== sanitizer tests: none listed"
+  exit 0
+fi
+jobs=${DTRAIN_TEST_JOBS:-$(nproc)}
+for san in thread "address;undefined"; do
+  dir=build-tsan
+  [[ $san == thread ]] || dir=build-asan
+  echo "== sanitizer tests ($san) in $dir: ${targets[*]}"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DDTRAIN_SANITIZE=$san" -DDTRAIN_ENABLE_CUDA=OFF \
+    -DDTRAIN_BUILD_BENCH=OFF -DDTRAIN_BUILD_SPANK=OFF >/dev/null
+  cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+    ctest --test-dir "$dir" -L concurrent --output-on-failure -j "$jobs" --timeout 900 --no-tests=error
+done
