@@ -172,6 +172,7 @@ ClusterSpec parse_cluster(const TomlDocument& doc) {
   spec.name = cluster->get_string("name").value_or("");
   if (spec.name.empty()) cluster->fail("name", "required key is missing or empty");
   spec.nodes = static_cast<int>(cluster->get_int_at_least("nodes", 1).value_or(1));
+  spec.locations["cluster.nodes"] = fmt::format("{}: [cluster] nodes = {}", cluster->where("nodes"), spec.nodes);
   cluster->reject_unknown();
 
   TableReader& n = *node;
@@ -180,6 +181,7 @@ ClusterSpec parse_cluster(const TomlDocument& doc) {
   if (!gpus) n.fail("gpus", "required key is missing (GPUs per node)");
   if (*gpus > 1024) n.fail("gpus", "more than 1024 GPUs in one node is not plausible");
   ns.gpus = static_cast<int>(*gpus);
+  spec.locations["node.gpus"] = fmt::format("{}: [node] gpus = {}", n.where("gpus"), ns.gpus);
   auto gpu_name = n.get_string("gpu");
   if (gpu_name) {
     auto found = find_gpu(*gpu_name);
@@ -197,6 +199,7 @@ ClusterSpec parse_cluster(const TomlDocument& doc) {
     n.fail("gpu", "required key is missing (a catalog name such as \"A100-SXM4-80GB\", or a [gpu] table)");
   }
   if (gpu) read_gpu_table(*gpu, ns.gpu, !gpu_name || !find_gpu(*gpu_name));
+  spec.locations["node.gpu"] = fmt::format("{}: [node] gpu", n.where("gpu"));
 
   ns.nvlink_domain = static_cast<int>(n.get_int_at_least("nvlink_domain", 1).value_or(ns.gpus));
   if (ns.nvlink_domain > ns.gpus) {

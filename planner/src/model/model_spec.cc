@@ -177,7 +177,18 @@ ModelDescription parse_model(const TomlDocument& doc) {
 
   validate(spec, tr, desc.source);
   desc.digest = sha256_hex(canonical_text(desc));
+  for (const char* key : {"layers", "hidden", "heads", "kv_heads", "vocab", "seq_len"}) {
+    desc.locations[std::string("model.") + key] = m.where(key);
+  }
+  desc.locations["training.global_batch"] = fmt::format("{}: [training] global_batch = {}", t.where("global_batch"),
+                                                        tr.global_batch);
+  desc.locations["training.dtype"] = t.where("dtype");
   return desc;
+}
+
+std::string ModelDescription::located(const std::string& key, const std::string& fallback) const {
+  auto it = locations.find(key);
+  return it == locations.end() ? fallback : it->second;
 }
 
 ModelDescription load_model(const std::string& path) { return parse_model(TomlDocument::parse_file(path)); }

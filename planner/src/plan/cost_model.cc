@@ -58,6 +58,10 @@ std::optional<std::string> CostModel::structural_problem(const ParallelConfig& c
   if (m.heads % c.tp != 0) return fmt::format("tp={} does not divide heads={}", c.tp, m.heads);
   if (m.kv_heads % c.tp != 0) return fmt::format("tp={} does not divide kv_heads={}", c.tp, m.kv_heads);
   if (m.ffn_hidden % c.tp != 0) return fmt::format("tp={} does not divide ffn_hidden={}", c.tp, m.ffn_hidden);
+  int g = cluster_.node.gpus;
+  if (c.tp < g ? g % c.tp != 0 : c.tp % g != 0) {
+    return fmt::format("tp={} groups would straddle nodes of {} GPUs", c.tp, g);
+  }
   if (c.sequence_parallel && c.tp == 1) return "sequence parallelism needs tp > 1";
   if (c.sequence_parallel && m.seq_len % c.tp != 0) {
     return fmt::format("sequence parallelism needs tp={} to divide seq_len={}", c.tp, m.seq_len);
@@ -277,8 +281,23 @@ double CostModel::p2p_seconds(const ParallelConfig& c) const {
 // ---------------------------------------------------------------------------------------------------------------
 // Stage times
 
-StageTimes CostModel::chunk_times(const ParallelConfig& c, int layers, bool embedding, bool head) const {
-  StageTimes layer;
+namespace {
+StageTimes& operator+=(StageTimes& a, const StageTimes& b) {
+  a.forward_s += b.forward_s;
+  a.backward_input_s += b.backward_input_s;
+  a.backward_weight_s += b.backward_weight_s;
+  a.recompute_s += b.recompute_s;
+  a.tp_comm_s += b.tp_comm_s;
+  return a;
+}
+StageTimes scaled(const StageTimes& a, double n) {
+  return {a.forward_s * n, a.backward_input_s * n, a.backward_weight_s * n, a.recompute_s * n, a.tp_comm_s * n};
+}
+}  // namespace
+
+LayerCosts CostModel::layer_costs(const ParallelConfig& c) const {
+  LayerCosts lc;
+  StageTimes& layer = lc.layer;
   for (const Op& op : graph_.layer) {
     double f = op_forward_seconds(op, c);
     double w = op_weight_grad_seconds(op, c);
@@ -294,17 +313,7 @@ StageTimes CostModel::chunk_times(const ParallelConfig& c, int layers, bool embe
   layer.backward_input_s += tp_b + layer.recompute_s;
   layer.tp_comm_s = tp_f + tp_b + (c.recompute == Recompute::kFull ? tp_f : 0.0);
 
-  double n = static_cast<double>(layers);
-  StageTimes out;
-  out.forward_s = n * layer.forward_s;
-  out.backward_input_s = n * layer.backward_input_s;
-  out.backward_weight_s = n * layer.backward_weight_s;
-  out.recompute_s = n * layer.recompute_s;
-  out.tp_comm_s = n * layer.tp_comm_s;
-
-  GroupGeometry g = tp_group(c);
-  double hb = hidden_bytes(c);
-  auto add_ops = [&](const std::vector<Op>& ops) {
+  auto add_ops = [&](const std::vector<Op>& ops, StageTimes& out) {
     for (const Op& op : ops) {
       double f = op_forward_seconds(op, c);
       double w = op_weight_grad_seconds(op, c);
@@ -313,30 +322,37 @@ StageTimes CostModel::chunk_times(const ParallelConfig& c, int layers, bool embe
       out.backward_weight_s += w;
     }
   };
-  if (embedding) {
-    add_ops(graph_.embedding);
-    if (c.tp > 1) {
-      // The vocab-parallel lookup's partial rows are summed: all-reduce (reduce-scatter with SP).
-      double comm = c.sequence_parallel ? reduce_scatter_seconds(hb, g) : all_reduce_seconds(hb, g);
-      out.forward_s += comm;
-      out.tp_comm_s += comm;
-    }
+  add_ops(graph_.embedding, lc.embedding);
+  add_ops(graph_.head, lc.head);
+  if (c.tp > 1) {
+    GroupGeometry g = tp_group(c);
+    double hb = hidden_bytes(c);
+    // The vocab-parallel lookup's partial rows are summed: all-reduce (reduce-scatter with SP).
+    double emb = c.sequence_parallel ? reduce_scatter_seconds(hb, g) : all_reduce_seconds(hb, g);
+    lc.embedding.forward_s += emb;
+    lc.embedding.tp_comm_s += emb;
+    // Input of the vocab-parallel logits: all-gathered with SP; its gradient all-reduced (reduce-scattered).
+    // Cross entropy: three all-reduces of one fp32 value per token (max, target logit, sum of exponentials).
+    double tokens = static_cast<double>(c.micro_batch) * static_cast<double>(model_.model.seq_len);
+    double ce = 3.0 * all_reduce_seconds(4.0 * tokens, g);
+    double fwd = (c.sequence_parallel ? all_gather_seconds(hb, g) : 0.0) + ce;
+    double bwd = c.sequence_parallel ? reduce_scatter_seconds(hb, g) : all_reduce_seconds(hb, g);
+    lc.head.forward_s += fwd;
+    lc.head.backward_input_s += bwd;
+    lc.head.tp_comm_s += fwd + bwd;
   }
-  if (head) {
-    add_ops(graph_.head);
-    if (c.tp > 1) {
-      // Input of the vocab-parallel logits: all-gathered with SP; its gradient all-reduced (reduce-scattered).
-      // Cross entropy: three all-reduces of one fp32 value per token (max, target logit, sum of exponentials).
-      double tokens = static_cast<double>(c.micro_batch) * static_cast<double>(model_.model.seq_len);
-      double ce = 3.0 * all_reduce_seconds(4.0 * tokens, g);
-      double fwd = (c.sequence_parallel ? all_gather_seconds(hb, g) : 0.0) + ce;
-      double bwd = c.sequence_parallel ? reduce_scatter_seconds(hb, g) : all_reduce_seconds(hb, g);
-      out.forward_s += fwd;
-      out.backward_input_s += bwd;
-      out.tp_comm_s += fwd + bwd;
-    }
-  }
+  return lc;
+}
+
+StageTimes CostModel::chunk_times(const LayerCosts& lc, int layers, bool embedding, bool head) {
+  StageTimes out = scaled(lc.layer, static_cast<double>(layers));
+  if (embedding) out += lc.embedding;
+  if (head) out += lc.head;
   return out;
+}
+
+StageTimes CostModel::chunk_times(const ParallelConfig& c, int layers, bool embedding, bool head) const {
+  return chunk_times(layer_costs(c), layers, embedding, head);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -470,69 +486,67 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   return mem;
 }
 
-double CostModel::peak_memory_bytes(const ParallelConfig& c) const {
-  double peak = 0;
-  for (int s = 0; s < c.pp; ++s) peak = std::max(peak, stage_memory(c, s).total_bytes());
-  return peak;
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // Whole step
 
-Estimate CostModel::evaluate(ParallelConfig c, std::int64_t global_batch) const {
+ParallelConfig CostModel::complete(ParallelConfig c, std::int64_t global_batch) const {
+  c.num_microbatches = static_cast<int>(global_batch / (static_cast<std::int64_t>(c.micro_batch) * c.dp));
+  if (c.chunk_layers.empty()) c.chunk_layers = even_chunk_layers(static_cast<int>(model_.model.layers), c.chunks());
+  return c;
+}
+
+TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc,
+                                   std::vector<StageTimes>* stage_times) const {
   const auto& m = model_.model;
   const auto& cal = cluster_.calibration();
-  if (auto problem = structural_problem(c, global_batch)) throw internal_error("evaluate: " + *problem);
-  c.num_microbatches = static_cast<int>(global_batch / (static_cast<std::int64_t>(c.micro_batch) * c.dp));
-  if (c.chunk_layers.empty()) c.chunk_layers = even_chunk_layers(static_cast<int>(m.layers), c.chunks());
-
-  Estimate est;
-  est.config = c;
   const int p = c.pp, v = c.vpp, mbs = c.num_microbatches;
   const int chunks = c.chunks();
+  if (stage_times != nullptr) stage_times->assign(static_cast<std::size_t>(p), StageTimes{});
 
-  // Per-micro-batch times of each stage (sum of its chunks).
-  est.stage_times.assign(static_cast<std::size_t>(p), StageTimes{});
-  for (int ch = 0; ch < chunks; ++ch) {
-    StageTimes t = chunk_times(c, c.chunk_layers[static_cast<std::size_t>(ch)], ch == 0, ch == chunks - 1);
-    StageTimes& s = est.stage_times[static_cast<std::size_t>(ch % p)];
-    s.forward_s += t.forward_s;
-    s.backward_input_s += t.backward_input_s;
-    s.backward_weight_s += t.backward_weight_s;
-    s.recompute_s += t.recompute_s;
-    s.tp_comm_s += t.tp_comm_s;
-  }
+  // Per-micro-batch time of each stage (the sum of its chunks), tracking the slowest.
   double overhead_per_mb = cal.microbatch_overhead_s * v;
-  double t_max = 0, t_sum = 0;
-  int slowest = 0;
+  double t_max = 0, t_sum = 0, fill_sum = 0, fill_at_max = 0;
+  StageTimes bottleneck;
+  double max_params = 0;
+  int param_stage = 0;
+  StageTimes param_stage_times;
   for (int s = 0; s < p; ++s) {
-    double t = est.stage_times[static_cast<std::size_t>(s)].total() + overhead_per_mb;
+    StageTimes st;
+    int layers = 0;
+    for (int j = 0; j < v; ++j) {
+      int ch = j * p + s;
+      int n = c.chunk_layers[static_cast<std::size_t>(ch)];
+      layers += n;
+      st += chunk_times(lc, n, ch == 0, ch == chunks - 1);
+    }
+    if (stage_times != nullptr) (*stage_times)[static_cast<std::size_t>(s)] = st;
+    double t = st.total() + overhead_per_mb;
+    // Zero-bubble H1 fills the fill/drain with weight-gradient work: what remains per stage is
+    // forward + input gradient - weight gradient.
+    double fill = std::max(0.0, st.forward_s + st.backward_input_s - st.backward_weight_s + overhead_per_mb);
     t_sum += t;
+    fill_sum += fill;
     if (t > t_max) {
       t_max = t;
-      slowest = s;
+      bottleneck = st;
+      fill_at_max = fill;
+    }
+    double params = stage_params(c, layers, s == 0, s == p - 1);
+    if (params > max_params) {
+      max_params = params;
+      param_stage = s;
+      param_stage_times = st;
     }
   }
-  // Pipeline (Alpa/Metis): sum of stage times + (m - 1) x slowest; interleaving divides the fill and drain by vpp;
-  // zero-bubble H1 fills it with weight-gradient work, leaving (forward + input gradient - weight gradient).
+  // Pipeline (Alpa/Metis): sum of stage times + (m - 1) x slowest; interleaving divides the fill and drain by vpp.
   double pipe = 0;
   switch (c.schedule) {
     case Schedule::kGpipe:
     case Schedule::k1F1B: pipe = t_sum + (mbs - 1) * t_max; break;
     case Schedule::kInterleaved: pipe = mbs * t_max + (t_sum - t_max) / v; break;
-    case Schedule::kZbH1: {
-      double fill = 0;
-      for (int s = 0; s < p; ++s) {
-        if (s == slowest) continue;
-        const StageTimes& st = est.stage_times[static_cast<std::size_t>(s)];
-        fill += std::max(0.0, st.forward_s + st.backward_input_s - st.backward_weight_s + overhead_per_mb);
-      }
-      pipe = mbs * t_max + fill;
-      break;
-    }
+    case Schedule::kZbH1: pipe = mbs * t_max + (fill_sum - fill_at_max); break;
   }
-  const StageTimes& bottleneck = est.stage_times[static_cast<std::size_t>(slowest)];
-  TimeBreakdown& b = est.breakdown;
+  TimeBreakdown b;
   b.recompute_s = mbs * bottleneck.recompute_s;
   b.tp_comm_s = mbs * bottleneck.tp_comm_s;
   b.compute_s = mbs * t_max - b.recompute_s - b.tp_comm_s;
@@ -540,30 +554,20 @@ Estimate CostModel::evaluate(ParallelConfig c, std::int64_t global_batch) const 
 
   // Pipeline transfers on the critical path: one per micro-batch and model chunk in the steady state, plus the
   // fill and drain hops.
-  est.p2p_s = p2p_seconds(c);
-  if (p > 1) b.pp_comm_s = est.p2p_s * (static_cast<double>(mbs) * v + 2.0 * (p - 1));
+  if (p > 1) b.pp_comm_s = p2p_seconds(c) * (static_cast<double>(mbs) * v + 2.0 * (p - 1));
 
   // Data-parallel reduction of the stage with the most parameters.
-  double max_params = 0;
-  int param_stage = 0;
-  for (int s = 0; s < p; ++s) {
-    double params = stage_params(c, c.stage_layers(s), s == 0, s == p - 1);
-    if (params > max_params) {
-      max_params = params;
-      param_stage = s;
-    }
-  }
-  est.dp_reduce_s = dp_reduce_seconds(c, max_params);
+  double dp_s = dp_reduce_seconds(c, max_params);
   if (model_.training.overlap_grad_reduce && c.dp > 1) {
     // Buckets reduce while the last micro-batch's backward is still running; what is left when it ends is exposed,
     // and never less than the last bucket.
-    const StageTimes& st = est.stage_times[static_cast<std::size_t>(param_stage)];
-    double window = st.backward_input_s + st.backward_weight_s;
+    double window = param_stage_times.backward_input_s + param_stage_times.backward_weight_s;
     double buckets = std::max(1.0, std::ceil(max_params * grad_bytes_per_param(model_.training) / kBucketBytes));
-    b.dp_comm_s = std::max(est.dp_reduce_s / buckets, est.dp_reduce_s - window);
+    b.dp_comm_s = std::max(dp_s / buckets, dp_s - window);
   } else {
-    b.dp_comm_s = est.dp_reduce_s;
+    b.dp_comm_s = dp_s;
   }
+  (void)param_stage;
 
   b.optimizer_s = optimizer_seconds(c, max_params);
   if (p > 1 && m.tied_embeddings) {
@@ -574,8 +578,38 @@ Estimate CostModel::evaluate(ParallelConfig c, std::int64_t global_batch) const 
     b.optimizer_s += all_reduce_seconds(bytes, pair);
   }
   b.overhead_s = cal.step_overhead_s;
+  return b;
+}
 
-  est.iteration_s = b.total();
+double CostModel::peak_memory_bytes(const ParallelConfig& c, int* peak_stage) const {
+  double peak = 0;
+  for (int s = 0; s < c.pp; ++s) {
+    double total = stage_memory(c, s).total_bytes();
+    if (total > peak) {
+      peak = total;
+      if (peak_stage != nullptr) *peak_stage = s;
+    }
+  }
+  return peak;
+}
+
+Estimate CostModel::evaluate(ParallelConfig c, std::int64_t global_batch) const {
+  const auto& m = model_.model;
+  if (auto problem = structural_problem(c, global_batch)) throw internal_error("evaluate: " + *problem);
+  c = complete(std::move(c), global_batch);
+
+  Estimate est;
+  est.config = c;
+  LayerCosts lc = layer_costs(c);
+  est.breakdown = step_time(c, lc, &est.stage_times);
+  est.p2p_s = p2p_seconds(c);
+  double max_params = 0;
+  for (int s = 0; s < c.pp; ++s) {
+    max_params = std::max(max_params, stage_params(c, c.stage_layers(s), s == 0, s == c.pp - 1));
+  }
+  est.dp_reduce_s = dp_reduce_seconds(c, max_params);
+
+  est.iteration_s = est.breakdown.total();
   double tokens = static_cast<double>(global_batch) * static_cast<double>(m.seq_len);
   double gpus = static_cast<double>(c.world_size());
   double peak = cluster_.node.gpu.peak_flops(model_.training.dtype);
@@ -593,9 +627,8 @@ Estimate CostModel::evaluate(ParallelConfig c, std::int64_t global_batch) const 
   est.mfu = model_flops / (est.iteration_s * gpus * peak);
   est.hfu = (model_flops + recompute_flops) / (est.iteration_s * gpus * peak);
 
-  // Memory.
   est.capacity_bytes = cluster_.node.gpu.memory_bytes();
-  for (int s = 0; s < p; ++s) {
+  for (int s = 0; s < c.pp; ++s) {
     est.stages.push_back(stage_memory(c, s));
     double total = est.stages.back().total_bytes();
     if (total > est.peak_memory_bytes) {

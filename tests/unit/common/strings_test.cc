@@ -9,6 +9,7 @@ TEST(Strings, EditDistance) {
   EXPECT_EQ(edit_distance("hidden", "hiden"), 1u);
   EXPECT_EQ(edit_distance("", "abc"), 3u);
   EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(edit_distance("gtp", "gpt"), 1u);  // a transposition is one edit
 }
 
 TEST(Strings, NearestOnlySuggestsPlausibleTypos) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "dtrain/common/dtype.h"
@@ -102,6 +103,11 @@ struct ModelDescription {
   TrainingSpec training;
   std::string source;  // file the description came from ("" when built in code)
   std::string digest;  // SHA-256 of the canonical form (canonical_text()), independent of comments and formatting
+  // Where keys were written, for errors found later against other inputs: "training.global_batch" ->
+  // "examples/models/x.toml:17". Empty for descriptions built in code.
+  std::map<std::string, std::string> locations;
+  // "file:line: [training] global_batch = 1536" for messages, or `fallback` when the key was not in a file.
+  std::string located(const std::string& key, const std::string& fallback) const;
 };
 
 // Parses and validates. Throws dtrain::Error (input, exit 2) naming file, line and key.

@@ -91,6 +91,14 @@ struct Estimate {
   double dp_reduce_s = 0;               // full data-parallel reduction of the largest stage, before overlap
 };
 
+// Per-micro-batch costs of one transformer layer and of the embedding and head, for one (tp, micro_batch,
+// sequence_parallel, recompute) combination: what every stage time is assembled from.
+struct LayerCosts {
+  StageTimes layer;
+  StageTimes embedding;
+  StageTimes head;
+};
+
 // Shape of a communication group on the cluster.
 struct GroupGeometry {
   int size = 1;
@@ -114,8 +122,18 @@ class CostModel {
   // Full evaluation. config.num_microbatches and config.chunk_layers are filled in when empty/zero.
   Estimate evaluate(ParallelConfig config, std::int64_t global_batch) const;
 
-  // Memory only (for pruning before timing): peak bytes over stages.
-  double peak_memory_bytes(const ParallelConfig& config) const;
+  // Memory only (for pruning before timing): peak bytes over stages; config must be complete (num_microbatches,
+  // chunk_layers). Allocates nothing.
+  double peak_memory_bytes(const ParallelConfig& config, int* peak_stage = nullptr) const;
+  StageMemory stage_memory(const ParallelConfig& config, int stage) const;
+
+  // Step time only, allocating nothing (the search's inner loop); config must be complete. When stage_times is
+  // given it receives the per-micro-batch time of every stage.
+  LayerCosts layer_costs(const ParallelConfig& config) const;
+  TimeBreakdown step_time(const ParallelConfig& config, const LayerCosts& costs,
+                          std::vector<StageTimes>* stage_times = nullptr) const;
+  // Fills num_microbatches (from global_batch) and chunk_layers (even split) when missing.
+  ParallelConfig complete(ParallelConfig config, std::int64_t global_batch) const;
 
   // ---- building blocks, shared with the IR simulator ----
   double gemm_seconds(double m, double n, double k) const;
@@ -144,6 +162,7 @@ class CostModel {
   double layer_tp_backward_seconds(const ParallelConfig& config) const;
   // Per-micro-batch cost of a model chunk with `layers` layers, with the embedding and/or head when asked.
   StageTimes chunk_times(const ParallelConfig& config, int layers, bool embedding, bool head) const;
+  static StageTimes chunk_times(const LayerCosts& costs, int layers, bool embedding, bool head);
   // Data-parallel gradient reduction of `params` parameters (sharded: reduce-scatter + parameter all-gather).
   double dp_reduce_seconds(const ParallelConfig& config, double params) const;
   double optimizer_seconds(const ParallelConfig& config, double params) const;
@@ -154,7 +173,6 @@ class CostModel {
   static constexpr double kBucketBytes = 40.0 * 1024 * 1024;  // Megatron's default DDP bucket (40 MB)
 
  private:
-  StageMemory stage_memory(const ParallelConfig& config, int stage) const;
   double collective_seconds(double bytes, const GroupGeometry& g, double bw_factor, int steps_factor) const;
 
   model::ModelDescription model_;

@@ -66,6 +66,9 @@ struct ClusterSpec {
   // Where figures came from when they were not simply read from a file: key ("node.nvlink_gbps") -> a phrase such as
   // "observed: hwloc NVLinkBandwidth matrix" or "inferred: NVSwitch PCI devices + A100 generation (12 links)".
   std::map<std::string, std::string> provenance;
+  // Where keys were written: "node.gpus" -> "cluster.toml:12: [node] gpus = 8" (for errors found against other
+  // inputs, such as --gpus not being a multiple of the node size).
+  std::map<std::string, std::string> locations;
 
   int total_gpus() const { return nodes * node.gpus; }
   const Calibration& calibration() const { return node.gpu.calibration; }

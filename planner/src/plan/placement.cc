@@ -1,0 +1,72 @@
+#include "dtrain/plan/placement.h"
+
+namespace dtrain::plan {
+
+namespace {
+struct Coords {
+  int tp, pp, dp;
+};
+Coords coords(const ParallelConfig& c, int r) {
+  if (c.placement == PlacementOrder::kTpDpPp) return {r % c.tp, r / (c.tp * c.dp), (r / c.tp) % c.dp};
+  return {r % c.tp, (r / c.tp) % c.pp, r / (c.tp * c.pp)};
+}
+}  // namespace
+
+int rank_of(const ParallelConfig& c, int tp_rank, int pp_rank, int dp_rank) {
+  if (c.placement == PlacementOrder::kTpDpPp) return tp_rank + c.tp * (dp_rank + c.dp * pp_rank);
+  return tp_rank + c.tp * (pp_rank + c.pp * dp_rank);
+}
+
+RankPlacement place_rank(const ParallelConfig& c, int gpus_per_node, const std::vector<int>& nic_of_gpu, int nics,
+                         int rank) {
+  RankPlacement p;
+  p.rank = rank;
+  p.node = rank / gpus_per_node;
+  p.gpu = rank % gpus_per_node;
+  if (nics <= 0) {
+    p.nic = -1;
+  } else if (static_cast<int>(nic_of_gpu.size()) == gpus_per_node) {
+    p.nic = nic_of_gpu[static_cast<std::size_t>(p.gpu)];
+  } else {
+    p.nic = p.gpu * nics / gpus_per_node;
+  }
+  Coords k = coords(c, rank);
+  p.tp_rank = k.tp;
+  p.pp_rank = k.pp;
+  p.dp_rank = k.dp;
+  return p;
+}
+
+std::vector<RankPlacement> place(const ParallelConfig& c, const topology::ClusterSpec& cluster) {
+  std::vector<RankPlacement> out;
+  int world = c.world_size();
+  out.reserve(static_cast<std::size_t>(world));
+  int per_node = std::min(cluster.node.gpus, world);
+  for (int r = 0; r < world; ++r) {
+    out.push_back(place_rank(c, per_node, cluster.node.nic_of_gpu, cluster.node.nics, r));
+  }
+  return out;
+}
+
+std::vector<int> tp_group_ranks(const ParallelConfig& c, int rank) {
+  Coords k = coords(c, rank);
+  std::vector<int> out;
+  for (int t = 0; t < c.tp; ++t) out.push_back(rank_of(c, t, k.pp, k.dp));
+  return out;
+}
+
+std::vector<int> pp_group_ranks(const ParallelConfig& c, int rank) {
+  Coords k = coords(c, rank);
+  std::vector<int> out;
+  for (int p = 0; p < c.pp; ++p) out.push_back(rank_of(c, k.tp, p, k.dp));
+  return out;
+}
+
+std::vector<int> dp_group_ranks(const ParallelConfig& c, int rank) {
+  Coords k = coords(c, rank);
+  std::vector<int> out;
+  for (int d = 0; d < c.dp; ++d) out.push_back(rank_of(c, k.tp, k.pp, d));
+  return out;
+}
+
+}  // namespace dtrain::plan

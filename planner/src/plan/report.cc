@@ -1,0 +1,546 @@
+#include "dtrain/plan/report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "dtrain/common/strings.h"
+
+namespace dtrain::plan {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+struct Category {
+  const char* key;    // JSON key
+  const char* label;  // text label
+  double TimeBreakdown::*field;
+};
+
+constexpr Category kCategories[] = {
+    {"compute", "compute", &TimeBreakdown::compute_s},
+    {"recompute", "recomputation", &TimeBreakdown::recompute_s},
+    {"tp_comm", "tensor-parallel communication (exposed)", &TimeBreakdown::tp_comm_s},
+    {"bubble", "pipeline bubble", &TimeBreakdown::bubble_s},
+    {"pp_comm", "pipeline transfers (exposed)", &TimeBreakdown::pp_comm_s},
+    {"dp_comm", "data-parallel reduction (exposed)", &TimeBreakdown::dp_comm_s},
+    {"optimizer", "optimizer step", &TimeBreakdown::optimizer_s},
+    {"overhead", "fixed per-step overhead", &TimeBreakdown::overhead_s},
+};
+
+const char* short_label(const char* key) {
+  std::string_view k = key;
+  if (k == "tp_comm") return "tp comm";
+  if (k == "pp_comm") return "pp transfers";
+  if (k == "dp_comm") return "dp reduction";
+  return key;
+}
+
+std::string pct(double x) { return fmt::format("{:.1f}%", 100.0 * x); }
+
+std::string on_off(bool b) { return b ? "on" : "off"; }
+
+std::string schedule_words(const ParallelConfig& c) {
+  switch (c.schedule) {
+    case Schedule::kGpipe: return "GPipe";
+    case Schedule::k1F1B: return c.pp > 1 ? "1F1B" : "no pipeline";
+    case Schedule::kInterleaved: return "interleaved 1F1B";
+    case Schedule::kZbH1: return "zero-bubble H1";
+  }
+  return "?";
+}
+
+std::string layers_words(const ParallelConfig& c) {
+  int lo = *std::min_element(c.chunk_layers.begin(), c.chunk_layers.end());
+  int hi = *std::max_element(c.chunk_layers.begin(), c.chunk_layers.end());
+  int total = 0;
+  for (int l : c.chunk_layers) total += l;
+  if (c.pp == 1) return fmt::format("all {} layers on every GPU", total);
+  std::string per = lo == hi ? fmt::format("{}", lo * c.vpp) : "uneven";
+  if (c.vpp > 1) return fmt::format("{} layers per stage in {} chunks of {}", per, c.vpp, lo == hi ? std::to_string(lo) : "uneven size");
+  return lo == hi ? fmt::format("{} layers per stage", lo) : fmt::format("{}..{} layers per stage", lo, hi);
+}
+
+}  // namespace
+
+nlohmann::json config_json(const ParallelConfig& c) {
+  nlohmann::json j;
+  j["tp"] = c.tp;
+  j["pp"] = c.pp;
+  j["dp"] = c.dp;
+  j["vpp"] = c.vpp;
+  j["micro_batch"] = c.micro_batch;
+  j["num_microbatches"] = c.num_microbatches;
+  j["recompute"] = std::string(to_string(c.recompute));
+  j["sequence_parallel"] = c.sequence_parallel;
+  j["distributed_optimizer"] = c.distributed_optimizer;
+  j["schedule"] = std::string(to_string(c.schedule));
+  j["placement"] = std::string(to_string(c.placement));
+  j["chunk_layers"] = c.chunk_layers;
+  return j;
+}
+
+nlohmann::json breakdown_json(const TimeBreakdown& b) {
+  nlohmann::json j;
+  for (const auto& cat : kCategories) j[cat.key] = b.*cat.field;
+  return j;
+}
+
+std::string config_difference(const ParallelConfig& a, const ParallelConfig& b) {
+  std::vector<std::string> d;
+  if (a.tp != b.tp) d.push_back(fmt::format("tp={}", b.tp));
+  if (a.pp != b.pp) d.push_back(fmt::format("pp={}", b.pp));
+  if (a.dp != b.dp) d.push_back(fmt::format("dp={}", b.dp));
+  if (a.vpp != b.vpp) d.push_back(fmt::format("vpp={}", b.vpp));
+  if (a.micro_batch != b.micro_batch) d.push_back(fmt::format("micro_batch={}", b.micro_batch));
+  if (a.recompute != b.recompute) d.push_back(fmt::format("recompute={}", to_string(b.recompute)));
+  if (a.sequence_parallel != b.sequence_parallel) d.push_back(fmt::format("sp={}", on_off(b.sequence_parallel)));
+  if (a.distributed_optimizer != b.distributed_optimizer) {
+    d.push_back(fmt::format("dist-opt={}", on_off(b.distributed_optimizer)));
+  }
+  if (a.schedule != b.schedule) d.push_back(fmt::format("schedule={}", to_string(b.schedule)));
+  if (a.placement != b.placement) d.push_back(fmt::format("placement={}", to_string(b.placement)));
+  if (d.empty() && a.chunk_layers != b.chunk_layers) d.push_back("layer split");
+  return d.empty() ? "same layout" : join(d, " ");
+}
+
+std::string quantified_difference(const Estimate& chosen, const Estimate& other) {
+  double delta = other.iteration_s - chosen.iteration_s;
+  std::vector<std::pair<double, std::string>> parts;
+  for (const auto& cat : kCategories) {
+    double d = other.breakdown.*cat.field - chosen.breakdown.*cat.field;
+    if (std::fabs(d) >= 0.005 * chosen.iteration_s) parts.emplace_back(d, short_label(cat.key));
+  }
+  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return std::fabs(a.first) > std::fabs(b.first); });
+  std::vector<std::string> words;
+  for (std::size_t i = 0; i < parts.size() && i < 3; ++i) {
+    words.push_back(fmt::format("{} {:+.3g} s", parts[i].second, parts[i].first));
+  }
+  std::string out = fmt::format("{:+.1f}% ({:+.3g} s)", 100.0 * delta / chosen.iteration_s, delta);
+  if (!words.empty()) out += ": " + join(words, ", ");
+  return out;
+}
+
+std::string binding_constraint(const Explanation& e) {
+  const Estimate& c = e.chosen;
+  if (e.search && e.search->fastest_oom) {
+    const Estimate& o = *e.search->fastest_oom;
+    return fmt::format("memory: {} would be {:.1f}% faster but needs {:.1f} GiB per GPU (stage {}), {:.1f} GiB more "
+                       "than the {:.1f} GiB the GPU has",
+                       config_difference(c.config, o.config), 100.0 * (c.iteration_s - o.iteration_s) / c.iteration_s,
+                       o.peak_memory_bytes / kGiB, o.peak_stage, (o.peak_memory_bytes - o.capacity_bytes) / kGiB,
+                       o.capacity_bytes / kGiB);
+  }
+  double bubble = c.breakdown.bubble_s / c.iteration_s;
+  if (c.config.pp > 1 && bubble >= 0.08) {
+    return fmt::format("global batch: {} micro-batches per step leave a pipeline bubble of {} of the step; a larger "
+                       "global batch (or fewer pipeline stages) would shrink it",
+                       c.config.num_microbatches, pct(bubble));
+  }
+  double comm = (c.breakdown.tp_comm_s + c.breakdown.pp_comm_s + c.breakdown.dp_comm_s) / c.iteration_s;
+  if (comm >= 0.25) {
+    return fmt::format("communication: {} of the step is exposed communication (tp {}, pp {}, dp {})", pct(comm),
+                       pct(c.breakdown.tp_comm_s / c.iteration_s), pct(c.breakdown.pp_comm_s / c.iteration_s),
+                       pct(c.breakdown.dp_comm_s / c.iteration_s));
+  }
+  return fmt::format("compute: {} of the step is math (recomputation included) and nothing that fits memory is faster",
+                     pct((c.breakdown.compute_s + c.breakdown.recompute_s) / c.iteration_s));
+}
+
+namespace {
+
+std::vector<std::string> why_lines(const Explanation& e) {
+  std::vector<std::string> lines;
+  if (!e.search) return lines;
+  const ParallelConfig& c = e.chosen.config;
+  auto add = [&](const std::string& dim, const Estimate& other) {
+    lines.push_back(fmt::format("{} instead: {} ({})", dim, quantified_difference(e.chosen, other),
+                                config_difference(c, other.config)));
+  };
+  for (const auto& [tp, est] : e.search->best_per_tp) {
+    if (tp != c.tp) add(fmt::format("tp={}", tp), est);
+  }
+  for (const auto& [pp, est] : e.search->best_per_pp) {
+    if (pp != c.pp) add(fmt::format("pp={}", pp), est);
+  }
+  for (const auto& [rc, est] : e.search->best_per_recompute) {
+    if (rc != to_string(c.recompute)) add(fmt::format("recompute={}", rc), est);
+  }
+  return lines;
+}
+
+// The nearest other values of a dimension are the interesting ones; far-away ones are listed in JSON only.
+std::vector<std::string> why_lines_short(const Explanation& e) {
+  std::vector<std::string> out;
+  if (!e.search) return out;
+  const ParallelConfig& c = e.chosen.config;
+  auto neighbours = [&](const std::map<int, Estimate>& m, int chosen, const char* name) {
+    auto it = m.find(chosen);
+    if (it == m.end()) {
+      for (const auto& [k, est] : m) out.push_back(fmt::format("{}={} instead: {} ({})", name, k,
+                                                               quantified_difference(e.chosen, est),
+                                                               config_difference(c, est.config)));
+      return;
+    }
+    if (it != m.begin()) {
+      auto p = std::prev(it);
+      out.push_back(fmt::format("{}={} instead: {} ({})", name, p->first, quantified_difference(e.chosen, p->second),
+                                config_difference(c, p->second.config)));
+    }
+    auto n = std::next(it);
+    if (n != m.end()) {
+      out.push_back(fmt::format("{}={} instead: {} ({})", name, n->first, quantified_difference(e.chosen, n->second),
+                                config_difference(c, n->second.config)));
+    }
+  };
+  neighbours(e.search->best_per_tp, c.tp, "tp");
+  neighbours(e.search->best_per_pp, c.pp, "pp");
+  for (const auto& [rc, est] : e.search->best_per_recompute) {
+    if (rc != to_string(c.recompute)) {
+      out.push_back(fmt::format("recompute={} instead: {} ({})", rc, quantified_difference(e.chosen, est),
+                                config_difference(c, est.config)));
+    }
+  }
+  // The best layout for tp=8 may also be the best for pp=4: say it once, under both names.
+  std::vector<std::string> merged;
+  for (const auto& line : out) {
+    auto colon = line.find(" instead: ");
+    bool folded = false;
+    for (auto& m : merged) {
+      auto mc = m.find(" instead: ");
+      if (m.substr(mc) == line.substr(colon)) {
+        m = m.substr(0, mc) + " / " + line.substr(0, colon) + m.substr(mc);
+        folded = true;
+        break;
+      }
+    }
+    if (!folded) merged.push_back(line);
+  }
+  return merged;
+}
+
+std::string header(const Explanation& e) {
+  const auto& m = e.model->model();
+  const auto& cl = e.model->cluster();
+  int gpus = e.chosen.config.world_size();
+  int per_node = std::min(cl.node.gpus, gpus);
+  return fmt::format("{}: {:.1f}B parameters, {} layers, hidden {}, {} heads{}, seq {}, {}\n"
+                     "on {} x {} ({} nodes x {}, cluster '{}'), global batch {} sequences ({} tokens)\n",
+                     m.model.name, m.model.total_params() / 1e9, m.model.layers, m.model.hidden, m.model.heads,
+                     m.model.kv_heads != m.model.heads ? fmt::format(" ({} kv)", m.model.kv_heads) : "",
+                     m.model.seq_len, to_string(m.training.dtype), gpus, cl.node.gpu.name,
+                     (gpus + per_node - 1) / per_node, per_node, cl.name, e.options.global_batch,
+                     e.options.global_batch * m.model.seq_len);
+}
+
+std::string layout_block(const Explanation& e) {
+  const ParallelConfig& c = e.chosen.config;
+  const auto& cl = e.model->cluster();
+  std::string s;
+  s += "Chosen layout\n";
+  std::string tp_where = c.tp == 1 ? "" : c.tp <= cl.node.nvlink_domain ? fmt::format("inside one NVLink domain of {}", cl.node.nvlink_domain)
+                                                                     : fmt::format("across {} nodes", (c.tp + cl.node.gpus - 1) / cl.node.gpus);
+  s += fmt::format("  tensor parallel      tp = {:<5} {}\n", c.tp, tp_where);
+  s += fmt::format("  pipeline parallel    pp = {:<5} {}, {}\n", c.pp, layers_words(c), schedule_words(c));
+  s += fmt::format("  data parallel        dp = {}\n", c.dp);
+  s += fmt::format("  micro-batch          {} sequence{}, {} micro-batches per step\n", c.micro_batch,
+                   c.micro_batch == 1 ? "" : "s", c.num_microbatches);
+  s += fmt::format("  recomputation        {:<10} sequence parallel: {}   distributed optimizer: {}\n",
+                   to_string(c.recompute), on_off(c.sequence_parallel), on_off(c.distributed_optimizer));
+  s += fmt::format("  placement            {} ({})\n", to_string(c.placement),
+                   c.placement == PlacementOrder::kTpDpPp ? "tensor-parallel groups inside a node, data-parallel peers next"
+                                                          : "tensor-parallel groups inside a node, pipeline neighbours next");
+  return s;
+}
+
+std::string prediction_block(const Estimate& est, const CostModel& cm) {
+  std::string s = "Predicted\n";
+  double peak = cm.cluster().node.gpu.peak_flops(cm.model().training.dtype) / 1e12;
+  s += fmt::format("  iteration time       {}\n", format_seconds(est.iteration_s));
+  s += fmt::format("  throughput           {:.0f} tokens/s\n", est.tokens_per_s);
+  s += fmt::format("  per GPU              {:.1f} TFLOP/s model ({} MFU), {:.1f} TFLOP/s hardware ({} HFU) of {:.0f} peak\n",
+                   est.tflops_per_gpu, pct(est.mfu), est.hfu * peak, pct(est.hfu), peak);
+  s += "\nWhere the time goes                              seconds    share\n";
+  for (const auto& cat : kCategories) {
+    double v = est.breakdown.*cat.field;
+    s += fmt::format("  {:<44} {:>8.3f} {:>8}\n", cat.label, v, pct(v / est.iteration_s));
+  }
+  s += fmt::format("  {:<44} {:>8.3f}\n", "total", est.iteration_s);
+  return s;
+}
+
+std::string memory_block(const Estimate& est) {
+  std::string s = fmt::format("\nMemory per GPU by pipeline stage (GiB; capacity {:.1f})\n", est.capacity_bytes / kGiB);
+  s += "  stage layers weights  grads  optim  activ emb/head transient reserved  frag  total   use\n";
+  auto row = [&](const StageMemory& m) {
+    s += fmt::format("  {:>5} {:>6} {:>7.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>8.2f} {:>9.2f} {:>8.2f} {:>5.2f} {:>6.2f} {:>5}\n",
+                     m.stage, m.layers, m.weights_bytes / kGiB, m.gradients_bytes / kGiB, m.optimizer_bytes / kGiB,
+                     m.activations_bytes / kGiB, m.boundary_bytes / kGiB, m.transient_bytes / kGiB,
+                     m.reserved_bytes / kGiB, m.fragmentation_bytes / kGiB, m.total_bytes() / kGiB,
+                     pct(m.total_bytes() / est.capacity_bytes));
+  };
+  std::size_t n = est.stages.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    // Long pipelines: first three, the peak, last two.
+    bool show = n <= 8 || i < 3 || i + 2 >= n || static_cast<int>(i) == est.peak_stage;
+    if (show) {
+      row(est.stages[i]);
+    } else if (i == 3) {
+      s += fmt::format("  {:>5}\n", "...");
+    }
+  }
+  s += fmt::format("  peak: stage {} at {:.2f} GiB ({} of capacity)\n", est.peak_stage, est.peak_memory_bytes / kGiB,
+                   pct(est.peak_memory_bytes / est.capacity_bytes));
+  return s;
+}
+
+}  // namespace
+
+std::string explain_text(const Explanation& e) {
+  std::string s = header(e);
+  if (!e.plan_digest.empty()) s += fmt::format("plan digest {}\n", e.plan_digest);
+  s += "\n" + layout_block(e) + "\n" + prediction_block(e.chosen, *e.model) + memory_block(e.chosen);
+  s += "\nBinding constraint\n  " + binding_constraint(e) + "\n";
+  if (e.compare) {
+    const Estimate& o = *e.compare;
+    s += fmt::format("\nCompared with {} ({})\n", o.config.summary(), e.compare_label);
+    if (!o.feasible) s += fmt::format("  that layout does not fit: {}\n", o.reason);
+    double d = (o.iteration_s - e.chosen.iteration_s) / e.chosen.iteration_s;
+    s += fmt::format("  it is predicted at {}: {} {} than the chosen layout\n", format_seconds(o.iteration_s),
+                     pct(std::fabs(d)), d >= 0 ? "slower" : "faster");
+    s += "  difference: " + quantified_difference(e.chosen, o) + "\n";
+    s += "                                                 chosen   compared    delta\n";
+    for (const auto& cat : kCategories) {
+      double a = e.chosen.breakdown.*cat.field, b = o.breakdown.*cat.field;
+      s += fmt::format("  {:<44} {:>8.3f} {:>10.3f} {:>+8.3f}\n", cat.label, a, b, b - a);
+    }
+    s += fmt::format("  {:<44} {:>8.2f} {:>10.2f} {:>+8.2f}\n", "peak memory (GiB)", e.chosen.peak_memory_bytes / kGiB,
+                     o.peak_memory_bytes / kGiB, (o.peak_memory_bytes - e.chosen.peak_memory_bytes) / kGiB);
+  }
+  auto why = why_lines_short(e);
+  if (!why.empty()) {
+    s += "\nWhy this layout (each line: the best layout with that choice instead, and what it costs)\n";
+    for (const auto& l : why) s += "  " + l + "\n";
+  }
+  if (e.search && !e.search->alternatives.empty()) {
+    s += "\nBest alternatives\n   #   iteration   vs chosen  peak mem  differs in\n";
+    int i = 1;
+    for (const auto& a : e.search->alternatives) {
+      s += fmt::format("  {:>2}  {:>10}  {:>+9.2f}%  {:>6.1f} G  {}\n", i++, format_seconds(a.iteration_s),
+                       100.0 * (a.iteration_s - e.chosen.iteration_s) / e.chosen.iteration_s,
+                       a.peak_memory_bytes / kGiB, config_difference(e.chosen.config, a.config));
+    }
+  }
+  if (e.search) {
+    const auto& r = *e.search;
+    std::vector<std::string> rej;
+    std::int64_t rejected = 0;
+    std::vector<std::pair<std::int64_t, std::string>> sorted;
+    for (const auto& [k, v] : r.rejected) {
+      sorted.emplace_back(v, k);
+      rejected += v;
+    }
+    std::sort(sorted.rbegin(), sorted.rend());
+    for (const auto& [v, k] : sorted) rej.push_back(fmt::format("{} {}", k, v));
+    s += fmt::format("\nSearch: {} candidates in {} ({:.2g} per second): {} timed, {} rejected ({})\n", r.candidates,
+                     format_seconds(r.seconds), r.seconds > 0 ? static_cast<double>(r.candidates) / r.seconds : 0.0,
+                     r.evaluated, rejected, rej.empty() ? "none" : join(rej, ", "));
+    if (!e.options.fixed.empty()) s += fmt::format("Pinned: {}\n", to_string(e.options.fixed));
+  } else {
+    s += "\n(Alternatives and search statistics need --model and --cluster next to --plan.)\n";
+  }
+  return s;
+}
+
+nlohmann::json explain_json(const Explanation& e) {
+  const Estimate& c = e.chosen;
+  const auto& m = e.model->model();
+  const auto& cl = e.model->cluster();
+  nlohmann::json j;
+  j["model"] = {{"name", m.model.name}, {"digest", m.digest}, {"params", m.model.total_params()}};
+  j["cluster"] = {{"name", cl.name}, {"gpu", cl.node.gpu.name}, {"gpus_per_node", cl.node.gpus},
+                  {"gpus", c.config.world_size()}};
+  j["global_batch"] = e.options.global_batch;
+  if (!e.plan_digest.empty()) j["plan_digest"] = e.plan_digest;
+  j["config"] = config_json(c.config);
+  j["predicted"] = {{"iteration_s", c.iteration_s}, {"tokens_per_s", c.tokens_per_s},
+                    {"tflops_per_gpu", c.tflops_per_gpu}, {"mfu", c.mfu}, {"hfu", c.hfu}};
+  j["breakdown_s"] = breakdown_json(c.breakdown);
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& s : c.stages) {
+    stages.push_back({{"stage", s.stage},
+                      {"layers", s.layers},
+                      {"params", s.params},
+                      {"weights", s.weights_bytes},
+                      {"gradients", s.gradients_bytes},
+                      {"optimizer", s.optimizer_bytes},
+                      {"activations", s.activations_bytes},
+                      {"embedding_head", s.boundary_bytes},
+                      {"transient", s.transient_bytes},
+                      {"reserved", s.reserved_bytes},
+                      {"fragmentation", s.fragmentation_bytes},
+                      {"total", s.total_bytes()}});
+  }
+  j["memory_bytes"] = {{"stages", stages}, {"peak", c.peak_memory_bytes}, {"peak_stage", c.peak_stage},
+                       {"capacity", c.capacity_bytes}};
+  j["binding_constraint"] = binding_constraint(e);
+  if (e.compare) {
+    j["compare"] = {{"label", e.compare_label},
+                    {"config", config_json(e.compare->config)},
+                    {"feasible", e.compare->feasible},
+                    {"iteration_s", e.compare->iteration_s},
+                    {"relative", (e.compare->iteration_s - c.iteration_s) / c.iteration_s},
+                    {"peak_memory_bytes", e.compare->peak_memory_bytes},
+                    {"breakdown_s", breakdown_json(e.compare->breakdown)},
+                    {"difference", quantified_difference(c, *e.compare)}};
+  }
+  if (e.search) {
+    const auto& r = *e.search;
+    nlohmann::json alts = nlohmann::json::array();
+    for (const auto& a : r.alternatives) {
+      alts.push_back({{"config", config_json(a.config)},
+                      {"iteration_s", a.iteration_s},
+                      {"relative", (a.iteration_s - c.iteration_s) / c.iteration_s},
+                      {"peak_memory_bytes", a.peak_memory_bytes},
+                      {"differs", config_difference(c.config, a.config)},
+                      {"breakdown_s", breakdown_json(a.breakdown)}});
+    }
+    j["alternatives"] = alts;
+    j["rejected"] = r.rejected;
+    j["search"] = {{"candidates", r.candidates}, {"evaluated", r.evaluated}, {"seconds", r.seconds},
+                   {"candidates_per_s", r.seconds > 0 ? static_cast<double>(r.candidates) / r.seconds : 0.0}};
+    nlohmann::json why = nlohmann::json::array();
+    for (const auto& l : why_lines(e)) why.push_back(l);
+    j["why"] = why;
+    auto per = [&](const auto& map) {
+      nlohmann::json o = nlohmann::json::object();
+      for (const auto& [k, est] : map) {
+        o[fmt::format("{}", k)] = {{"config", config_json(est.config)}, {"iteration_s", est.iteration_s},
+                                   {"breakdown_s", breakdown_json(est.breakdown)}};
+      }
+      return o;
+    };
+    j["best_per_tp"] = per(r.best_per_tp);
+    j["best_per_pp"] = per(r.best_per_pp);
+    j["best_per_recompute"] = per(r.best_per_recompute);
+    if (r.fastest_oom) {
+      j["fastest_out_of_memory"] = {{"config", config_json(r.fastest_oom->config)},
+                                    {"iteration_s", r.fastest_oom->iteration_s},
+                                    {"peak_memory_bytes", r.fastest_oom->peak_memory_bytes}};
+    }
+  }
+  return j;
+}
+
+std::string summary_text(const Explanation& e) {
+  const Estimate& c = e.chosen;
+  return fmt::format("{}\n  predicted {} per step, {:.0f} tokens/s, {:.1f} TFLOP/s per GPU ({} MFU), peak memory "
+                     "{:.1f} of {:.1f} GiB (stage {})\n",
+                     c.config.summary(), format_seconds(c.iteration_s), c.tokens_per_s, c.tflops_per_gpu, pct(c.mfu),
+                     c.peak_memory_bytes / kGiB, c.capacity_bytes / kGiB, c.peak_stage);
+}
+
+std::string infeasible_text(const CostModel& cm, const SearchOptions& o, const SearchResult& r,
+                            std::optional<int> gpus_that_fit) {
+  const auto& m = cm.model().model;
+  std::string s = fmt::format("no feasible layout: model '{}' ({:.1f}B parameters) does not fit on {} x {} ({:.1f} GiB "
+                              "each) with global batch {}",
+                              m.name, m.total_params() / 1e9, o.gpus, cm.cluster().node.gpu.name,
+                              cm.cluster().node.gpu.memory_gib, o.global_batch);
+  if (!o.fixed.empty()) s += fmt::format(" and {}", to_string(o.fixed));
+  s += fmt::format(" ({} candidates considered)\n", r.candidates);
+  if (!r.nearest_misses.empty()) {
+    s += "nearest misses (memory needed per GPU):\n";
+    for (const auto& e : r.nearest_misses) {
+      const StageMemory& st = e.stages[static_cast<std::size_t>(e.peak_stage)];
+      s += fmt::format("  {}: {:.1f} GiB at stage {} ({:.1f} GiB over; weights+grads+optimizer {:.1f}, activations "
+                       "{:.1f})\n",
+                       e.config.summary(), e.peak_memory_bytes / kGiB, e.peak_stage,
+                       (e.peak_memory_bytes - e.capacity_bytes) / kGiB,
+                       (st.weights_bytes + st.gradients_bytes + st.optimizer_bytes) / kGiB,
+                       (st.activations_bytes + st.boundary_bytes) / kGiB);
+    }
+    const Estimate& best = r.nearest_misses.front();
+    s += fmt::format("what would make it fit: GPUs with at least {:.0f} GiB", std::ceil(best.peak_memory_bytes / kGiB));
+    if (gpus_that_fit) s += fmt::format(", or {} GPUs of this kind", *gpus_that_fit);
+    if (!o.fixed.empty()) s += ", or fewer pinned dimensions (--fix)";
+    s += "\n";
+  } else {
+    std::vector<std::string> rej;
+    for (const auto& [k, v] : r.rejected) rej.push_back(fmt::format("{} {}", k, v));
+    s += fmt::format("every candidate was rejected before timing: {}\n", join(rej, ", "));
+  }
+  return s;
+}
+
+nlohmann::json infeasible_json(const CostModel& cm, const SearchOptions& o, const SearchResult& r,
+                               std::optional<int> gpus_that_fit) {
+  nlohmann::json j;
+  j["feasible"] = false;
+  j["model"] = cm.model().model.name;
+  j["gpus"] = o.gpus;
+  j["global_batch"] = o.global_batch;
+  j["rejected"] = r.rejected;
+  j["search"] = {{"candidates", r.candidates}, {"evaluated", r.evaluated}, {"seconds", r.seconds}};
+  nlohmann::json misses = nlohmann::json::array();
+  for (const auto& e : r.nearest_misses) {
+    misses.push_back({{"config", config_json(e.config)},
+                      {"peak_memory_bytes", e.peak_memory_bytes},
+                      {"peak_stage", e.peak_stage},
+                      {"capacity_bytes", e.capacity_bytes},
+                      {"excess_bytes", e.peak_memory_bytes - e.capacity_bytes}});
+  }
+  j["nearest_misses"] = misses;
+  if (gpus_that_fit) j["gpus_that_fit"] = *gpus_that_fit;
+  return j;
+}
+
+std::string megatron_args(const CostModel& cm, const ParallelConfig& c) {
+  const auto& m = cm.model().model;
+  const auto& t = cm.model().training;
+  std::vector<std::string> a;
+  a.push_back(fmt::format("--num-layers {}", m.layers));
+  a.push_back(fmt::format("--hidden-size {}", m.hidden));
+  a.push_back(fmt::format("--ffn-hidden-size {}", m.ffn_hidden));
+  a.push_back(fmt::format("--num-attention-heads {}", m.heads));
+  if (m.kv_heads != m.heads) a.push_back(fmt::format("--group-query-attention --num-query-groups {}", m.kv_heads));
+  a.push_back(fmt::format("--seq-length {} --max-position-embeddings {}", m.seq_len, m.seq_len));
+  if (m.norm == model::NormKind::kRmsNorm) a.push_back("--normalization RMSNorm");
+  if (m.activation == model::ActivationKind::kSwiGlu) a.push_back("--swiglu");
+  if (m.position == model::PositionKind::kRope) {
+    a.push_back(fmt::format("--position-embedding-type rope --rotary-base {:.0f}", m.rope_theta));
+  }
+  if (!m.linear_bias) a.push_back("--disable-bias-linear");
+  if (!m.tied_embeddings) a.push_back("--untie-embeddings-and-output-weights");
+  a.push_back(fmt::format("--tensor-model-parallel-size {}", c.tp));
+  a.push_back(fmt::format("--pipeline-model-parallel-size {}", c.pp));
+  bool even = std::all_of(c.chunk_layers.begin(), c.chunk_layers.end(), [&](int l) { return l == c.chunk_layers[0]; });
+  if (c.vpp > 1) a.push_back(fmt::format("--num-layers-per-virtual-pipeline-stage {}", c.chunk_layers[0]));
+  if (!even && c.vpp == 1) {
+    a.push_back(fmt::format("--decoder-first-pipeline-num-layers {} --decoder-last-pipeline-num-layers {}",
+                            c.chunk_layers.front(), c.chunk_layers.back()));
+  }
+  a.push_back(fmt::format("--micro-batch-size {} --global-batch-size {}", c.micro_batch,
+                          static_cast<std::int64_t>(c.micro_batch) * c.dp * c.num_microbatches));
+  if (c.sequence_parallel) a.push_back("--sequence-parallel");
+  if (c.distributed_optimizer) a.push_back("--use-distributed-optimizer");
+  if (c.recompute == Recompute::kSelective) a.push_back("--recompute-activations");
+  if (c.recompute == Recompute::kFull) {
+    a.push_back("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1");
+  }
+  if (t.dtype == DType::kBf16) a.push_back("--bf16");
+  if (t.dtype == DType::kFp16) a.push_back("--fp16");
+  if (t.dtype == DType::kFp8) a.push_back("--bf16 --fp8-format hybrid");
+  if (t.attention == model::AttentionImpl::kFlash) a.push_back("--use-flash-attn");
+  if (t.overlap_grad_reduce && c.dp > 1) a.push_back("--overlap-grad-reduce");
+  std::string out = join(a, " \\\n  ");
+  if (!even && c.vpp > 1) {
+    out += "\n# note: the plan splits layers unevenly over virtual stages, which Megatron-LM cannot express; it will "
+           "use even chunks";
+  }
+  return out + "\n";
+}
+
+}  // namespace dtrain::plan

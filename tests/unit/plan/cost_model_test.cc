@@ -1,0 +1,140 @@
+#include "dtrain/plan/cost_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "dtrain/model/model_spec.h"
+#include "published.h"
+
+namespace dtrain::plan {
+namespace {
+
+const std::string kRoot = DTRAIN_SOURCE_DIR;
+
+CostModel gpt3_on(const std::string& cluster_file, int nodes) {
+  auto model = model::load_model(kRoot + "/examples/models/gpt3-175b.toml");
+  auto cluster = topology::load_cluster(kRoot + "/examples/clusters/" + cluster_file);
+  cluster.nodes = nodes;
+  return CostModel(model, cluster);
+}
+
+ParallelConfig layout(int tp, int pp, int dp, int vpp, int mb) {
+  ParallelConfig c;
+  c.tp = tp;
+  c.pp = pp;
+  c.dp = dp;
+  c.vpp = vpp;
+  c.micro_batch = mb;
+  c.schedule = vpp > 1 ? Schedule::kInterleaved : Schedule::k1F1B;
+  return c;
+}
+
+TEST(CostModel, OneF1BStageActivationsShrinkTowardsTheLastStage) {
+  CostModel cm = gpt3_on("dgx-a100-80g.toml", 128);
+  Estimate e = cm.evaluate(layout(8, 8, 16, 1, 1), 1536);
+  // Stage s of 1F1B keeps (pp - s) micro-batches in flight (every stage has 12 layers).
+  for (int s = 0; s < 8; ++s) {
+    EXPECT_DOUBLE_EQ(e.stages[static_cast<std::size_t>(s)].activations_bytes,
+                     e.stages[7].activations_bytes * (8 - s));
+  }
+}
+
+TEST(CostModel, InterleavingMultipliesFirstStageActivations) {
+  CostModel cm = gpt3_on("dgx-a100-80g.toml", 128);
+  Estimate plain = cm.evaluate(layout(8, 8, 16, 1, 1), 1536);
+  Estimate inter = cm.evaluate(layout(8, 8, 16, 3, 1), 1536);
+  // Korthikanti et al.: the first stage holds 1 + (p-1)/(p*v) times more with interleaving.
+  EXPECT_DOUBLE_EQ(inter.stages[0].activations_bytes / plain.stages[0].activations_bytes, 1.0 + 7.0 / 24.0);
+}
+
+TEST(CostModel, DistributedOptimizerShardsOptimizerState) {
+  CostModel cm = gpt3_on("dgx-a100-80g.toml", 128);
+  ParallelConfig c = layout(8, 8, 16, 1, 1);
+  Estimate plain = cm.evaluate(c, 1536);
+  c.distributed_optimizer = true;
+  Estimate sharded = cm.evaluate(c, 1536);
+  // Mixed-precision Adam: 12 bytes of fp32 state per parameter, divided over dp ranks (hardware.md: 6 + 12/d).
+  EXPECT_DOUBLE_EQ(plain.stages[3].optimizer_bytes, 12.0 * plain.stages[3].params);
+  EXPECT_DOUBLE_EQ(sharded.stages[3].optimizer_bytes, 12.0 / 16.0 * plain.stages[3].params);
+  EXPECT_DOUBLE_EQ(plain.stages[3].weights_bytes + plain.stages[3].gradients_bytes, 6.0 * plain.stages[3].params);
+}
+
+TEST(CostModel, PipelineBubbleFollowsTheStageTimes) {
+  CostModel cm = gpt3_on("dgx-a100-80g.toml", 128);
+  for (int vpp : {1, 2, 3}) {
+    Estimate e = cm.evaluate(layout(8, 8, 16, vpp, 1), 1536);
+    double overhead = cm.cluster().calibration().microbatch_overhead_s * vpp;
+    double sum = 0, max = 0;
+    for (const auto& st : e.stage_times) {
+      sum += st.total() + overhead;
+      max = std::max(max, st.total() + overhead);
+    }
+    // 1F1B: sum of stage times + (m - 1) x slowest; interleaved: the fill and drain divided by vpp.
+    EXPECT_NEAR(e.breakdown.bubble_s, (sum - max) / vpp, 1e-9 * e.iteration_s) << "vpp " << vpp;
+  }
+}
+
+TEST(CostModel, GpipeKeepsEveryMicroBatchInFlight) {
+  CostModel cm = gpt3_on("dgx-a100-80g.toml", 128);
+  ParallelConfig c = layout(8, 8, 16, 1, 1);
+  Estimate f = cm.evaluate(c, 1536);
+  c.schedule = Schedule::kGpipe;
+  Estimate g = cm.evaluate(c, 1536);
+  EXPECT_DOUBLE_EQ(g.stages[7].activations_bytes, f.stages[7].activations_bytes * f.config.num_microbatches);
+}
+
+TEST(CostModel, ZeroBubbleShrinksTheBubble) {
+  CostModel cm = gpt3_on("dgx-a100-80g.toml", 128);
+  ParallelConfig c = layout(8, 8, 16, 1, 1);
+  Estimate f = cm.evaluate(c, 1536);
+  c.schedule = Schedule::kZbH1;
+  Estimate z = cm.evaluate(c, 1536);
+  EXPECT_LT(z.breakdown.bubble_s, 0.6 * f.breakdown.bubble_s);
+  EXPECT_DOUBLE_EQ(z.stages[0].activations_bytes, f.stages[0].activations_bytes);
+}
+
+TEST(CostModel, TensorParallelismAcrossNodesIsExpensive) {
+  CostModel cm = gpt3_on("dgx-a100-80g.toml", 128);
+  Estimate inside = cm.evaluate(layout(8, 8, 16, 1, 1), 1536);
+  Estimate across = cm.evaluate(layout(16, 8, 8, 1, 1), 1536);
+  EXPECT_GT(across.breakdown.tp_comm_s, 3.0 * inside.breakdown.tp_comm_s);
+}
+
+TEST(CostModel, PcieMakesTensorParallelismExpensive) {
+  CostModel nvlink = gpt3_on("dgx-a100-80g.toml", 128);
+  CostModel pcie = gpt3_on("pcie-a100.toml", 128);
+  Estimate a = nvlink.evaluate(layout(8, 8, 16, 1, 1), 1536);
+  Estimate b = pcie.evaluate(layout(8, 8, 16, 1, 1), 1536);
+  EXPECT_GT(b.breakdown.tp_comm_s, 8.0 * a.breakdown.tp_comm_s);
+}
+
+TEST(CostModel, MfuAndHfuFollowTheirDefinitions) {
+  CostModel cm = gpt3_on("dgx-a100-80g.toml", 128);
+  ParallelConfig c = layout(8, 8, 16, 1, 1);
+  c.recompute = Recompute::kFull;
+  Estimate e = cm.evaluate(c, 1536);
+  const auto& m = cm.model().model;
+  double tokens = 1536.0 * 2048;
+  double flops = m.model_flops(tokens);
+  EXPECT_NEAR(e.mfu, flops / (e.iteration_s * 1024 * 312e12), 1e-12);
+  // Full recomputation: Megatron's 96 vs 72 coefficient on the transformer layers (the logits are not recomputed).
+  double layer = flops - 6.0 * tokens * 51200.0 * 12288.0;
+  EXPECT_NEAR(e.hfu / e.mfu, (flops + layer / 3.0) / flops, 1e-12);
+  EXPECT_NEAR(e.tokens_per_s * e.iteration_s, tokens, 1e-6 * tokens);
+}
+
+TEST(CostModel, StructuralProblemsAreNamed) {
+  CostModel cm = gpt3_on("dgx-a100-80g.toml", 128);
+  ParallelConfig c = layout(5, 8, 16, 1, 1);
+  EXPECT_EQ(cm.structural_problem(c, 1536), "tp=5 does not divide heads=96");
+  c = layout(8, 8, 16, 1, 1);
+  EXPECT_EQ(cm.structural_problem(c, 1000), "global_batch=1000 is not a multiple of micro_batch*dp=16");
+  c = layout(8, 8, 16, 2, 1);
+  EXPECT_EQ(cm.structural_problem(c, 192), "interleaving needs num_microbatches=12 divisible by pp=8");
+  c.schedule = Schedule::k1F1B;
+  EXPECT_EQ(cm.structural_problem(c, 1536), "vpp=2 needs the interleaved schedule");
+}
+
+}  // namespace
+}  // namespace dtrain::plan

@@ -1,0 +1,316 @@
+// dtplan as a user runs it: exit codes, messages for bad input, the text report and its JSON twin.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+const std::string kRoot = DTRAIN_SOURCE_DIR;
+const std::string kDtplan = std::string(DTRAIN_BINARY_DIR) + "/bin/dtplan";
+const std::string kGpt3 = kRoot + "/examples/models/gpt3-175b.toml";
+const std::string kDgx = kRoot + "/examples/clusters/dgx-a100-80g.toml";
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string templ = (fs::temp_directory_path() / "dtplan-test-XXXXXX").string();
+    path_ = mkdtemp(templ.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path_ / name) << text;
+    return (path_ / name).string();
+  }
+
+ private:
+  fs::path path_;
+};
+
+Result run(const std::string& args) {
+  TempDir tmp;
+  std::string cmd = kDtplan + " " + args + " > " + (tmp / "out").string() + " 2> " + (tmp / "err").string();
+  int status = std::system(cmd.c_str());
+  Result r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(tmp / "out");
+  r.err = slurp(tmp / "err");
+  return r;
+}
+
+TEST(DtplanCli, ExplainGpt3On1024A100) {
+  Result r = run("explain --model " + kGpt3 + " --cluster " + kDgx + " --gpus 1024");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* section : {"Chosen layout", "Predicted", "Where the time goes", "Memory per GPU by pipeline stage",
+                              "Binding constraint", "Why this layout", "Best alternatives", "Search: "}) {
+    EXPECT_THAT(r.out, HasSubstr(section));
+  }
+  EXPECT_THAT(r.out, HasSubstr("on 1024 x A100-SXM4-80GB (128 nodes x 8"));
+}
+
+TEST(DtplanCli, JsonTwinHasTheDocumentedFieldsAndTheSameNumbers) {
+  Result r = run("plan --json --model " + kGpt3 + " --cluster " + kDgx + " --gpus 1024");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  for (const char* k : {"tp", "pp", "dp", "vpp", "micro_batch", "num_microbatches", "recompute", "sequence_parallel",
+                        "distributed_optimizer", "schedule"}) {
+    EXPECT_TRUE(j["config"].contains(k)) << k;
+  }
+  for (const char* k : {"iteration_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu"}) {
+    EXPECT_TRUE(j["predicted"].contains(k)) << k;
+  }
+  double sum = 0;
+  for (const char* k : {"compute", "recompute", "tp_comm", "bubble", "pp_comm", "dp_comm", "optimizer", "overhead"}) {
+    ASSERT_TRUE(j["breakdown_s"].contains(k)) << k;
+    sum += j["breakdown_s"][k].get<double>();
+  }
+  EXPECT_NEAR(sum, j["predicted"]["iteration_s"].get<double>(), 1e-9);
+  EXPECT_EQ(j["memory_bytes"]["stages"].size(), j["config"]["pp"].get<std::size_t>());
+  EXPECT_GT(j["memory_bytes"]["capacity"].get<double>(), j["memory_bytes"]["peak"].get<double>());
+  EXPECT_EQ(j["alternatives"].size(), 10u);
+  EXPECT_TRUE(j["rejected"].contains("memory"));
+  EXPECT_GT(j["search"]["candidates"].get<long>(), 1000);
+  EXPECT_GT(j["search"]["seconds"].get<double>(), 0.0);
+  EXPECT_EQ(j["config"]["tp"].get<int>() * j["config"]["pp"].get<int>() * j["config"]["dp"].get<int>(), 1024);
+
+  // The text report shows the same iteration time.
+  Result text = run("explain --model " + kGpt3 + " --cluster " + kDgx + " --gpus 1024");
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3f s", j["predicted"]["iteration_s"].get<double>());
+  EXPECT_THAT(text.out, HasSubstr(std::string("iteration time       ") + buf));
+}
+
+TEST(DtplanCli, PlanFileThenExplainIt) {
+  TempDir tmp;
+  std::string plan = (tmp / "plan.toml").string();
+  Result r = run("plan --model " + kGpt3 + " --cluster " + kDgx + " --gpus 512 -o " + plan);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("plan written to " + plan));
+  Result only = run("explain --plan " + plan);
+  ASSERT_EQ(only.exit_code, 0) << only.err;
+  EXPECT_THAT(only.out, HasSubstr("for model 'gpt3-175b' on cluster 'dgx-a100-80g': 512 GPUs"));
+  Result full = run("explain --plan " + plan + " --model " + kGpt3 + " --cluster " + kDgx);
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  EXPECT_THAT(full.out, HasSubstr("Binding constraint"));
+  // Another model: the plan was not made for it.
+  Result other = run("explain --plan " + plan + " --model " + kRoot + "/examples/models/llama3-70b.toml --cluster " + kDgx);
+  EXPECT_EQ(other.exit_code, 5);
+  EXPECT_THAT(other.err, HasSubstr("was made for model 'gpt3-175b'"));
+  // An edited plan is refused.
+  std::string text = slurp(plan);
+  text.replace(text.find("dp = "), 6, "dp = 9");
+  std::ofstream(plan) << text;
+  Result edited = run("explain --plan " + plan);
+  EXPECT_EQ(edited.exit_code, 2);
+  EXPECT_THAT(edited.err, HasSubstr("digest mismatch"));
+}
+
+TEST(DtplanCli, EveryDimensionPinnedChecksAHandTunedLayout) {
+  Result r = run("plan --json --model " + kGpt3 + " --cluster " + kDgx +
+                 " --gpus 1024 --fix tp=8,pp=16,dp=8,vpp=1,micro_batch=1,recompute=full --fix "
+                 "sequence_parallel=false,distributed_optimizer=false,schedule=1f1b");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["config"]["tp"], 8);
+  EXPECT_EQ(j["config"]["pp"], 16);
+  EXPECT_EQ(j["config"]["recompute"], "full");
+  EXPECT_EQ(j["search"]["evaluated"], 1);
+}
+
+TEST(DtplanCli, NoFeasiblePlanExitsThreeWithNearestMisses) {
+  Result r = run("plan --model " + kRoot + "/examples/models/megatron-1t.toml --cluster " + kDgx + " --gpus 64");
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_THAT(r.err, HasSubstr("no feasible layout"));
+  EXPECT_THAT(r.err, HasSubstr("nearest misses"));
+  EXPECT_THAT(r.err, HasSubstr("what would make it fit: GPUs with at least"));
+  EXPECT_THAT(r.err, HasSubstr("GPUs of this kind"));
+}
+
+TEST(DtplanCli, EmitMegatronFlags) {
+  Result r = run("explain --emit megatron --model " + kRoot + "/examples/models/llama3-70b.toml --cluster " +
+                 kRoot + "/examples/clusters/dgx-h100.toml --gpus 256");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* flag : {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size",
+                           "--global-batch-size 512", "--num-query-groups 8", "--swiglu", "--normalization RMSNorm",
+                           "--bf16", "--untie-embeddings-and-output-weights"}) {
+    EXPECT_THAT(r.out, HasSubstr(flag));
+  }
+}
+
+// Each Table 1 setting planned freely and compared with its published layout: the report quantifies the
+// difference whenever tp or pp differ.
+TEST(DtplanCli, CompareWithThePublishedLayoutQuantifiesTheReason) {
+  Result r = run("explain --model " + kRoot + "/examples/models/megatron-145b.toml --cluster " + kDgx +
+                 " --gpus 1536 --compare tp=8,pp=8,vpp=2,micro_batch=2,recompute=full,sequence_parallel=false,"
+                 "distributed_optimizer=false --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GE(j["compare"]["relative"].get<double>(), 0.0);
+  EXPECT_THAT(j["compare"]["difference"].get<std::string>(), HasSubstr(" s"));
+  Result text = run("explain --model " + kRoot + "/examples/models/megatron-145b.toml --cluster " + kDgx +
+                    " --gpus 1536 --compare tp=8,pp=8,vpp=2,micro_batch=2,recompute=full");
+  EXPECT_THAT(text.out, HasSubstr("Compared with tp=8 pp=8 dp=24 vpp=2 mb=2"));
+  EXPECT_THAT(text.out, HasSubstr("slower than the chosen layout"));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Bad input: each case names the file, the line and the key, and exits 2.
+
+const char* kModel = R"(format = 1
+[model]
+name = "bad"
+arch = "gpt"
+layers = 24
+hidden = 2048
+heads = 16
+vocab = 51200
+seq_len = 2048
+
+[training]
+global_batch = 512
+dtype = "bf16"
+optimizer = "adam"
+)";
+
+const char* kCluster = R"(format = 1
+[cluster]
+name = "c"
+nodes = 4
+
+[node]
+gpus = 8
+nvlink_domain = 8
+nvlink_gbps = 300
+nics = 8
+nic_gbps = 25
+gpu = "A100-SXM4-80GB"
+)";
+
+struct BadCase {
+  const char* name;
+  bool in_model;     // edit the model (else the cluster)
+  const char* from;  // text to replace ("" = append `to`)
+  const char* to;
+  const char* extra_args;
+  std::vector<std::string> expect;  // substrings of the message; "@FILE" is replaced by the edited file's path
+};
+
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
+
+class BadInput : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadInput, NamesFileLineAndKeyAndExitsTwo) {
+  const BadCase& c = GetParam();
+  TempDir tmp;
+  std::string model = kModel, cluster = kCluster;
+  std::string& target = c.in_model ? model : cluster;
+  if (std::string(c.from).empty()) {
+    target += c.to;
+  } else {
+    auto pos = target.find(c.from);
+    ASSERT_NE(pos, std::string::npos) << c.from;
+    target.replace(pos, std::string(c.from).size(), c.to);
+  }
+  std::string mpath = tmp.write("model.toml", model);
+  std::string cpath = tmp.write("cluster.toml", cluster);
+  Result r = run("plan --model " + mpath + " --cluster " + cpath + " " + c.extra_args);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  std::string file = c.in_model ? mpath : cpath;
+  for (std::string e : c.expect) {
+    auto at = e.find("@FILE");
+    if (at != std::string::npos) e.replace(at, 5, file);
+    EXPECT_THAT(r.err, HasSubstr(e));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Files, BadInput,
+    ::testing::Values(
+        BadCase{"TomlSyntax", true, "layers = 24", "layers = = 24", "", {"@FILE:5:", "TOML syntax error"}},
+        BadCase{"UnknownKey", true, "hidden = 2048", "hiden = 2048\nhidden = 2048", "",
+                {"@FILE:6: [model] hiden: unknown key (did you mean 'hidden'?)"}},
+        BadCase{"WrongType", true, "layers = 24", "layers = \"24\"", "",
+                {"@FILE:5: [model] layers = \"24\": expected an integer, got a string"}},
+        BadCase{"FloatForInteger", true, "layers = 24", "layers = 24.5", "",
+                {"@FILE:5: [model] layers = 24.5: expected an integer, got a float"}},
+        BadCase{"ZeroLayers", true, "layers = 24", "layers = 0", "", {"@FILE:5: [model] layers = 0: must be at least 1"}},
+        BadCase{"NegativeHidden", true, "hidden = 2048", "hidden = -2048", "",
+                {"@FILE:6: [model] hidden = -2048: must be at least 1"}},
+        BadCase{"HeadsNotDividingHidden", true, "heads = 16", "heads = 15", "",
+                {"@FILE:7: [model] heads = 15: does not divide hidden = 2048"}},
+        BadCase{"KvHeadsNotDividingHeads", true, "heads = 16", "heads = 16\nkv_heads = 3", "",
+                {"@FILE:8: [model] kv_heads = 3: does not divide heads = 16"}},
+        BadCase{"MissingVocab", true, "vocab = 51200\n", "", "", {"@FILE:2: [model] vocab: required key is missing"}},
+        BadCase{"UnknownArch", true, "arch = \"gpt\"", "arch = \"gtp\"", "",
+                {"@FILE:4: [model] arch = \"gtp\": expected one of gpt, llama (did you mean \"gpt\"?)"}},
+        BadCase{"UnknownDtype", true, "dtype = \"bf16\"", "dtype = \"bf61\"", "",
+                {"@FILE:13: [training] dtype = \"bf61\": expected one of bf16, fp16, fp8, fp32"}},
+        BadCase{"ZeroGlobalBatch", true, "global_batch = 512", "global_batch = 0", "",
+                {"@FILE:12: [training] global_batch = 0: must be at least 1"}},
+        BadCase{"DropoutOutOfRange", true, "seq_len = 2048", "seq_len = 2048\ndropout = 1.5", "",
+                {"@FILE:10: [model] dropout = 1.5: must be in [0, 1)"}},
+        BadCase{"MissingTrainingTable", true, "[training]\nglobal_batch = 512\ndtype = \"bf16\"\noptimizer = \"adam\"\n",
+                "", "", {"@FILE", "missing the [training] table"}},
+        BadCase{"GlobalBatchTooSmallForGpus", true, "global_batch = 512", "global_batch = 1", "--gpus 512",
+                {"@FILE:12: [training] global_batch = 1: cannot be split over 512 GPUs"}},
+        BadCase{"GpusNotMultipleOfNode", false, "", "", "--gpus 12",
+                {"@FILE:7: [node] gpus = 8: --gpus 12 is not a multiple of the GPUs per node"}},
+        BadCase{"UnknownGpu", false, "gpu = \"A100-SXM4-80GB\"", "gpu = \"A100-SXM5-80GB\"", "",
+                {"@FILE:12: [node] gpu = \"A100-SXM5-80GB\": unknown GPU", "did you mean \"A100-SXM4-80GB\"?"}},
+        BadCase{"NvlinkDomainTooLarge", false, "nvlink_domain = 8", "nvlink_domain = 16", "",
+                {"@FILE:8: [node] nvlink_domain = 16: is larger than gpus = 8"}},
+        BadCase{"NvlinkDomainNotDividing", false, "nvlink_domain = 8", "nvlink_domain = 3", "",
+                {"@FILE:8: [node] nvlink_domain = 3: does not divide gpus = 8"}},
+        BadCase{"NoNicsOnSeveralNodes", false, "nics = 8", "nics = 0", "",
+                {"@FILE:10: [node] nics = 0: is 0 but [cluster] nodes = 4"}},
+        BadCase{"NicOfGpuWrongLength", false, "nic_gbps = 25", "nic_gbps = 25\nnic_of_gpu = [0, 1]", "",
+                {"@FILE:12: [node] nic_of_gpu = [ 0, 1 ]: needs one entry per GPU (8)"}},
+        BadCase{"NegativeBandwidth", false, "nic_gbps = 25", "nic_gbps = -25", "",
+                {"@FILE:11: [node] nic_gbps = -25: must be positive"}},
+        BadCase{"ZeroNodes", false, "nodes = 4", "nodes = 0", "", {"@FILE:4: [cluster] nodes = 0: must be at least 1"}},
+        BadCase{"CustomGpuWithoutMemory", false, "gpu = \"A100-SXM4-80GB\"", "gpu = \"mygpu\"",
+                "", {"@FILE:12: [node] gpu = \"mygpu\": unknown GPU"}},
+        BadCase{"CustomGpuTableIncomplete", false, "gpu = \"A100-SXM4-80GB\"", "gpu = \"mygpu\"\n[gpu]\ntflops_bf16 = 100\n",
+                "", {"@FILE:13: [gpu] memory_gib: a custom [gpu] needs memory_gib"}},
+        BadCase{"EfficiencyTableMismatch", false, "", "[network]\n[[network.efficiency]]\nscope = \"nvlink\"\nbytes = [1e6, 1e9]\nefficiency = [0.5]\n",
+                "", {"@FILE:17: [network.efficiency] efficiency = [ 0.5 ]: needs one value per entry of bytes (2)"}},
+        BadCase{"UnknownClusterTable", false, "", "[switch]\nports = 64\n", "", {"@FILE:13: switch: unknown key"}}),
+    [](const ::testing::TestParamInfo<BadCase>& param_info) { return param_info.param.name; });
+
+TEST(DtplanCli, UsageErrorsExitTwo) {
+  EXPECT_EQ(run("plan --cluster " + kDgx).exit_code, 2);
+  EXPECT_EQ(run("plan --model " + kGpt3).exit_code, 2);
+  EXPECT_EQ(run("plan --model /nonexistent.toml --cluster " + kDgx).exit_code, 2);
+  Result r = run("plan --model " + kGpt3 + " --cluster " + kDgx + " --fix tpp=8");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("did you mean 'tp'"));
+  EXPECT_EQ(run("frobnicate").exit_code, 2);
+  Result nodes = run("plan --model " + kGpt3 + " --cluster " + kDgx + " --nodes 2 --gpus 24");
+  EXPECT_EQ(nodes.exit_code, 2);
+  EXPECT_THAT(nodes.err, HasSubstr("--nodes 2 and --gpus 24 disagree"));
+}
+
+}  // namespace
