@@ -153,10 +153,11 @@ void read_network(TableReader& n, NetworkSpec& net) {
 
 }  // namespace
 
-ClusterSpec parse_cluster(const TomlDocument& doc) {
+ClusterSpec parse_cluster(const TomlDocument& doc) { return parse_cluster_tables(doc.root()); }
+
+ClusterSpec parse_cluster_tables(TableReader root) {
   ClusterSpec spec;
-  spec.source = doc.file();
-  TableReader root = doc.root();
+  spec.source = root.file();
   if (auto version = root.get_int("format"); version && *version != 1) {
     root.fail("format", "unsupported format version (this dtrain reads format = 1)");
   }
@@ -257,6 +258,35 @@ std::string node_toml(const ClusterSpec& s) {
     std::vector<std::string> r;
     for (int v : n.nic_of_gpu) r.push_back(std::to_string(v));
     out += fmt::format("nic_of_gpu = [{}]\n", join(r, ", "));
+  }
+  return out;
+}
+
+std::string cluster_toml(const ClusterSpec& s, const std::string& prefix) {
+  std::string p = prefix.empty() ? "" : prefix + ".";
+  const NodeSpec& n = s.node;
+  const GpuSpec& g = n.gpu;
+  const Calibration& c = g.calibration;
+  std::string out = fmt::format("[{}cluster]\nname = \"{}\"\nnodes = {}\n\n", p, s.name, s.nodes);
+  std::string node = node_toml(s);
+  out += "[" + p + node.substr(1);
+  out += fmt::format("\n[{}gpu]\nname = \"{}\"\ntflops_bf16 = {}\ntflops_fp16 = {}\ntflops_fp8 = {}\ntflops_fp32 = {}\n", p,
+                     g.name, g.tflops_bf16, g.tflops_fp16, g.tflops_fp8, g.tflops_fp32);
+  out += fmt::format("memory_gib = {}\nhbm_gbps = {}\n\n", g.memory_gib, g.hbm_gbps);
+  out += fmt::format("[{}calibration]\ngemm_efficiency_max = {}\ngemm_half_gflop = {}\nattention_efficiency = {}\n", p,
+                     c.gemm_efficiency_max, c.gemm_half_gflop, c.attention_efficiency);
+  out += fmt::format("hbm_efficiency = {}\nstep_overhead_s = {}\nmicrobatch_overhead_s = {}\nmemory_fragmentation = {}\n",
+                     c.hbm_efficiency, c.step_overhead_s, c.microbatch_overhead_s, c.memory_fragmentation);
+  out += fmt::format("runtime_reserved_gib = {}\n\n", c.runtime_reserved_gib);
+  out += fmt::format("[{}network]\nnvlink_latency_us = {}\nnetwork_latency_us = {}\np2p_latency_us = {}\n", p,
+                     s.network.nvlink_latency_s * 1e6, s.network.network_latency_s * 1e6, s.network.p2p_latency_s * 1e6);
+  for (const auto& e : s.network.efficiency) {
+    out += fmt::format("\n[[{}network.efficiency]]\nscope = \"{}\"\n", p, e.scope);
+    if (e.participants > 0) out += fmt::format("participants = {}\n", e.participants);
+    std::vector<std::string> b, f;
+    for (double v : e.bytes) b.push_back(fmt::format("{}", v));
+    for (double v : e.efficiency) f.push_back(fmt::format("{}", v));
+    out += fmt::format("bytes = [{}]\nefficiency = [{}]\n", join(b, ", "), join(f, ", "));
   }
   return out;
 }

@@ -70,10 +70,11 @@ std::int64_t llama_ffn_hidden(std::int64_t hidden, double multiplier, std::int64
 
 }  // namespace
 
-ModelDescription parse_model(const TomlDocument& doc) {
+ModelDescription parse_model(const TomlDocument& doc) { return parse_model_tables(doc.root()); }
+
+ModelDescription parse_model_tables(TableReader root) {
   ModelDescription desc;
-  desc.source = doc.file();
-  TableReader root = doc.root();
+  desc.source = root.file();
   if (auto version = root.get_int("format"); version && *version != 1) {
     root.fail("format", "unsupported format version (this dtrain reads format = 1)");
   }
@@ -204,6 +205,27 @@ void validate(const ModelSpec& m, const TrainingSpec& t, const std::string& sour
   if (m.hidden % m.heads != 0) bad(fmt::format("heads = {} does not divide hidden = {}", m.heads, m.hidden));
   if (m.heads % m.kv_heads != 0) bad(fmt::format("kv_heads = {} does not divide heads = {}", m.kv_heads, m.heads));
   if (t.global_batch < 1) bad("global_batch must be at least 1");
+}
+
+std::string model_toml(const ModelDescription& d, const std::string& prefix) {
+  const ModelSpec& m = d.model;
+  const TrainingSpec& t = d.training;
+  std::string p = prefix.empty() ? "" : prefix + ".";
+  std::string s = fmt::format("[{}model]\n", p);
+  s += fmt::format("name = \"{}\"\narch = \"{}\"\nlayers = {}\nhidden = {}\nffn_hidden = {}\nheads = {}\nkv_heads = {}\n",
+                   m.name, to_string(m.arch), m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads);
+  s += fmt::format("vocab = {}\nseq_len = {}\ntied_embeddings = {}\nnorm = \"{}\"\nactivation = \"{}\"\n", m.vocab,
+                   m.seq_len, m.tied_embeddings, to_string(m.norm), to_string(m.activation));
+  s += fmt::format("position = \"{}\"\nlinear_bias = {}\ndropout = {}\nnorm_eps = {}\nrope_theta = {}\n\n",
+                   to_string(m.position), m.linear_bias, m.dropout, m.norm_eps, m.rope_theta);
+  s += fmt::format("[{}training]\n", p);
+  s += fmt::format("global_batch = {}\ndtype = \"{}\"\noptimizer = \"{}\"\nattention = \"{}\"\n", t.global_batch,
+                   to_string(t.dtype), to_string(t.optimizer), to_string(t.attention));
+  s += fmt::format("grad_reduce_dtype = \"{}\"\noverlap_grad_reduce = {}\nlr = {}\nmin_lr = {}\nwarmup_steps = {}\n",
+                   t.grad_reduce_fp32 ? "fp32" : "dtype", t.overlap_grad_reduce, t.lr, t.min_lr, t.warmup_steps);
+  s += fmt::format("decay_steps = {}\nweight_decay = {}\nbeta1 = {}\nbeta2 = {}\neps = {}\ngrad_clip = {}\n",
+                   t.decay_steps, t.weight_decay, t.beta1, t.beta2, t.eps, t.grad_clip);
+  return s;
 }
 
 std::string canonical_text(const ModelDescription& d) {

@@ -59,6 +59,8 @@ Plan make_plan(const Estimate& e, const CostModel& cm, const FixedDims& fixed) {
   p.inputs.model_digest = cm.model().digest;
   topology::ClusterSpec planned = cluster;
   planned.nodes = (world + per_node - 1) / per_node;
+  p.model = cm.model();
+  p.cluster = planned;
   p.inputs.cluster_name = cluster.name;
   p.inputs.cluster_digest = cluster_digest(planned);
   p.inputs.nodes = planned.nodes;
@@ -131,6 +133,10 @@ std::string render_plan(const Plan& p) {
   s += fmt::format("tp_rank = {}\n", int_array(p.placement, [](const RankPlacement& r) { return r.tp_rank; }));
   s += fmt::format("pp_rank = {}\n", int_array(p.placement, [](const RankPlacement& r) { return r.pp_rank; }));
   s += fmt::format("dp_rank = {}\n", int_array(p.placement, [](const RankPlacement& r) { return r.dp_rank; }));
+  s += "\n# The model and cluster descriptions the plan was made from.\n";
+  s += model::model_toml(p.model, "model_description");
+  s += "\n";
+  s += topology::cluster_toml(p.cluster, "cluster_description");
   return s;
 }
 
@@ -149,9 +155,12 @@ Plan parse_plan(const std::string& text, const std::string& name) {
   auto config = root.table("config");
   auto predicted = root.table("predicted");
   auto placement = root.table("placement");
+  auto model_description = root.table("model_description");
+  auto cluster_description = root.table("cluster_description");
   root.reject_unknown();
-  if (!inputs || !config || !predicted || !placement) {
-    root.fail_table("a plan needs the tables [inputs], [config], [predicted] and [placement]");
+  if (!inputs || !config || !predicted || !placement || !model_description || !cluster_description) {
+    root.fail_table("a plan needs the tables [inputs], [config], [predicted], [placement], [model_description] and "
+                    "[cluster_description]");
   }
   std::string actual = sha256_hex(body);
   if (stated != actual) {
@@ -172,6 +181,17 @@ Plan parse_plan(const std::string& text, const std::string& name) {
   in.seq_len = inputs->get_int_at_least("seq_len", 1).value_or(1);
   in.fixed = inputs->get_string("fixed").value_or("");
   inputs->reject_unknown();
+
+  p.model = model::parse_model_tables(*model_description);
+  p.cluster = topology::parse_cluster_tables(*cluster_description);
+  if (p.model.digest != in.model_digest) {
+    inputs->fail("model_digest", fmt::format("does not match the embedded model description (digest {})",
+                                             p.model.digest));
+  }
+  if (cluster_digest(p.cluster) != in.cluster_digest) {
+    inputs->fail("cluster_digest", fmt::format("does not match the embedded cluster description (digest {})",
+                                               cluster_digest(p.cluster)));
+  }
 
   ParallelConfig& c = p.config;
   auto positive = [&](std::string_view key) {

@@ -16,6 +16,7 @@
 
 namespace dtrain {
 class TomlDocument;
+class TableReader;
 }
 
 namespace dtrain::model {
@@ -113,6 +114,11 @@ struct ModelDescription {
 // Parses and validates. Throws dtrain::Error (input, exit 2) naming file, line and key.
 ModelDescription load_model(const std::string& path);
 ModelDescription parse_model(const TomlDocument& doc);
+// Parses the [model] and [training] tables inside `root` (a whole model.toml, or a table of a plan file).
+ModelDescription parse_model_tables(TableReader root);
+// Every field as TOML ([<prefix>.model] and [<prefix>.training]): what plan files embed; parses back to an equal
+// description with the same digest.
+std::string model_toml(const ModelDescription& desc, const std::string& prefix);
 
 // Checks cross-field rules (heads divide hidden, kv_heads divide heads, ...). Called by the parsers; exposed for
 // descriptions built in code. Throws dtrain::Error (input) naming the fields.

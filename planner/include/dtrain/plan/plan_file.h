@@ -1,5 +1,6 @@
-// The plan file (plan.toml): the chosen layout, the placement of every rank, the predicted metrics, the digests of
-// the inputs, and a digest of the plan itself. Every rank checks at rendezvous that it holds the same plan digest.
+// The plan file (plan.toml): the chosen layout, the placement of every rank, the predicted metrics, the model and
+// cluster descriptions it was made from (so the file alone can be lowered and simulated) with their digests, and a
+// digest of the plan itself. Every rank checks at rendezvous that it holds the same plan digest.
 //
 // The digest is the SHA-256 of the file's text without its `digest = "..."` line, so any edit after dtplan wrote
 // the file is detected when it is loaded. Rendering is deterministic: the same inputs give the same bytes.
@@ -43,6 +44,9 @@ struct PlanPrediction {
 struct Plan {
   std::string dtrain_version;
   PlanInputs inputs;
+  // The inputs themselves, so that a plan file alone can be lowered and simulated (their digests are in `inputs`).
+  model::ModelDescription model;
+  topology::ClusterSpec cluster;  // nodes as planned
   ParallelConfig config;
   PlanPrediction predicted;
   std::vector<RankPlacement> placement;

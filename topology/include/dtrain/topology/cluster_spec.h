@@ -19,6 +19,7 @@
 
 namespace dtrain {
 class TomlDocument;
+class TableReader;
 }
 
 namespace dtrain::topology {
@@ -79,6 +80,11 @@ ClusterSpec default_network(ClusterSpec spec);
 // Parses and validates. Throws dtrain::Error (input, exit 2) naming file, line and key.
 ClusterSpec load_cluster(const std::string& path);
 ClusterSpec parse_cluster(const TomlDocument& doc);
+// Parses the cluster tables inside `root` (a whole cluster.toml, or a table of a plan file).
+ClusterSpec parse_cluster_tables(TableReader root);
+// Every field as TOML under [<prefix>.cluster], [<prefix>.node], ...: what plan files embed; parses back to an
+// equal description.
+std::string cluster_toml(const ClusterSpec& spec, const std::string& prefix);
 // Checks cross-field rules; for specs built in code (from a discovered topology). Throws dtrain::Error (input).
 void validate(const ClusterSpec& spec);
 // The default collective efficiency tables (docs/cost-model.md#collectives).
