@@ -113,15 +113,15 @@ void read_calibration(TableReader& c, Calibration& cal) {
 void read_network(TableReader& n, NetworkSpec& net) {
   if (auto v = n.get_number("nvlink_latency_us")) {
     if (*v < 0) n.fail("nvlink_latency_us", "must not be negative");
-    net.nvlink_latency_s = *v * 1e-6;
+    net.nvlink_latency_us = *v;
   }
   if (auto v = n.get_number("network_latency_us")) {
     if (*v < 0) n.fail("network_latency_us", "must not be negative");
-    net.network_latency_s = *v * 1e-6;
+    net.network_latency_us = *v;
   }
   if (auto v = n.get_number("p2p_latency_us")) {
     if (*v < 0) n.fail("p2p_latency_us", "must not be negative");
-    net.p2p_latency_s = *v * 1e-6;
+    net.p2p_latency_us = *v;
   }
   auto tables = n.table_array("efficiency");
   if (!tables.empty()) net.efficiency.clear();
@@ -279,7 +279,7 @@ std::string cluster_toml(const ClusterSpec& s, const std::string& prefix) {
                      c.hbm_efficiency, c.step_overhead_s, c.microbatch_overhead_s, c.memory_fragmentation);
   out += fmt::format("runtime_reserved_gib = {}\n\n", c.runtime_reserved_gib);
   out += fmt::format("[{}network]\nnvlink_latency_us = {}\nnetwork_latency_us = {}\np2p_latency_us = {}\n", p,
-                     s.network.nvlink_latency_s * 1e6, s.network.network_latency_s * 1e6, s.network.p2p_latency_s * 1e6);
+                     s.network.nvlink_latency_us, s.network.network_latency_us, s.network.p2p_latency_us);
   for (const auto& e : s.network.efficiency) {
     out += fmt::format("\n[[{}network.efficiency]]\nscope = \"{}\"\n", p, e.scope);
     if (e.participants > 0) out += fmt::format("participants = {}\n", e.participants);
@@ -301,8 +301,8 @@ std::string canonical_text(const ClusterSpec& s) {
   out += fmt::format("calibration = {} {} {} {} {} {} {} {}\n", c.gemm_efficiency_max, c.gemm_half_gflop,
                      c.attention_efficiency, c.hbm_efficiency, c.step_overhead_s, c.microbatch_overhead_s,
                      c.memory_fragmentation, c.runtime_reserved_gib);
-  out += fmt::format("network = {} {} {}\n", s.network.nvlink_latency_s, s.network.network_latency_s,
-                     s.network.p2p_latency_s);
+  out += fmt::format("network = {} {} {}\n", s.network.nvlink_latency_us, s.network.network_latency_us,
+                     s.network.p2p_latency_us);
   for (const auto& e : s.network.efficiency) {
     out += fmt::format("efficiency {} {}:", e.scope, e.participants);
     for (std::size_t i = 0; i < e.bytes.size(); ++i) out += fmt::format(" {}={}", e.bytes[i], e.efficiency[i]);

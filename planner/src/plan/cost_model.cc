@@ -219,14 +219,14 @@ double CostModel::collective_seconds(double bytes, const GroupGeometry& g, doubl
   if (k > 1) {
     double bw = (g.nvlink ? node.nvlink_gbps : node.pcie_gbps) * 1e9;
     double eff = net.efficiency_at("nvlink", k, bytes);
-    t += net.nvlink_latency_s * steps_factor * (k - 1) + bw_factor * (k - 1) / k * bytes / (bw * eff);
+    t += net.nvlink_latency_s() * steps_factor * (k - 1) + bw_factor * (k - 1) / k * bytes / (bw * eff);
   }
   int n = g.nodes;
   if (n > 1) {
     double shard = bytes / k;
     double bw = node.network_gbps_per_gpu() * 1e9;
     double eff = net.efficiency_at("network", n, shard);
-    t += net.network_latency_s * steps_factor * (n - 1) + bw_factor * (n - 1) / n * shard / (bw * eff);
+    t += net.network_latency_s() * steps_factor * (n - 1) + bw_factor * (n - 1) / n * shard / (bw * eff);
   }
   return t;
 }
@@ -273,7 +273,7 @@ double CostModel::p2p_seconds(const ParallelConfig& c) const {
   bool local = pp_neighbours_share_node(c);
   double bw = (local ? node.nvlink_gbps : node.network_gbps_per_gpu()) * 1e9;
   double eff = net.efficiency_at(local ? "nvlink" : "network", 2, shard);
-  double t = net.p2p_latency_s + shard / (bw * eff);
+  double t = net.p2p_latency_s() + shard / (bw * eff);
   if (!c.sequence_parallel && c.tp > 1) t += all_gather_seconds(bytes, tp_group(c));
   return t;
 }

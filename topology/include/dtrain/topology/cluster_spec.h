@@ -49,9 +49,13 @@ struct EfficiencyCurve {
 };
 
 struct NetworkSpec {
-  double nvlink_latency_s = 6e-6;    // per step of a ring collective inside the NVLink domain
-  double network_latency_s = 10e-6;  // per step across nodes
-  double p2p_latency_s = 20e-6;      // one pipeline send/receive, end to end
+  // Kept in the unit of the file (microseconds) so that a description written and read back is bit-identical.
+  double nvlink_latency_us = 6;    // per step of a ring collective inside the NVLink domain
+  double network_latency_us = 10;  // per step across nodes
+  double p2p_latency_us = 20;      // one pipeline send/receive, end to end
+  double nvlink_latency_s() const { return nvlink_latency_us * 1e-6; }
+  double network_latency_s() const { return network_latency_us * 1e-6; }
+  double p2p_latency_s() const { return p2p_latency_us * 1e-6; }
   std::vector<EfficiencyCurve> efficiency;
   // Efficiency for a collective of `participants` members in `scope` moving `message_bytes`: the curve of that scope
   // whose group size is closest (in log scale) to `participants`.

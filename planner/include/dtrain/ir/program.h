@@ -1,0 +1,164 @@
+// The dtrain IR: one program per rank, in two levels (docs/ir.md).
+//
+// The schedule is what the rank does in one training step, in order: load a micro-batch, forward or backward (or
+// input-gradient and weight-gradient) of one model chunk on one micro-batch, send/receive activations and
+// gradients (consecutive point-to-point instructions with the same group id complete together, like an
+// ncclGroupStart/End block), data-parallel reduction per bucket, the tied-embedding gradient reduction, the gradient
+// norm, the optimizer step, the checkpoint.
+//
+// A stage body is what one forward or backward of a chunk runs: the layer graph's ops after tensor-parallel
+// partitioning (column/row-parallel linear layers, attention on the local heads, vocab-parallel embedding and cross
+// entropy) with the collectives partitioning inserts (all-reduce; all-gather/reduce-scatter along the sequence with
+// sequence parallelism). Body ops carry their layer, so a backward can run a range of layers (how the last
+// micro-batch's backward is cut at bucket boundaries to overlap the data-parallel reduction).
+//
+// Every instruction has a program counter (its index). Point-to-point instructions carry a stable key (what, chunk,
+// micro-batch, the peer) so pairing is never inferred; collectives carry what they reduce, so that two collectives
+// issued in a different order on two ranks are reported, not silently paired.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/common/dtype.h"
+
+namespace dtrain::ir {
+
+enum class Opcode : std::uint8_t {
+  // schedule
+  kLoad,            // LOAD what=tokens|targets|batch mb=J
+  kForward,         // FWD chunk=C mb=J
+  kBackward,        // BWD chunk=C mb=J [layers=A..B]  input and weight gradients
+  kBackwardInput,   // BWD_I chunk=C mb=J               input gradients only (zero-bubble schedules)
+  kBackwardWeight,  // BWD_W chunk=C mb=J               weight gradients only
+  kSend,            // SEND what=act|grad chunk=C mb=J peer=R count=N dtype=D [group=G]
+  kRecv,            // RECV what=act|grad chunk=C mb=J peer=R count=N dtype=D [group=G]
+  kAllReduce,       // ALLREDUCE on=GROUP what=... count=N dtype=D op=sum|max [chunk bucket layer index]
+  kAllGather,       // ALLGATHER  (count: the gathered size)
+  kReduceScatter,   // REDUCESCATTER (count: the input size)
+  kOptimizerStep,   // OPTIM
+  kCheckpoint,      // CKPT (the executor decides whether this step writes one)
+  // stage bodies
+  kCompute,         // COMPUTE op=attn.qkv layer=L pass=fwd|bwd|bwd_i|bwd_w|recompute
+};
+
+// The communicator a collective runs on.
+enum class CommGroup : std::uint8_t { kNone, kTp, kPp, kDp, kWorld, kEmbedding };
+
+// What an instruction moves or computes on.
+enum class What : std::uint8_t {
+  kNone,
+  kTokens,        // LOAD: input token ids (first chunk)
+  kTargets,       // LOAD: target token ids (last chunk)
+  kBatch,         // LOAD: both (one stage)
+  kActivation,    // SEND/RECV: a chunk's output, forward
+  kGradient,      // SEND/RECV: the gradient of a chunk's input, backward
+  kHidden,        // tensor-parallel collective on the hidden state (or its gradient)
+  kLogitsMax,     // vocab-parallel cross entropy: per-token max
+  kLogitsSumExp,  // vocab-parallel cross entropy: per-token sum of exponentials
+  kTargetLogit,   // vocab-parallel cross entropy: the target's logit
+  kGradBucket,    // data-parallel gradient bucket
+  kParamBucket,   // distributed optimizer: updated parameters of a bucket
+  kEmbeddingGrad, // tied embedding gradients between the first and last stage
+  kGradNorm,      // sum of squares of the gradients
+};
+
+// Which pass a body op belongs to.
+enum class Pass : std::uint8_t { kNone, kForward, kBackward, kBackwardInput, kBackwardWeight, kRecompute };
+
+enum class ReduceOp : std::uint8_t { kNone, kSum, kMax };
+
+std::string_view to_string(Opcode op);
+std::string_view to_string(CommGroup g);
+std::string_view to_string(What w);
+std::string_view to_string(Pass p);
+std::string_view to_string(ReduceOp r);
+std::optional<Opcode> parse_opcode(std::string_view text);
+
+struct Instr {
+  Opcode op = Opcode::kCompute;
+  What what = What::kNone;
+  CommGroup on = CommGroup::kNone;
+  Pass pass = Pass::kNone;
+  ReduceOp reduce = ReduceOp::kNone;
+  DType dtype = DType::kFp32;
+  std::int32_t chunk = -1;   // model chunk (global chunk index)
+  std::int32_t mb = -1;      // micro-batch
+  std::int32_t peer = -1;    // SEND/RECV: the other global rank
+  std::int32_t group = -1;   // SEND/RECV: instructions of one group complete together
+  std::int32_t layer = -1;   // body op: layer (-1 embedding, `layers` the head); BWD range start
+  std::int32_t layer_end = -1;  // BWD range end (exclusive); -1 = the whole chunk
+  std::int32_t index = -1;   // bucket index; collective index within a layer; model-op index in the layer graph
+  std::int64_t count = 0;    // elements
+  std::string name;          // body op: the layer graph op ("attn.qkv"); empty otherwise
+
+  bool is_p2p() const { return op == Opcode::kSend || op == Opcode::kRecv; }
+  bool is_collective() const {
+    return op == Opcode::kAllReduce || op == Opcode::kAllGather || op == Opcode::kReduceScatter;
+  }
+  bool is_compute_pass() const {
+    return op == Opcode::kForward || op == Opcode::kBackward || op == Opcode::kBackwardInput ||
+           op == Opcode::kBackwardWeight;
+  }
+  bool operator==(const Instr& o) const = default;
+};
+
+// One line of text, without the pc: "SEND what=act chunk=0 mb=3 peer=5 count=131072 dtype=fp32 group=2".
+std::string to_text(const Instr& instr);
+
+enum class BodyKind : std::uint8_t { kForward, kBackward, kBackwardInput, kBackwardWeight };
+std::string_view to_string(BodyKind k);
+
+// The ops of one pass over one chunk, in execution order.
+struct Body {
+  std::int32_t chunk = 0;
+  BodyKind kind = BodyKind::kForward;
+  std::vector<Instr> instrs;
+  bool operator==(const Body& o) const = default;
+};
+
+// A model chunk held by this rank: global chunk index, its layers [first_layer, first_layer + layers), and whether
+// it holds the embedding (first chunk) and the head (last chunk).
+struct ChunkInfo {
+  std::int32_t index = 0;
+  std::int32_t first_layer = 0;
+  std::int32_t layers = 0;
+  bool embedding = false;
+  bool head = false;
+  bool operator==(const ChunkInfo& o) const = default;
+};
+
+struct Program {
+  std::int32_t rank = 0;
+  std::int32_t world = 1;
+  std::string plan_digest;
+  std::string model_digest;
+  // layout
+  std::int32_t tp = 1, pp = 1, dp = 1, vpp = 1;
+  std::int32_t tp_rank = 0, pp_rank = 0, dp_rank = 0;
+  std::int32_t micro_batch = 1, num_microbatches = 1;
+  std::int32_t layers = 0;  // of the whole model
+  std::string schedule_name;  // gpipe | 1f1b | interleaved | zb-h1
+  bool sequence_parallel = false;
+  bool distributed_optimizer = false;
+  // communicators, as global ranks in group-rank order
+  std::vector<std::int32_t> tp_group, pp_group, dp_group, embedding_group;
+  std::vector<ChunkInfo> chunks;
+  // Bodies are shared between the ranks of one stage (they differ only in their communicators).
+  std::vector<std::shared_ptr<const Body>> bodies;
+  std::vector<Instr> schedule;
+
+  const Body* body(std::int32_t chunk, BodyKind kind) const;
+  const ChunkInfo* chunk_info(std::int32_t chunk) const;
+  // The global ranks of a communicator (kWorld: every rank; kNone: empty).
+  std::vector<std::int32_t> members(CommGroup g) const;
+  bool operator==(const Program& o) const;
+};
+
+// "rank 3 pc 12 (SEND what=act chunk=1 mb=0 peer=5 ...)": how every message about an instruction names it.
+std::string describe(const Program& p, std::size_t pc);
+
+}  // namespace dtrain::ir
