@@ -568,8 +568,8 @@ NodeTopology read_topology(hwloc_topology_t t, bool live, const NvmlReport* nvml
   hwloc_obj_t root = hwloc_get_root_obj(t);
   r.node.machine = info_of(root, "DMIProductName");
   r.node.hostname = info_of(root, "HostName");
-  r.node.hwloc_version = info_of(root, "hwlocVersion");
-  if (r.node.hwloc_version.empty() || live) r.node.hwloc_version = hwloc_library_version();
+  // An XML says which hwloc wrote it when that hwloc recorded it (2.x lstopo does; older exports may not).
+  r.node.hwloc_version = live ? hwloc_library_version() : info_of(root, "hwlocVersion");
   read_cpu_side(t, r.node);
   r.read_gpus();
   if (nvml != nullptr) merge_nvml(r.node, *nvml);

@@ -18,7 +18,8 @@ std::string hex4(unsigned v) { return fmt::format("{:04x}", v); }
 std::string source_line(const NodeTopology& node) {
   std::string name = !node.machine.empty() ? node.machine : !node.hostname.empty() ? node.hostname : "node";
   if (node.source == "xml") {
-    return fmt::format("Node: {}, from hwloc XML {} (written by hwloc {})", name, node.path, node.hwloc_version);
+    return fmt::format("Node: {}, from hwloc XML {}{}", name, node.path,
+                       node.hwloc_version.empty() ? "" : fmt::format(" (written by hwloc {})", node.hwloc_version));
   }
   return fmt::format("Node: {}, this machine (hwloc {})", name, node.hwloc_version);
 }
@@ -48,6 +49,23 @@ std::string nearest_nics(const NodeTopology& node, std::size_t g) {
   return fmt::format("{} ({})", join(names, ", "), to_string(best));
 }
 
+// Rows of cells as aligned columns, indented by two spaces, two spaces between columns.
+std::string table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> width;
+  for (const auto& row : rows) {
+    if (width.size() < row.size()) width.resize(row.size(), 0);
+    for (std::size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line = " ";
+    for (std::size_t c = 0; c < row.size(); ++c) line += fmt::format(" {:<{}} ", row[c], width[c]);
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string format_summary(const NodeTopology& node) {
@@ -72,15 +90,17 @@ std::string format_summary(const NodeTopology& node) {
                                                                            : "catalog " + g0.catalog_name);
     }
     out += "\n";
+    std::vector<std::vector<std::string>> rows;
     for (std::size_t i = 0; i < node.gpus.size(); ++i) {
       const Gpu& g = node.gpus[i];
-      std::string numa = g.numa >= 0 ? std::to_string(g.numa) : "?";
       std::string mem = g.memory_bytes > 0
                             ? fmt::format("{} ({})", format_bytes(static_cast<double>(g.memory_bytes)), g.memory_source)
                             : "memory unknown";
-      out += fmt::format("  GPU{}  {}  NUMA {}  {}  {}  NIC {}{}\n", g.index, g.pci_bus_id, numa, mem,
-                         nvlink_text(g.nvlink), nearest_nics(node, i), models.size() > 1 ? "  " + g.model : "");
+      rows.push_back({fmt::format("GPU{}", g.index), g.pci_bus_id,
+                      "NUMA " + (g.numa >= 0 ? std::to_string(g.numa) : std::string("?")), mem, nvlink_text(g.nvlink),
+                      "NIC " + nearest_nics(node, i), models.size() > 1 ? g.model : ""});
     }
+    out += table(rows);
   }
   if (!node.nvswitches.empty()) {
     std::set<std::string> ids;
@@ -93,14 +113,16 @@ std::string format_summary(const NodeTopology& node) {
     out += "NICs: none (no InfiniBand, RoCE or EFA device)\n";
   } else {
     out += fmt::format("NICs: {}\n", node.nics.size());
+    std::vector<std::vector<std::string>> rows;
     for (std::size_t k = 0; k < node.nics.size(); ++k) {
       const Nic& n = node.nics[k];
-      std::string rate = n.gbps > 0 ? fmt::format("{} ({})", gbps_text(n.gbps), n.gbps_source) : "rate unknown";
-      out += fmt::format("  NIC{}  {}  {}  {}  {}  NUMA {}  {}{}\n", k, n.name, to_string(n.kind), n.state_name(),
-                         rate, n.numa >= 0 ? std::to_string(n.numa) : "?",
-                         n.pci_bus_id.empty() ? "no PCI address" : n.pci_bus_id,
-                         n.netdevs.empty() ? "" : "  netdevs " + join(n.netdevs, ", "));
+      rows.push_back({fmt::format("NIC{}", k), n.name, std::string(to_string(n.kind)), n.state_name(),
+                      "NUMA " + (n.numa >= 0 ? std::to_string(n.numa) : std::string("?")),
+                      n.pci_bus_id.empty() ? "no PCI address" : n.pci_bus_id,
+                      n.gbps > 0 ? fmt::format("{} ({})", gbps_text(n.gbps), n.gbps_source) : "rate unknown",
+                      n.netdevs.empty() ? "" : "netdevs " + join(n.netdevs, ", ")});
     }
+    out += table(rows);
   }
   if (node.source == "live") out += fmt::format("NVML: {}\n", node.nvml_status);
   if (node.anomalies.empty()) {

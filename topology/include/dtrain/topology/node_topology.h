@@ -120,7 +120,7 @@ struct NodeTopology {
   std::string path;           // the XML file; "" for the live machine
   std::string machine;        // DMI product name ("p4d.24xlarge", "NVIDIA DGX-2H"); may be ""
   std::string hostname;       // as hwloc recorded it; may be ""
-  std::string hwloc_version;  // the hwloc that discovered it (the XML's writer, or the library in use)
+  std::string hwloc_version;  // the hwloc that discovered it: the library in use, or the XML's writer ("" if unrecorded)
 
   int packages = 0;
   std::vector<NumaNode> numa_nodes;
