@@ -289,7 +289,8 @@ void Reader::read_gpus() {
     Locality loc = locality_of(t, c.pci);
     gpu.numa = loc.numa;
     gpu.local_cpus = std::move(loc.cpus);
-    gpu.pcie_gbps = a.linkspeed;
+    // hwloc's float (31.507692 for PCIe 4.0 x16) carries no more than two meaningful decimals.
+    gpu.pcie_gbps = std::round(static_cast<double>(a.linkspeed) * 100) / 100;
     node.gpus.push_back(std::move(gpu));
     gpu_objs.push_back(c.pci);
   }

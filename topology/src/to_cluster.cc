@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <set>
 
 #include "dtrain/common/error.h"
@@ -128,7 +127,7 @@ ClusterSpec cluster_from_topology(const NodeTopology& node, int nodes) {
     if (g.pcie_gbps > 0) pcie = pcie == 0 ? g.pcie_gbps : std::min(pcie, g.pcie_gbps);
   }
   if (pcie > 0) {
-    ns.pcie_gbps = std::round(pcie * 100) / 100;  // hwloc's float, e.g. 31.507692 for PCIe 4.0 x16
+    ns.pcie_gbps = pcie;
     prov["node.pcie_gbps"] = fmt::format("observed: {} PCI link speed of the GPUs ({:.1f} GB/s)", from, pcie);
   } else {
     prov["node.pcie_gbps"] = fmt::format("defaulted: {:g} GB/s (no PCI link speed in the topology)", ns.pcie_gbps);

@@ -78,7 +78,7 @@ TEST(XmlTopology, P4dHas8A100WithInferredNvlinkAnd4EfaNicsEachPixToTwoGpus) {
     EXPECT_EQ(g.nvlink.links, 12);
     EXPECT_DOUBLE_EQ(g.nvlink.gbps, 300.0);
     EXPECT_EQ(g.numa, g.index < 4 ? 0 : 1);
-    EXPECT_NEAR(g.pcie_gbps, 31.5, 0.01);  // PCIe 4.0 x16
+    EXPECT_DOUBLE_EQ(g.pcie_gbps, 31.51);  // PCIe 4.0 x16: 16 GT/s x 16 lanes x 128/130
   }
   EXPECT_EQ(node.gpus[0].pci_bus_id, "0000:10:1c.0");
   EXPECT_EQ(node.nvswitches.size(), 6u);
