@@ -158,8 +158,8 @@ std::vector<Binding> bind_node(const NodeTopology& node, int local_size, const B
   }
   for (int g : gpus) {
     if (g < 0 || g >= node.gpu_count()) {
-      throw binding_error(fmt::format("GPU {} is not on this node (it has {} GPUs, indices 0..{})", g,
-                                      node.gpu_count(), node.gpu_count() - 1));
+      throw binding_error(fmt::format("GPU {} is not on this node (it has {} GPUs, indices 0..{})", g, node.gpu_count(),
+                                      node.gpu_count() - 1));
     }
   }
   bool gpu_ranks = !options.cpu_only && !gpus.empty();

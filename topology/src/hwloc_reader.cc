@@ -27,7 +27,7 @@ namespace dtrain::topology {
 namespace {
 
 constexpr unsigned kNvidiaVendor = 0x10de;
-constexpr unsigned kClassDisplayBase = 0x03;   // 0x0300 VGA, 0x0302 3D controller
+constexpr unsigned kClassDisplayBase = 0x03;    // 0x0300 VGA, 0x0302 3D controller
 constexpr unsigned kClassBridgeOther = 0x0680;  // NVSwitch (and POWER NPUs, from other vendors)
 
 // Owns an hwloc topology handle.
@@ -430,8 +430,7 @@ void Reader::compute_pci_affinity() {
   for (std::size_t i = 0; i < g; ++i) {
     for (std::size_t j = 0; j < g; ++j) {
       node.gpu_gpu[i][j].affinity =
-          i == j ? Affinity::kSelf
-                 : pci_affinity(gpu_objs[i], gpu_objs[j], node.gpus[i].numa, node.gpus[j].numa);
+          i == j ? Affinity::kSelf : pci_affinity(gpu_objs[i], gpu_objs[j], node.gpus[i].numa, node.gpus[j].numa);
     }
     for (std::size_t k = 0; k < n; ++k) {
       node.gpu_nic[i][k] = pci_affinity(gpu_objs[i], nic_objs[k], node.gpus[i].numa, node.nics[k].numa);
@@ -496,11 +495,11 @@ void merge_nvml(NodeTopology& node, const NvmlReport& nvml) {
   node.nvml_status = nvml.status;
   if (!nvml.available) return;
   for (const auto& ng : nvml.gpus) {
-    auto it = std::find_if(node.gpus.begin(), node.gpus.end(),
-                           [&](const Gpu& g) { return g.pci_bus_id == ng.pci_bus_id; });
+    auto it =
+        std::find_if(node.gpus.begin(), node.gpus.end(), [&](const Gpu& g) { return g.pci_bus_id == ng.pci_bus_id; });
     if (it == node.gpus.end()) {
-      node.notes.push_back(fmt::format("NVML lists GPU {} ({}) that hwloc's PCI view lacks; it is left out",
-                                       ng.pci_bus_id, ng.name));
+      node.notes.push_back(
+          fmt::format("NVML lists GPU {} ({}) that hwloc's PCI view lacks; it is left out", ng.pci_bus_id, ng.name));
       continue;
     }
     if (!ng.name.empty()) {
@@ -607,14 +606,15 @@ void check_xml_file(const std::string& path) {
   head.resize(static_cast<std::size_t>(in.gcount()));
   std::size_t start = starts_with(head, "\xEF\xBB\xBF") ? 3 : 0;
   while (start < head.size() && std::isspace(static_cast<unsigned char>(head[start])) != 0) ++start;
-  if (start >= head.size()) throw input_error(fmt::format("{}: is empty; expected an hwloc XML topology ({})", path, how));
+  if (start >= head.size())
+    throw input_error(fmt::format("{}: is empty; expected an hwloc XML topology ({})", path, how));
   if (head[start] != '<') {
     std::string shown = head.substr(start, 24);
     for (char& c : shown) {
       if (std::isprint(static_cast<unsigned char>(c)) == 0) c = '?';
     }
-    throw input_error(fmt::format("{}: is not XML (it starts with \"{}\"); expected an hwloc XML topology ({})", path,
-                                  shown, how));
+    throw input_error(
+        fmt::format("{}: is not XML (it starts with \"{}\"); expected an hwloc XML topology ({})", path, shown, how));
   }
   std::size_t tag = head.find("<topology");
   if (tag == std::string::npos) {

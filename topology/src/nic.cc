@@ -14,10 +14,14 @@ namespace dtrain::topology {
 
 std::string_view to_string(NicKind kind) {
   switch (kind) {
-    case NicKind::kInfiniBand: return "infiniband";
-    case NicKind::kRoce: return "roce";
-    case NicKind::kEfa: return "efa";
-    case NicKind::kRdma: return "rdma";
+    case NicKind::kInfiniBand:
+      return "infiniband";
+    case NicKind::kRoce:
+      return "roce";
+    case NicKind::kEfa:
+      return "efa";
+    case NicKind::kRdma:
+      return "rdma";
   }
   return "rdma";
 }
@@ -48,10 +52,14 @@ std::string Nic::state_name() const {
     best = std::max(best, p.state);
   }
   switch (best) {
-    case 1: return "down";
-    case 2: return "init";
-    case 3: return "armed";
-    default: return "unknown";
+    case 1:
+      return "down";
+    case 2:
+      return "init";
+    case 3:
+      return "armed";
+    default:
+      return "unknown";
   }
 }
 

@@ -14,10 +14,14 @@ namespace dtrain::topology {
 
 std::string_view to_string(NvlinkSource source) {
   switch (source) {
-    case NvlinkSource::kNone: return "none";
-    case NvlinkSource::kHwloc: return "hwloc";
-    case NvlinkSource::kNvml: return "nvml";
-    case NvlinkSource::kInferred: return "inferred";
+    case NvlinkSource::kNone:
+      return "none";
+    case NvlinkSource::kHwloc:
+      return "hwloc";
+    case NvlinkSource::kNvml:
+      return "nvml";
+    case NvlinkSource::kInferred:
+      return "inferred";
   }
   return "none";
 }
@@ -66,11 +70,11 @@ void find_anomalies(NodeTopology& node) {
   }
   for (const auto& n : node.nics) {
     if (n.usable()) continue;
-    out.push_back({"nic_port_down",
-                   fmt::format("NIC {} ({}) has no active port (state {}): its GPUs fall back to a farther NIC "
-                               "(check the cable and `ibstat {}`)",
-                               n.name, n.pci_bus_id.empty() ? "no PCI address" : n.pci_bus_id, n.state_name(),
-                               n.name)});
+    out.push_back(
+        {"nic_port_down",
+         fmt::format("NIC {} ({}) has no active port (state {}): its GPUs fall back to a farther NIC "
+                     "(check the cable and `ibstat {}`)",
+                     n.name, n.pci_bus_id.empty() ? "no PCI address" : n.pci_bus_id, n.state_name(), n.name)});
   }
   if (!node.gpus.empty() && node.nics.empty()) {
     out.push_back({"no_rdma_nic",
@@ -80,8 +84,8 @@ void find_anomalies(NodeTopology& node) {
   if (!node.nics.empty()) {
     for (const auto& g : node.gpus) {
       if (g.numa < 0) continue;
-      bool local = std::any_of(node.nics.begin(), node.nics.end(),
-                               [&](const Nic& n) { return n.numa == g.numa && n.usable(); });
+      bool local =
+          std::any_of(node.nics.begin(), node.nics.end(), [&](const Nic& n) { return n.numa == g.numa && n.usable(); });
       if (!local) {
         out.push_back({"gpu_without_local_nic",
                        fmt::format("GPU{} ({}) on NUMA node {} has no usable NIC on its NUMA node: its traffic to "

@@ -151,7 +151,8 @@ NvmlReport query_nvml(const std::string& library) {
     nvmlPciInfo_t pci{};
     if (api.get_pci_info(dev, &pci) == kNvmlSuccess) gpu.pci_bus_id = bus_id_of(pci);
     char name[kNvmlDeviceNameBufferSize] = {};
-    if (api.get_name(dev, name, sizeof(name)) == kNvmlSuccess) gpu.name = std::string(name, strnlen(name, sizeof(name)));
+    if (api.get_name(dev, name, sizeof(name)) == kNvmlSuccess)
+      gpu.name = std::string(name, strnlen(name, sizeof(name)));
     nvmlMemory_t mem{};
     if (api.get_memory_info != nullptr && api.get_memory_info(dev, &mem) == kNvmlSuccess) gpu.memory_bytes = mem.total;
     for (unsigned int link = 0; have_nvlink && link < kNvmlNvlinkMaxLinks; ++link) {

@@ -24,8 +24,8 @@ std::string where(const NodeTopology& node) {
 bool all_linked(const NodeTopology& node, int first, int size) {
   for (int i = first; i < first + size; ++i) {
     for (int j = first; j < first + size; ++j) {
-      if (i != j && node.gpu_gpu[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)].affinity !=
-                        Affinity::kNvlink) {
+      if (i != j &&
+          node.gpu_gpu[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)].affinity != Affinity::kNvlink) {
         return false;
       }
     }
@@ -51,11 +51,14 @@ std::string nvlink_phrase(const Gpu& gpu) {
   std::string links = fmt::format("{} NVLink{} links x {:g} GB/s per GPU", nv.links,
                                   nv.version > 0 ? std::to_string(nv.version) : "", nv.link_gbps);
   switch (nv.source) {
-    case NvlinkSource::kHwloc: return fmt::format("observed: hwloc NVLinkBandwidth matrix, {}", links);
-    case NvlinkSource::kNvml: return fmt::format("observed: NVML link states, {}", links);
+    case NvlinkSource::kHwloc:
+      return fmt::format("observed: hwloc NVLinkBandwidth matrix, {}", links);
+    case NvlinkSource::kNvml:
+      return fmt::format("observed: NVML link states, {}", links);
     case NvlinkSource::kInferred:
       return fmt::format("inferred: NVSwitch PCI devices + {} generation, {}", gpu.catalog_name, links);
-    case NvlinkSource::kNone: break;
+    case NvlinkSource::kNone:
+      break;
   }
   return "";
 }
@@ -73,8 +76,8 @@ ClusterSpec cluster_from_topology(const NodeTopology& node, int nodes) {
   std::set<std::string> models;
   for (const auto& g : node.gpus) models.insert(g.model);
   if (models.size() > 1) {
-    throw topology_error(fmt::format("{} mixes GPU models ({}); plans assume one GPU model per node",
-                                     where(node), join({models.begin(), models.end()}, ", ")));
+    throw topology_error(fmt::format("{} mixes GPU models ({}); plans assume one GPU model per node", where(node),
+                                     join({models.begin(), models.end()}, ", ")));
   }
   const Gpu& gpu0 = node.gpus.front();
   auto spec_gpu = gpu0.catalog_name.empty() ? std::nullopt : find_gpu(gpu0.catalog_name);
@@ -97,8 +100,8 @@ ClusterSpec cluster_from_topology(const NodeTopology& node, int nodes) {
   ns.gpus = node.gpu_count();
   prov["node.gpus"] = fmt::format("observed: {} NVIDIA GPUs in {}", ns.gpus, from);
   ns.gpu = *spec_gpu;
-  prov["node.gpu"] = fmt::format("observed: \"{}\" ({}) matched to catalog entry {}", gpu0.model, gpu0.model_source,
-                                 spec_gpu->name);
+  prov["node.gpu"] =
+      fmt::format("observed: \"{}\" ({}) matched to catalog entry {}", gpu0.model, gpu0.model_source, spec_gpu->name);
   if (nodes > 1) prov["cluster.nodes"] = fmt::format("given: {} nodes like this one", nodes);
 
   ns.nvlink_domain = nvlink_domain(node);
@@ -113,10 +116,9 @@ ClusterSpec cluster_from_topology(const NodeTopology& node, int nodes) {
     }
     ns.nvlink_gbps = gbps;
     std::string phrase = nvlink_phrase(*slowest);
-    prov["node.nvlink_domain"] = fmt::format("{} ({} GPUs NVLink-connected pair by pair)",
-                                             phrase.substr(0, phrase.find(',')), ns.nvlink_domain);
-    bool uniform = std::all_of(node.gpus.begin(), node.gpus.end(),
-                               [&](const Gpu& g) { return g.nvlink.gbps == gbps; });
+    prov["node.nvlink_domain"] =
+        fmt::format("{} ({} GPUs NVLink-connected pair by pair)", phrase.substr(0, phrase.find(',')), ns.nvlink_domain);
+    bool uniform = std::all_of(node.gpus.begin(), node.gpus.end(), [&](const Gpu& g) { return g.nvlink.gbps == gbps; });
     prov["node.nvlink_gbps"] = phrase + (uniform ? "" : fmt::format(" (GPU{}, the slowest)", slowest->index));
   } else {
     prov["node.nvlink_domain"] = fmt::format("observed: no NVLink between the GPUs in {}; PCIe only", from);
@@ -181,8 +183,8 @@ ClusterSpec cluster_from_topology(const NodeTopology& node, int nodes) {
         "cluster.toml",
         ns.nics, where(node));
     prov["node.nic_gbps"] = fmt::format("defaulted: {:g} GB/s (200 Gb/s HDR)", ns.nic_gbps);
-    log::warn("topology", "{} has no usable RDMA NIC; assuming {} NICs of {:g} GB/s for {} nodes", where(node),
-              ns.nics, ns.nic_gbps, nodes);
+    log::warn("topology", "{} has no usable RDMA NIC; assuming {} NICs of {:g} GB/s for {} nodes", where(node), ns.nics,
+              ns.nic_gbps, nodes);
   } else {
     ns.nics = 0;
     prov["node.nics"] = fmt::format("observed: no usable RDMA NIC in {} (one node needs none)", from);

@@ -86,8 +86,8 @@ std::string format_summary(const NodeTopology& node) {
     const Gpu& g0 = node.gpus.front();
     out += fmt::format("GPUs: {}", node.gpu_count());
     if (models.size() == 1) {
-      out += fmt::format(" x {} ({})", g0.model, g0.catalog_name.empty() ? "not in the GPU catalog"
-                                                                           : "catalog " + g0.catalog_name);
+      out += fmt::format(" x {} ({})", g0.model,
+                         g0.catalog_name.empty() ? "not in the GPU catalog" : "catalog " + g0.catalog_name);
     }
     out += "\n";
     std::vector<std::vector<std::string>> rows;
@@ -211,12 +211,9 @@ std::string topology_json(const NodeTopology& node) {
   j["numa"] = numa;
   json gpus = json::array();
   for (const auto& g : node.gpus) {
-    json nv = {{"links", g.nvlink.links},
-               {"switch_links", g.nvlink.switch_links},
-               {"link_gbps", g.nvlink.link_gbps},
-               {"gbps", g.nvlink.gbps},
-               {"version", g.nvlink.version},
-               {"source", to_string(g.nvlink.source)}};
+    json nv = {{"links", g.nvlink.links},         {"switch_links", g.nvlink.switch_links},
+               {"link_gbps", g.nvlink.link_gbps}, {"gbps", g.nvlink.gbps},
+               {"version", g.nvlink.version},     {"source", to_string(g.nvlink.source)}};
     gpus.push_back({{"index", g.index},
                     {"pci_bus_id", g.pci_bus_id},
                     {"pci_id", hex4(g.vendor_id) + ":" + hex4(g.device_id)},

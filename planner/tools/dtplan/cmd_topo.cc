@@ -40,7 +40,8 @@ void setup_topo(CLI::App& app) {
   sub->add_option("--xml", opts->xml, "hwloc XML topology (lstopo --whole-io --of xml); default: this machine")
       ->type_name("FILE");
   auto* json = sub->add_flag("--json", opts->json, "JSON report (schema in docs/topology.md)");
-  auto* toml = sub->add_flag("--toml", opts->toml, "the [node] table of cluster.toml, with where each figure came from");
+  auto* toml =
+      sub->add_flag("--toml", opts->toml, "the [node] table of cluster.toml, with where each figure came from");
   auto* matrix = sub->add_flag("--matrix", opts->matrix, "GPU/NIC affinity matrix like nvidia-smi topo -m");
   json->excludes(toml)->excludes(matrix);
   toml->excludes(matrix);

@@ -15,8 +15,8 @@ namespace dtrain::topology {
 namespace {
 
 using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 using testing::fixture;
+using ::testing::HasSubstr;
 
 void expect_disjoint_cpus(const std::vector<Binding>& bindings) {
   std::set<int> seen;
@@ -237,7 +237,8 @@ NodeTopology synthetic(int gpus, const std::vector<std::vector<Affinity>>& gpu_n
 TEST(Binding, FewerNicsThanGpusAreSharedByNuma) {
   using A = Affinity;
   std::vector<std::vector<A>> gn;
-  for (int g = 0; g < 8; ++g) gn.push_back(g < 4 ? std::vector<A>{A::kNode, A::kSys} : std::vector<A>{A::kSys, A::kNode});
+  for (int g = 0; g < 8; ++g)
+    gn.push_back(g < 4 ? std::vector<A>{A::kNode, A::kSys} : std::vector<A>{A::kSys, A::kNode});
   NodeTopology node = synthetic(8, gn, {0, 1});
   std::vector<Binding> b = bind_node(node, 8);
   for (int r = 0; r < 8; ++r) EXPECT_THAT(b[static_cast<std::size_t>(r)].nics, ElementsAre(r < 4 ? 0 : 1));
@@ -248,8 +249,8 @@ TEST(Binding, FewerNicsThanGpusAreSharedByNuma) {
 TEST(Binding, MoreNicsThanGpusAreSplitWithoutOverlap) {
   using A = Affinity;
   // Both GPUs are PIX-close to all four NICs (one PCIe switch): each rank gets two of them.
-  NodeTopology node = synthetic(2, {{A::kPix, A::kPix, A::kPix, A::kPix}, {A::kPix, A::kPix, A::kPix, A::kPix}},
-                                {0, 0, 1, 1});
+  NodeTopology node =
+      synthetic(2, {{A::kPix, A::kPix, A::kPix, A::kPix}, {A::kPix, A::kPix, A::kPix, A::kPix}}, {0, 0, 1, 1});
   std::vector<Binding> b = bind_node(node, 2);
   EXPECT_THAT(b[0].nics, ElementsAre(0, 1));
   EXPECT_THAT(b[1].nics, ElementsAre(2, 3));

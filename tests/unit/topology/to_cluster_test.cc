@@ -13,9 +13,9 @@ namespace dtrain::topology {
 namespace {
 
 using ::testing::ElementsAre;
+using testing::fixture;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-using testing::fixture;
 
 TEST(ToCluster, P4dNvlinkInferredEfaRails) {
   ClusterSpec c = load_cluster_from_topology(fixture(testing::kP4d), 16);
@@ -95,9 +95,7 @@ void expect_topology_error(const std::string& xml, const std::string& what) {
   }
 }
 
-TEST(ToCluster, NodeWithoutGpuIsAnError) {
-  expect_topology_error(fixture(testing::k24em64t), "has no NVIDIA GPU");
-}
+TEST(ToCluster, NodeWithoutGpuIsAnError) { expect_topology_error(fixture(testing::k24em64t), "has no NVIDIA GPU"); }
 
 TEST(ToCluster, GpuOutsideTheCatalogIsAnErrorNamingTheModel) {
   expect_topology_error(fixture(testing::kWholeIo), "GPU model \"Tesla K40m\" (PCI 10de:1094) is not in dtrain's");

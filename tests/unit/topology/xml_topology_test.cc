@@ -14,8 +14,8 @@ namespace dtrain::topology {
 namespace {
 
 using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 using testing::fixture;
+using ::testing::HasSubstr;
 
 std::set<std::string> anomaly_kinds(const NodeTopology& node) {
   std::set<std::string> kinds;

@@ -36,15 +36,15 @@ struct BindOptions {
 struct Binding {
   int local_rank = 0;
   int local_size = 1;
-  int gpu = -1;                         // index into NodeTopology::gpus; -1 for a CPU rank
-  std::string gpu_pci_bus_id;           // "" for a CPU rank
-  std::vector<int> nics;                // indices into NodeTopology::nics, nearest first
-  std::vector<std::string> nic_names;   // the same NICs by name
-  std::vector<Affinity> nic_affinity;   // class of each NIC to the GPU (to the CPU set's NUMA node for CPU ranks)
-  std::vector<int> cpus;                // Linux CPU numbers, ascending
-  int cores = 0;                        // whole cores in `cpus` (at least 1 when cpus is not empty)
-  int numa = -1;                        // NUMA node of the GPU, or of the CPU set for a CPU rank
-  bool cpus_shared = false;             // more ranks than hardware threads: some ranks share CPUs
+  int gpu = -1;                        // index into NodeTopology::gpus; -1 for a CPU rank
+  std::string gpu_pci_bus_id;          // "" for a CPU rank
+  std::vector<int> nics;               // indices into NodeTopology::nics, nearest first
+  std::vector<std::string> nic_names;  // the same NICs by name
+  std::vector<Affinity> nic_affinity;  // class of each NIC to the GPU (to the CPU set's NUMA node for CPU ranks)
+  std::vector<int> cpus;               // Linux CPU numbers, ascending
+  int cores = 0;                       // whole cores in `cpus` (at least 1 when cpus is not empty)
+  int numa = -1;                       // NUMA node of the GPU, or of the CPU set for a CPU rank
+  bool cpus_shared = false;            // more ranks than hardware threads: some ranks share CPUs
 };
 
 // All n ranks of a node. Throws dtrain::Error (topology, exit 2) when n < 1, when n exceeds the GPUs available to

@@ -29,17 +29,17 @@ enum class NvlinkSource { kNone, kHwloc, kNvml, kInferred };
 std::string_view to_string(NvlinkSource source);  // "none", "hwloc", "nvml", "inferred"
 
 struct GpuNvlink {
-  int links = 0;             // active NVLink links of this GPU, to peer GPUs and to NVSwitches together
-  int switch_links = 0;      // of `links`, those that end on an NVSwitch
-  double link_gbps = 0;      // one link, one direction, GB/s (20 for NVLink1, 25 for NVLink2-4, 50 for NVLink5)
-  double gbps = 0;           // all links of this GPU, one direction, GB/s
-  int version = 0;           // NVLink generation when known (2 = V100, 3 = A100, 4 = H100/H200), else 0
+  int links = 0;         // active NVLink links of this GPU, to peer GPUs and to NVSwitches together
+  int switch_links = 0;  // of `links`, those that end on an NVSwitch
+  double link_gbps = 0;  // one link, one direction, GB/s (20 for NVLink1, 25 for NVLink2-4, 50 for NVLink5)
+  double gbps = 0;       // all links of this GPU, one direction, GB/s
+  int version = 0;       // NVLink generation when known (2 = V100, 3 = A100, 4 = H100/H200), else 0
   NvlinkSource source = NvlinkSource::kNone;
 };
 
 struct NumaNode {
-  int os_index = 0;               // the Linux NUMA node number
-  std::vector<int> cpus;          // PUs (Linux CPU numbers) local to it
+  int os_index = 0;       // the Linux NUMA node number
+  std::vector<int> cpus;  // PUs (Linux CPU numbers) local to it
   std::uint64_t memory_bytes = 0;
 };
 
@@ -51,18 +51,18 @@ struct Core {
 };
 
 struct Gpu {
-  int index = 0;                // 0..gpus-1 in PCI bus order: nvidia-smi's index, CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID
-  std::string pci_bus_id;       // "0000:10:1c.0"
-  unsigned vendor_id = 0;       // 0x10de
-  unsigned device_id = 0;       // 0x20b0 (A100-SXM4-40GB), 0x2330 (H100 SXM5), ...
-  std::string model;            // as the driver names it ("NVIDIA A100-SXM4-40GB"), else the PCI name
-  std::string model_source;     // "nvml", "cuda", "opencl", "pci id", "pci name"
-  std::string catalog_name;     // the GPU catalog entry it matches (gpu_catalog.h), "" when none
-  std::uint64_t memory_bytes = 0;  // 0 when unknown
-  std::string memory_source;    // "nvml", "cuda", "opencl", "catalog", "" when unknown
-  int numa = -1;                // NUMA node os index, -1 when unknown
-  std::vector<int> local_cpus;  // PUs close to the GPU (its NUMA node or package)
-  double pcie_gbps = 0;         // PCIe link, one direction, GB/s (hwloc's link speed), 0 when unknown
+  int index = 0;             // 0..gpus-1 in PCI bus order: nvidia-smi's index, CUDA's with CUDA_DEVICE_ORDER=PCI_BUS_ID
+  std::string pci_bus_id;    // "0000:10:1c.0"
+  unsigned vendor_id = 0;    // 0x10de
+  unsigned device_id = 0;    // 0x20b0 (A100-SXM4-40GB), 0x2330 (H100 SXM5), ...
+  std::string model;         // as the driver names it ("NVIDIA A100-SXM4-40GB"), else the PCI name
+  std::string model_source;  // "nvml", "cuda", "opencl", "pci id", "pci name"
+  std::string catalog_name;  // the GPU catalog entry it matches (gpu_catalog.h), "" when none
+  std::uint64_t memory_bytes = 0;       // 0 when unknown
+  std::string memory_source;            // "nvml", "cuda", "opencl", "catalog", "" when unknown
+  int numa = -1;                        // NUMA node os index, -1 when unknown
+  std::vector<int> local_cpus;          // PUs close to the GPU (its NUMA node or package)
+  double pcie_gbps = 0;                 // PCIe link, one direction, GB/s (hwloc's link speed), 0 when unknown
   std::vector<std::string> os_devices;  // cuda0, nvml0, card0, renderD128, ...
   GpuNvlink nvlink;
 };
@@ -84,7 +84,7 @@ struct NicPort {
 };
 
 struct Nic {
-  std::string name;                  // the RDMA device: mlx5_0, rdmap16s27, efa_0
+  std::string name;  // the RDMA device: mlx5_0, rdmap16s27, efa_0
   NicKind kind = NicKind::kRdma;
   std::vector<std::string> netdevs;  // network interfaces of the same PCI function: ib0, ens32
   std::string pci_bus_id;
@@ -92,9 +92,9 @@ struct Nic {
   unsigned device_id = 0;
   int numa = -1;
   std::vector<int> local_cpus;
-  std::vector<NicPort> ports;        // empty when the topology says nothing about ports
-  double gbps = 0;                   // rate of its best active port, one direction, GB/s; 0 when unknown
-  std::string gbps_source;           // "sysfs", "inferred: <why>", "" when unknown
+  std::vector<NicPort> ports;  // empty when the topology says nothing about ports
+  double gbps = 0;             // rate of its best active port, one direction, GB/s; 0 when unknown
+  std::string gbps_source;     // "sysfs", "inferred: <why>", "" when unknown
 
   // True when a port is active, or when nothing is known about the ports (an XML without port infos).
   bool usable() const;
@@ -116,11 +116,12 @@ struct Anomaly {
 };
 
 struct NodeTopology {
-  std::string source;         // "live" or "xml"
-  std::string path;           // the XML file; "" for the live machine
-  std::string machine;        // DMI product name ("p4d.24xlarge", "NVIDIA DGX-2H"); may be ""
-  std::string hostname;       // as hwloc recorded it; may be ""
-  std::string hwloc_version;  // the hwloc that discovered it: the library in use, or the XML's writer ("" if unrecorded)
+  std::string source;    // "live" or "xml"
+  std::string path;      // the XML file; "" for the live machine
+  std::string machine;   // DMI product name ("p4d.24xlarge", "NVIDIA DGX-2H"); may be ""
+  std::string hostname;  // as hwloc recorded it; may be ""
+  std::string
+      hwloc_version;  // the hwloc that discovered it: the library in use, or the XML's writer ("" if unrecorded)
 
   int packages = 0;
   std::vector<NumaNode> numa_nodes;
