@@ -90,7 +90,12 @@ constexpr Alias kAliases[] = {
     {"a100-sxm4-80g", "A100-SXM4-80GB"}, {"a100-sxm-80gb", "A100-SXM4-80GB"},  {"h100", "H100-SXM"},
     {"h100-sxm5", "H100-SXM"},           {"h100-80gb-hbm3", "H100-SXM"},       {"h100-sxm5-80gb", "H100-SXM"},
     {"h200-sxm", "H200"},                {"v100", "V100-SXM2-32GB"},           {"tesla-v100-sxm3-32gb-h", "V100-SXM3-32GB"},
-    {"v100-sxm3-32gb-h", "V100-SXM3-32GB"},
+    {"v100-sxm3-32gb-h", "V100-SXM3-32GB"}, {"a100-80gb-pcie", "A100-PCIE-80GB"},
+    // PCI vendor:device ids, for GPUs seen only on the PCI bus (no driver name in the topology).
+    {"10de:20b0", "A100-SXM4-40GB"}, {"10de:20b2", "A100-SXM4-80GB"},  {"10de:20f1", "A100-PCIE-40GB"},
+    {"10de:20b5", "A100-PCIE-80GB"}, {"10de:2330", "H100-SXM"},        {"10de:2331", "H100-PCIE"},
+    {"10de:2335", "H200"},           {"10de:1db8", "V100-SXM3-32GB"},  {"10de:1db5", "V100-SXM2-32GB"},
+    {"10de:26b9", "L40S"},
 };
 
 }  // namespace
@@ -99,6 +104,10 @@ std::optional<GpuSpec> find_gpu(std::string_view name) {
   std::string key = lowercase(name);
   for (char& c : key) {
     if (c == ' ' || c == '_') c = '-';
+  }
+  // Drivers prefix the names they report: "NVIDIA A100-SXM4-40GB", "Tesla V100-SXM3-32GB-H".
+  for (std::string_view prefix : {"nvidia-", "tesla-"}) {
+    if (starts_with(key, prefix) && key.size() > prefix.size()) key.erase(0, prefix.size());
   }
   for (const auto& g : catalog()) {
     if (lowercase(g.name) == key) return g;
