@@ -11,6 +11,7 @@
 #   harness.sh start              start a cluster and leave it running (for debugging by hand); prints
 #                                 `export SLURM_CONF=...` lines for eval. Stop it with `harness.sh stop DIR`.
 #   harness.sh stop DIR           stop the cluster in DIR (started by `start`, or left by a killed run), remove DIR.
+#   harness.sh check              exit 0 when a cluster can run here, else the SKIP line and 77.
 # Exit status 77 (ctest SKIP_RETURN_CODE) with a "SKIP:" line when not root or Slurm/munge are not installed.
 #
 # Read from the environment (all optional):
@@ -35,14 +36,15 @@
 #   DTRAIN_SLURM_STARTUP_MS start-up time of the cluster in milliseconds
 # Inherited SLURM_*, SRUN_*, SBATCH_*, SALLOC_* variables (from an enclosing real Slurm job) are removed first.
 set -Eeuo pipefail
-trap 'log "error: line $LINENO: \"$BASH_COMMAND\" failed"' ERR
+# name the command that failed (a function's `return 1` has already said why)
+trap '[[ $BASH_COMMAND == return* ]] || log "error: line $LINENO: \"$BASH_COMMAND\" failed"' ERR
 
 HARNESS_HOME=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 NODES=(n1 n2 n3 n4)
 PARTITION=debug
 PORT_LO=20000 # below the ephemeral range (32768-60999) so outgoing connections never take our ports
 PORT_HI=32000
-PORT_LOCK=/tmp/dtrain-slurm.ports.lock
+PORT_LOCK=/tmp # flock on the /tmp directory itself: serialises port choice between runs, leaves no lock file
 
 DIR=""            # the cluster directory of this process
 OWN_CLUSTER=0     # 1 once this process created DIR (then it must stop it)
@@ -79,7 +81,7 @@ clean_slurm_env() {
 # reserved by other harness runs (their DIR/ports files), so concurrent runs never collide.
 pick_ports() {
   local used base tries=0 ok p
-  exec {lockfd}>>"$PORT_LOCK"
+  exec {lockfd}<"$PORT_LOCK"
   flock -w 30 "$lockfd" || { log "error: could not lock $PORT_LOCK"; return 1; }
   used=" $(ss -Htan | awk '{ n = split($4, a, ":"); print a[n] }' | tr '\n' ' ') "
   used+="$(cat /tmp/dtrain-slurm.*/ports 2>/dev/null | tr '\n' ' ' || true) "
@@ -162,7 +164,23 @@ EOF
 AutoDetect=off
 Name=gpu File=$DIR/dev/nvidia[0-3]
 EOF
+  check_node_env
   write_plugstack
+}
+
+check_node_env() {
+  local n envname words w
+  for n in "${NODES[@]}"; do
+    envname="DTRAIN_NODE_ENV_$n"
+    read -r -a words <<<"${!envname:-}"
+    for w in ${words[@]+"${words[@]}"}; do
+      [[ $w =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || { log "error: $envname: '$w' is not NAME=VALUE"; return 1; }
+    done
+  done
+  for envname in $(compgen -v DTRAIN_NODE_ENV_); do
+    [[ " ${NODES[*]} " == *" ${envname#DTRAIN_NODE_ENV_} "* ]] ||
+      { log "error: $envname: no node ${envname#DTRAIN_NODE_ENV_} (nodes: ${NODES[*]})"; return 1; }
+  done
 }
 
 write_plugstack() {
@@ -187,11 +205,18 @@ write_plugstack() {
 # ---- daemons ---------------------------------------------------------------------------------------------------
 record_pid() { echo "$2 $1" >>"$DIR/pids"; } # "name pid"
 
-wait_until() { # TIMEOUT_S DESCRIPTION CMD...: poll CMD every 0.1 s
-  local timeout=$1 what=$2 deadline
+# wait_until TIMEOUT_S DESCRIPTION CMD...: poll CMD every 0.1 s; fail early when a daemon started so far has exited
+wait_until() {
+  local timeout=$1 what=$2 deadline name pid
   shift 2
   deadline=$(($(now_ms) + timeout * 1000))
   until "$@" >/dev/null 2>&1; do
+    while read -r name pid; do
+      if ! alive "$pid"; then
+        log "error: $name (pid $pid) exited while waiting for $what; see $DIR/log/$name.log"
+        return 1
+      fi
+    done <"$DIR/pids"
     if (($(now_ms) > deadline)); then
       log "error: timed out after ${timeout} s waiting for $what"
       return 1
@@ -234,11 +259,8 @@ start_daemons() {
   t2=$(now_ms)
 
   for n in "${NODES[@]}"; do
-    local envname="DTRAIN_NODE_ENV_$n" words=() w
+    local envname="DTRAIN_NODE_ENV_$n" words=()
     read -r -a words <<<"${!envname:-}"
-    for w in "${words[@]}"; do
-      [[ $w =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || { log "error: $envname: '$w' is not NAME=VALUE"; return 1; }
-    done
     mkdir -p "$DIR/spool/$n"
     env ${words[@]+"${words[@]}"} slurmd -D -f "$DIR/slurm.conf" -N "$n" >"$DIR/log/slurmd-$n.out" 2>&1 &
     record_pid $! "slurmd-$n"
@@ -355,8 +377,12 @@ stop_cluster() {
   kill_and_wait TERM 10 ${munge[@]+"${munge[@]}"} || kill_and_wait KILL 5 "${munge[@]}" || true
 
   # verify: nothing of this cluster left (pgrep on the directory, and the environment marker)
-  local left
-  left=$(cluster_pids "$d")
+  # Two scans 0.1 s apart, survivors are in both: a caller that exported DTRAIN_SLURM_DIR (the `start` flow) passes
+  # it to this script's own short-lived pipeline subshells, which the first scan may catch.
+  local left first
+  first=" $(cluster_pids "$d" | tr '\n' ' ') "
+  sleep 0.1
+  left=$(cluster_pids "$d" | while read -r pid; do [[ $first == *" $pid "* ]] && echo "$pid"; done || true)
   if [[ -n $left ]]; then
     log "error: processes of the cluster survived stopping:"
     # shellcheck disable=SC2046
@@ -452,14 +478,14 @@ main() {
   local sub=${1:-}
   [[ $# -gt 0 ]] && shift
   case $sub in
-    run | start)
+    run | start | check)
       local reason
       reason=$(skip_reason)
       if [[ -n $reason ]]; then
         echo "SKIP: slurm test harness: $reason"
         exit 77
       fi
-      "cmd_$sub" "$@"
+      [[ $sub == check ]] || "cmd_$sub" "$@"
       ;;
     stop)
       [[ $# -eq 1 ]] || { log "usage: harness.sh stop DIR"; exit 2; }

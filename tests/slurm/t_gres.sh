@@ -2,7 +2,7 @@
 # The fake GPUs (character devices, major 195) work as gres: --gpus-per-node sets CUDA_VISIBLE_DEVICES in each task,
 # and asking for more GPUs than a node has is refused before anything runs.
 set -euo pipefail
-# shellcheck source=tests/slurm/lib.sh
+# shellcheck source=lib.sh
 source "$DTRAIN_SLURM_LIB"
 
 out=$(task_lines -N2 --ntasks-per-node=1 --gpus-per-node=2 -- \

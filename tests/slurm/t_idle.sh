@@ -3,7 +3,7 @@
 # an interrupted srun and a failing batch job, every node is idle, not drained, with no reason set.
 # (The harness checks idle/undrained after every test too; this test provokes the cases that could drain.)
 set -euo pipefail
-# shellcheck source=tests/slurm/lib.sh
+# shellcheck source=lib.sh
 source "$DTRAIN_SLURM_LIB"
 
 nodes_idle 5 || fail "nodes not idle at the start"

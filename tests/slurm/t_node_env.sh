@@ -5,7 +5,7 @@
 # The task itself gets srun's environment, not slurmstepd's: a plugin that wants to pass a node's variable on must
 # copy it (t_spank_probe.sh shows that). The task reads slurmstepd's environment from /proc/$PPID/environ.
 set -euo pipefail
-# shellcheck source=tests/slurm/lib.sh
+# shellcheck source=lib.sh
 source "$DTRAIN_SLURM_LIB"
 
 probe='stepd_env() { tr "\0" "\n" </proc/$PPID/environ | sed -n "s/^$1=//p"; }

@@ -2,7 +2,7 @@
 # srun -N4 --ntasks-per-node=1 runs one task on each of the four nodes, and each task sees its own SLURMD_NODENAME
 # and SLURM_NODEID (all nodes share this machine's hostname, so `hostname` cannot tell them apart).
 set -euo pipefail
-# shellcheck source=tests/slurm/lib.sh
+# shellcheck source=lib.sh
 source "$DTRAIN_SLURM_LIB"
 
 out=$(task_lines -N4 --ntasks-per-node=1 -- \

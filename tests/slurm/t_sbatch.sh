@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # An sbatch job runs, its job steps run on the allocated nodes, and its output file holds what they printed.
 set -euo pipefail
-# shellcheck source=tests/slurm/lib.sh
+# shellcheck source=lib.sh
 source "$DTRAIN_SLURM_LIB"
 
 work=$(mktemp -d "$DTRAIN_SLURM_DIR/tmp/sbatch.XXXXXX")

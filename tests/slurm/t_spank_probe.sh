@@ -6,7 +6,7 @@
 # environment; plugstack arguments reach the plugin; the plugin in slurmstepd sees the per-node slurmd environment;
 # sbatch accepts the option as #SBATCH; the plugin's slurm_info from slurmstepd lands in that node's slurmd log.
 set -euo pipefail
-# shellcheck source=tests/slurm/lib.sh
+# shellcheck source=lib.sh
 source "$DTRAIN_SLURM_LIB"
 
 expect_contains "$(cat "$DTRAIN_SLURM_DIR/plugstack.conf")" "spank_harness_probe.so greeting=hello" "plugstack.conf"

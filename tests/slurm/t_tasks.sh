@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # srun -N2 --ntasks-per-node=2 gives SLURM_PROCID 0..3 in block order and SLURM_LOCALID 0..1 on each node.
 set -euo pipefail
-# shellcheck source=tests/slurm/lib.sh
+# shellcheck source=lib.sh
 source "$DTRAIN_SLURM_LIB"
 
 out=$(task_lines -N2 --ntasks-per-node=2 -- \
