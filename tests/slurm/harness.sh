@@ -27,8 +27,9 @@
 #   DTRAIN_SLURM_CHECK_IDLE=0   skip the after-run check that every node is idle and not drained.
 #   DTRAIN_SLURM_DEBUG      SlurmctldDebug/SlurmdDebug level (default info; e.g. debug2).
 #   DTRAIN_SLURM_SHOW_LOGS=1    print the daemons' logs even on success.
+#   DTRAIN_SLURM_LOG_LINES  lines printed from the end of each log (default 150).
 #   DTRAIN_SLURM_KEEP=1     keep the directory (logs, config) after stopping; its path is printed.
-# Exported to CMD (and to the daemons):
+# Exported to CMD (all but the last also to the daemons):
 #   SLURM_CONF              the cluster's slurm.conf (every Slurm command then talks to this cluster)
 #   DTRAIN_SLURM_DIR        the cluster directory (also the marker that identifies this cluster's processes)
 #   DTRAIN_SLURM_NODES      "n1 n2 n3 n4";  DTRAIN_SLURM_PARTITION  "debug"
@@ -59,7 +60,7 @@ skip_reason() {
     return
   fi
   local c
-  for c in slurmctld slurmd munged mungekey srun sbatch sinfo squeue scontrol scancel ss flock mknod; do
+  for c in slurmctld slurmd munged mungekey munge unmunge srun sbatch sinfo squeue scontrol scancel ss flock mknod; do
     if ! command -v "$c" >/dev/null 2>&1; then
       echo "$c not installed (scripts/install-deps.sh installs slurm-wlm slurmctld slurmd munge)"
       return
@@ -112,6 +113,7 @@ write_config() {
   local host debug=${DTRAIN_SLURM_DEBUG:-info}
   host=$(hostname -s)
   mkdir -p "$DIR/state" "$DIR/log" "$DIR/spool" "$DIR/tmp" "$DIR/dev"
+  chmod 1777 "$DIR/tmp" # scratch for tests, writable by jobs that run as an ordinary user
   local i
   for i in 0 1 2 3; do
     mknod "$DIR/dev/nvidia$i" c 195 "$i"
@@ -177,7 +179,7 @@ check_node_env() {
       [[ $w =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || { log "error: $envname: '$w' is not NAME=VALUE"; return 1; }
     done
   done
-  for envname in $(compgen -v DTRAIN_NODE_ENV_); do
+  for envname in $(compgen -v DTRAIN_NODE_ENV_ || true); do
     [[ " ${NODES[*]} " == *" ${envname#DTRAIN_NODE_ENV_} "* ]] ||
       { log "error: $envname: no node ${envname#DTRAIN_NODE_ENV_} (nodes: ${NODES[*]})"; return 1; }
   done
@@ -280,9 +282,9 @@ start_cluster() {
   START_MS=$(now_ms)
   clean_slurm_env
   DIR=$(mktemp -d /tmp/dtrain-slurm.XXXXXX)
-  OWN_CLUSTER=1
-  chmod 0755 "$DIR"
   : >"$DIR/pids"
+  OWN_CLUSTER=1
+  chmod 0755 "$DIR" # munged refuses a socket directory others can write; jobs of ordinary users must read it
   echo "$$" >"$DIR/harness.pid"
   pick_ports
   write_config
@@ -365,7 +367,12 @@ stop_cluster() {
     esac
   done <"$d/pids"
   if [[ ${#ctld[@]} -gt 0 ]]; then
-    SLURM_CONF="$d/slurm.conf" timeout 5 scancel --quiet --user=root >/dev/null 2>&1 || true
+    local jobs
+    jobs=$(SLURM_CONF="$d/slurm.conf" timeout 5 squeue -h -o %A 2>/dev/null || true)
+    if [[ -n $jobs ]]; then
+      # shellcheck disable=SC2086
+      SLURM_CONF="$d/slurm.conf" timeout 5 scancel --quiet $jobs >/dev/null 2>&1 || true
+    fi
   fi
   kill_and_wait TERM 10 ${slurmds[@]+"${slurmds[@]}"} || kill_and_wait KILL 5 "${slurmds[@]}" || true
   kill_and_wait TERM 10 ${ctld[@]+"${ctld[@]}"} || kill_and_wait KILL 5 "${ctld[@]}" || true
@@ -447,13 +454,14 @@ cmd_run() {
   trap 'exit 143' TERM
   start_cluster
   log "running: $*"
-  local rc=0
-  timeout -k 5 "${DTRAIN_SLURM_CMD_TIMEOUT:-120}" "$@" </dev/null &
+  local rc=0 limit=${DTRAIN_SLURM_CMD_TIMEOUT:-120} t0
+  t0=$(now_ms)
+  timeout -k 5 "$limit" "$@" </dev/null &
   CMD_PID=$!
   wait "$CMD_PID" || rc=$?
   CMD_PID=""
-  if [[ $rc -eq 124 ]]; then
-    log "error: the command timed out after ${DTRAIN_SLURM_CMD_TIMEOUT:-120} s"
+  if [[ $rc -eq 124 ]] && (($(now_ms) - t0 >= limit * 1000)); then
+    log "error: the command timed out after $limit s (DTRAIN_SLURM_CMD_TIMEOUT)"
   fi
   if [[ $rc -eq 0 && ${DTRAIN_SLURM_CHECK_IDLE:-1} != 0 ]]; then
     check_nodes_after_run || rc=1
@@ -492,7 +500,7 @@ main() {
       stop_cluster "$1"
       ;;
     *)
-      sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+      sed -n '2,/^set -/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
       exit 2
       ;;
   esac

@@ -8,6 +8,9 @@
 #   wait_job JOBID [TIMEOUT_S]       wait until the job ends; prints its final state; 0 when COMPLETED
 #   nodes_idle [TIMEOUT_S]           wait until every node is idle (not drained, not down); 1 with sinfo -R if not
 #   now_ms                           wall clock in milliseconds
+#   as_user CMD...                   run the program CMD (not a shell function) as the unprivileged user nobody, in
+#                                    $DTRAIN_SLURM_DIR/tmp (world-writable), with srun_t's time limit: jobs then run
+#                                    as that user, as real users' jobs do
 # shellcheck shell=bash
 
 if [[ -z ${SLURM_CONF:-} || -z ${DTRAIN_SLURM_DIR:-} ]]; then
@@ -33,6 +36,11 @@ expect_contains() {
 now_ms() {
   local t=${EPOCHREALTIME/./}
   echo $((t / 1000))
+}
+
+as_user() {
+  (cd "$DTRAIN_SLURM_DIR/tmp" &&
+    exec setpriv --reuid=nobody --regid=nogroup --clear-groups timeout -k 2 "${SRUN_TIMEOUT:-30}" "$@")
 }
 
 srun_t() {

@@ -6,6 +6,7 @@
 #   3. A command running past DTRAIN_SLURM_CMD_TIMEOUT is killed (status 124) and the cluster is cleaned up.
 #   4. Two clusters at once get different directories and ports and both work.
 #   5. Not root: status 77 and a SKIP line, nothing started.
+#   6. `harness.sh start` leaves a working cluster behind; `harness.sh stop DIR` stops all of it.
 # "Left behind" is checked with pgrep on the cluster directory and with the DTRAIN_SLURM_DIR marker every process of
 # the cluster carries in its environment, on a snapshot of the cluster's PIDs taken while it ran.
 set -euo pipefail
@@ -88,7 +89,7 @@ echo "SIGTERM to stopped: $(($(now_ms) - t0)) ms"
 rc=0
 DTRAIN_SLURM_CMD_TIMEOUT=2 "$harness" run bash -c "${snapshot}snap $work/s3; exec sleep 60" >"$work/out3" 2>&1 || rc=$?
 [[ $rc -eq 124 ]] || { cat "$work/out3" >&2; fail "time limit: expected status 124, got $rc"; }
-grep -q "timed out after 2 s" "$work/out3" || fail "time limit: no message"
+grep -q "timed out after 2 s (DTRAIN_SLURM_CMD_TIMEOUT)" "$work/out3" || fail "time limit: no message"
 verify_gone "$work/s3"
 
 # 4. two clusters at once
@@ -114,5 +115,16 @@ rc=0
 out=$(setpriv --reuid=65534 --regid=65534 --clear-groups "$work/harness.sh" run true 2>&1) || rc=$?
 [[ $rc -eq 77 ]] || fail "not root: expected status 77, got $rc: $out"
 [[ $out == "SKIP: slurm test harness: not root"* ]] || fail "not root: no SKIP line: $out"
+
+# 6. start / stop (in a subshell: the exported variables must not leak into this script)
+(
+  eval "$("$harness" start 2>"$work/out6")"
+  trap '[[ ! -d $DTRAIN_SLURM_DIR ]] || "$harness" stop "$DTRAIN_SLURM_DIR"' EXIT # when a check below fails
+  out=$(srun -N4 bash -c 'echo $SLURMD_NODENAME' | sort | tr '\n' ' ')
+  [[ $out == "n1 n2 n3 n4 " ]] || fail "start: srun -N4 printed [$out]"
+  bash -c "${snapshot}snap $work/s6"
+  "$harness" stop "$DTRAIN_SLURM_DIR" 2>>"$work/out6" || { cat "$work/out6" >&2; fail "stop failed"; }
+)
+verify_gone "$work/s6"
 
 echo "PASS: $TEST_NAME"

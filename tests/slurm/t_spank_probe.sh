@@ -3,7 +3,7 @@
 # DTRAIN_SPANK_PLUGIN=fixtures/spank_harness_probe.c (a throwaway test fixture the harness compiles into the cluster
 # directory), DTRAIN_SPANK_ARGS="greeting=hello" and DTRAIN_NODE_ENV_n2="HARNESS_PROBE_NODE=two".
 # Proves: srun --help lists the plugin's option; the option reaches the remote side and the plugin sets task
-# environment; plugstack arguments reach the plugin; the plugin in slurmstepd sees the per-node slurmd environment;
+# environment, also in a job of an ordinary user; plugstack arguments reach the plugin; the plugin in slurmstepd sees the per-node slurmd environment;
 # sbatch accepts the option as #SBATCH; the plugin's slurm_info from slurmstepd lands in that node's slurmd log.
 set -euo pipefail
 # shellcheck source=lib.sh
@@ -24,6 +24,10 @@ expect_eq "$out" "n2 on hello two" "option without a value"
 
 out=$(task_lines -N1 -- bash -c "$show")
 expect_eq "$out" "n1 unset unset unset" "task environment without the option"
+
+# a job of an ordinary user: the plugin's remote side runs partly as that user
+out=$(as_user srun -N2 --harness-probe=user bash -c "$show" | sort)
+expect_eq "$out" $'n1 user hello unset\nn2 user hello two' "task environment set by the plugin, job of nobody"
 
 # sbatch context: the option as an #SBATCH line, seen by the batch step and by a step inside the job
 work=$(mktemp -d "$DTRAIN_SLURM_DIR/tmp/probe.XXXXXX")
