@@ -277,15 +277,32 @@ start_daemons() {
 
 ctld_up() { scontrol ping | grep -q UP; }
 
-# Starts a cluster in a new DIR; on return the environment is exported.
+# Cleans up after earlier `run`s whose harness was killed without its trap running (SIGKILL, as ctest does on its
+# timeout: the daemons, its children, die with it, but slurmstepd and tasks are not its children and the directory
+# stays): stops what is left of that cluster and removes the directory. A cluster left by `start` is left alone.
+reap_stale() {
+  local d hpid mode
+  for d in /tmp/dtrain-slurm.*; do
+    [[ -f $d/harness.pid && -f $d/pids && -f $d/mode ]] || continue
+    read -r mode <"$d/mode" || continue
+    read -r hpid <"$d/harness.pid" || continue
+    [[ $mode == run && ! -d /proc/$hpid ]] || continue
+    log "cleaning up $d, left by a harness that was killed"
+    (DTRAIN_SLURM_KEEP=0 stop_cluster "$d") || true
+  done
+}
+
+# start_cluster MODE (run or start): starts a cluster in a new DIR; on return the environment is exported.
 start_cluster() {
   START_MS=$(now_ms)
   clean_slurm_env
+  reap_stale
   DIR=$(mktemp -d /tmp/dtrain-slurm.XXXXXX)
   : >"$DIR/pids"
   OWN_CLUSTER=1
   chmod 0755 "$DIR" # munged refuses a socket directory others can write; jobs of ordinary users must read it
   echo "$$" >"$DIR/harness.pid"
+  echo "$1" >"$DIR/mode"
   pick_ports
   write_config
   export SLURM_CONF="$DIR/slurm.conf" DTRAIN_SLURM_DIR="$DIR" DTRAIN_SLURM_NODES="${NODES[*]}"
@@ -380,7 +397,8 @@ stop_cluster() {
   for pid in $(cluster_pids "$d"); do
     [[ " ${munge[*]-} " == *" $pid "* ]] || rest+=("$pid")
   done
-  kill_and_wait TERM 5 ${rest[@]+"${rest[@]}"} || kill_and_wait KILL 5 "${rest[@]}" || true
+  # (slurmstepd ignores SIGTERM and without slurmd lingers; it gets SIGKILL after 2 s)
+  kill_and_wait TERM 2 ${rest[@]+"${rest[@]}"} || kill_and_wait KILL 5 "${rest[@]}" || true
   kill_and_wait TERM 10 ${munge[@]+"${munge[@]}"} || kill_and_wait KILL 5 "${munge[@]}" || true
 
   # verify: nothing of this cluster left (pgrep on the directory, and the environment marker)
@@ -452,7 +470,7 @@ cmd_run() {
   trap on_exit EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
-  start_cluster
+  start_cluster run
   log "running: $*"
   local rc=0 limit=${DTRAIN_SLURM_CMD_TIMEOUT:-120} t0
   t0=$(now_ms)
@@ -474,7 +492,7 @@ cmd_start() {
   trap on_exit EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
-  start_cluster
+  start_cluster start
   printf 'export SLURM_CONF=%q DTRAIN_SLURM_DIR=%q DTRAIN_SLURM_NODES=%q DTRAIN_SLURM_PARTITION=%q DTRAIN_SLURM_LIB=%q\n' \
     "$SLURM_CONF" "$DIR" "$DTRAIN_SLURM_NODES" "$PARTITION" "$DTRAIN_SLURM_LIB"
   log "left running; stop with: $0 stop $DIR"

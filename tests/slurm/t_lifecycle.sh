@@ -7,6 +7,8 @@
 #   4. Two clusters at once get different directories and ports and both work.
 #   5. Not root: status 77 and a SKIP line, nothing started.
 #   6. `harness.sh start` leaves a working cluster behind; `harness.sh stop DIR` stops all of it.
+#   7. A harness killed with its children by SIGKILL while a step runs (what ctest does on its timeout) leaves
+#      slurmstepd and tasks behind (they are not its children); the next `harness.sh run` stops them and removes DIR.
 # "Left behind" is checked with pgrep on the cluster directory and with the DTRAIN_SLURM_DIR marker every process of
 # the cluster carries in its environment, on a snapshot of the cluster's PIDs taken while it ran.
 set -euo pipefail
@@ -126,5 +128,36 @@ out=$(setpriv --reuid=65534 --regid=65534 --clear-groups "$work/harness.sh" run 
   "$harness" stop "$DTRAIN_SLURM_DIR" 2>>"$work/out6" || { cat "$work/out6" >&2; fail "stop failed"; }
 )
 verify_gone "$work/s6"
+
+# 7. SIGKILL to the harness and its descendants, as ctest does on a timeout
+"$harness" run bash -c "${snapshot}srun -N4 bash -c 'exec sleep 300' & sleep 0.1;
+  until [[ \$(squeue -h -t R | wc -l) -eq 1 && \$(pgrep -cf '^sleep 300') -ge 4 ]]; do sleep 0.1; done;
+  snap $work/s7; wait" >"$work/out7" 2>&1 &
+hpid=$!
+deadline=$(($(now_ms) + 30000))
+until [[ -s $work/s7 ]]; do
+  (($(now_ms) < deadline)) || { kill -TERM "$hpid"; cat "$work/out7" >&2; fail "the step did not start"; }
+  sleep 0.1
+done
+descendants() {
+  local p
+  for p in $(pgrep -P "$1" || true); do
+    echo "$p"
+    descendants "$p"
+  done
+}
+mapfile -t tree < <(echo "$hpid"; descendants "$hpid")
+kill -KILL "${tree[@]}"
+wait "$hpid" 2>/dev/null || true
+d7=$(head -1 "$work/s7")
+[[ -d $d7 ]] || fail "SIGKILL: expected the directory $d7 to stay"
+stepds=0
+while read -r pid; do
+  [[ $(cat "/proc/$pid/comm" 2>/dev/null) == slurmstepd ]] && stepds=$((stepds + 1))
+done < <(sed '1,/^--$/d' "$work/s7")
+[[ $stepds -ge 4 ]] || fail "SIGKILL: expected the 4 slurmstepd to survive, found $stepds"
+"$harness" run true >"$work/out7b" 2>&1 || { cat "$work/out7b" >&2; fail "run after SIGKILL failed"; }
+# (under ctest -j another test's harness may have done the clean-up first; either way nothing may be left)
+verify_gone "$work/s7"
 
 echo "PASS: $TEST_NAME"
