@@ -148,7 +148,7 @@ descendants() {
 }
 mapfile -t tree < <(echo "$hpid"; descendants "$hpid")
 kill -KILL "${tree[@]}"
-wait "$hpid" 2>/dev/null || true
+{ wait "$hpid"; } 2>/dev/null || true # (quietly: bash would report "Killed")
 d7=$(head -1 "$work/s7")
 [[ -d $d7 ]] || fail "SIGKILL: expected the directory $d7 to stay"
 stepds=0
