@@ -397,8 +397,8 @@ stop_cluster() {
   for pid in $(cluster_pids "$d"); do
     [[ " ${munge[*]-} " == *" $pid "* ]] || rest+=("$pid")
   done
-  # (slurmstepd ignores SIGTERM and without slurmd lingers; it gets SIGKILL after 2 s)
-  kill_and_wait TERM 2 ${rest[@]+"${rest[@]}"} || kill_and_wait KILL 5 "${rest[@]}" || true
+  # (slurmstepd ignores SIGTERM and without slurmd lingers; it gets SIGKILL after 1 s)
+  kill_and_wait TERM 1 ${rest[@]+"${rest[@]}"} || kill_and_wait KILL 5 "${rest[@]}" || true
   kill_and_wait TERM 10 ${munge[@]+"${munge[@]}"} || kill_and_wait KILL 5 "${munge[@]}" || true
 
   # verify: nothing of this cluster left (pgrep on the directory, and the environment marker)
