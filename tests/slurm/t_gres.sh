@@ -5,7 +5,7 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$DTRAIN_SLURM_LIB"
 
-out=$(task_lines -N2 --ntasks-per-node=1 --gpus-per-node=2 -- \
+out=$(task_lines -N2 -w n[1-2] --ntasks-per-node=1 --gpus-per-node=2 -- \
   bash -c 'echo "$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES $SLURM_GPUS_ON_NODE"')
 expect_eq "$out" $'n1 0,1 2\nn2 0,1 2' "CUDA_VISIBLE_DEVICES with --gpus-per-node=2"
 

@@ -8,7 +8,7 @@ work=$(mktemp -d "$DTRAIN_SLURM_DIR/tmp/sbatch.XXXXXX")
 cat >"$work/job.sh" <<'JOB'
 #!/bin/bash
 #SBATCH --job-name=harness-batch
-#SBATCH -N2
+#SBATCH -N2 -w n[1-2]
 #SBATCH --ntasks-per-node=1
 echo "batch script on $SLURMD_NODENAME nodes=$SLURM_JOB_NODELIST"
 srun bash -c 'echo "step task $SLURM_PROCID on $SLURMD_NODENAME"' | sort

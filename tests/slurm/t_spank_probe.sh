@@ -16,17 +16,17 @@ expect_contains "$help" "--harness-probe=[value] harness test fixture: give the 
 expect_contains "$help" "HARNESS_PROBE=value" "srun --help, plugin section"
 
 show='echo "$SLURMD_NODENAME ${HARNESS_PROBE-unset} ${HARNESS_PROBE_ARG-unset} ${HARNESS_PROBE_NODE_SEEN-unset}"'
-out=$(task_lines -N2 --ntasks-per-node=1 --harness-probe=abc -- bash -c "$show")
+out=$(task_lines -N2 -w n[1-2] --ntasks-per-node=1 --harness-probe=abc -- bash -c "$show")
 expect_eq "$out" $'n1 abc hello unset\nn2 abc hello two' "task environment set by the plugin"
 
 out=$(task_lines -N1 -w n2 --harness-probe -- bash -c "$show")
 expect_eq "$out" "n2 on hello two" "option without a value"
 
-out=$(task_lines -N1 -- bash -c "$show")
+out=$(task_lines -N1 -w n1 -- bash -c "$show")
 expect_eq "$out" "n1 unset unset unset" "task environment without the option"
 
 # a job of an ordinary user: the plugin's remote side runs partly as that user
-out=$(as_user srun -N2 --harness-probe=user bash -c "$show" | sort)
+out=$(as_user srun -N2 -w n[1-2] --harness-probe=user bash -c "$show" | sort)
 expect_eq "$out" $'n1 user hello unset\nn2 user hello two' "task environment set by the plugin, job of nobody"
 
 # sbatch context: the option as an #SBATCH line, seen by the batch step and by a step inside the job

@@ -6,11 +6,11 @@ set -euo pipefail
 source "$DTRAIN_SLURM_LIB"
 
 uid=$(id -u nobody)
-out=$(as_user srun -N2 --ntasks-per-node=1 bash -c 'echo "$SLURMD_NODENAME $(id -u) $SLURM_JOB_UID $(id -un)"' | sort)
+out=$(as_user srun -N2 -w n[1-2] --ntasks-per-node=1 bash -c 'echo "$SLURMD_NODENAME $(id -u) $SLURM_JOB_UID $(id -un)"' | sort)
 expect_eq "$out" "n1 $uid $uid nobody
 n2 $uid $uid nobody" "srun as nobody: task user"
 
-id=$(as_user sbatch --parsable -N2 -o "$DTRAIN_SLURM_DIR/tmp/user.%j" \
+id=$(as_user sbatch --parsable -N2 -w n[1-2] -o "$DTRAIN_SLURM_DIR/tmp/user.%j" \
   --wrap 'echo "batch $(id -un)"; srun bash -c "echo step \$SLURMD_NODENAME \$(id -un)" | sort')
 state=$(wait_job "$id" 30) || fail "batch job $id of nobody ended as $state"
 expect_eq "$(cat "$DTRAIN_SLURM_DIR/tmp/user.$id")" $'batch nobody\nstep n1 nobody\nstep n2 nobody' "sbatch as nobody"
