@@ -302,6 +302,11 @@ std::string explain_text(const Explanation& e) {
   std::string s = header(e);
   if (!e.plan_digest.empty()) s += fmt::format("plan digest {}\n", e.plan_digest);
   s += "\n" + layout_block(e) + "\n" + prediction_block(e.chosen, *e.model) + memory_block(e.chosen);
+  const auto& provenance = e.model->cluster().provenance;
+  if (!provenance.empty()) {
+    s += "\nWhere the cluster figures came from (discovered topology)\n";
+    for (const auto& [key, source] : provenance) s += fmt::format("  {:<22} {}\n", key, source);
+  }
   s += "\nBinding constraint\n  " + binding_constraint(e) + "\n";
   if (e.compare) {
     const Estimate& o = *e.compare;
@@ -386,6 +391,7 @@ nlohmann::json explain_json(const Explanation& e) {
   j["memory_bytes"] = {{"stages", stages}, {"peak", c.peak_memory_bytes}, {"peak_stage", c.peak_stage},
                        {"capacity", c.capacity_bytes}};
   j["binding_constraint"] = binding_constraint(e);
+  if (!cl.provenance.empty()) j["provenance"] = cl.provenance;
   if (e.compare) {
     j["compare"] = {{"label", e.compare_label},
                     {"config", config_json(e.compare->config)},

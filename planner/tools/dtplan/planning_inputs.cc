@@ -5,12 +5,15 @@
 #include "dtrain/common/error.h"
 #include "dtrain/model/model_spec.h"
 #include "dtrain/topology/cluster_spec.h"
+#include "dtrain/topology/to_cluster.h"
 
 namespace dtrain::dtplan {
 
 void add_input_options(CLI::App& cmd, InputOptions& o) {
   cmd.add_option("--model", o.model, "Model description (model.toml)");
   cmd.add_option("--cluster", o.cluster, "Cluster description (cluster.toml)");
+  cmd.add_option("--topology", o.topology,
+                 "Plan for homogeneous nodes like this one: an hwloc XML file, or 'live' for this machine");
   cmd.add_option("--nodes", o.nodes, "Number of nodes (overrides [cluster] nodes)");
   cmd.add_option("--gpus", o.gpus, "Number of GPUs (a multiple of the GPUs per node; overrides [cluster] nodes)");
   cmd.add_option("--global-batch", o.global_batch, "Sequences per optimizer step (overrides [training] global_batch)");
@@ -20,9 +23,18 @@ void add_input_options(CLI::App& cmd, InputOptions& o) {
 
 PlanningInputs load_planning_inputs(const InputOptions& o) {
   if (o.model.empty()) throw input_error("--model is required");
-  if (o.cluster.empty()) throw input_error("--cluster is required (a cluster.toml; see examples/clusters/)");
+  if (o.cluster.empty() && o.topology.empty()) {
+    throw input_error("--cluster is required (a cluster.toml; see examples/clusters/), or --topology node.xml");
+  }
+  if (!o.cluster.empty() && !o.topology.empty()) {
+    throw input_error("give --cluster or --topology, not both (dtplan topo --toml writes the [node] part of a "
+                      "cluster.toml from a topology)");
+  }
   model::ModelDescription model = model::load_model(o.model);
-  topology::ClusterSpec cluster = topology::load_cluster(o.cluster);
+  topology::ClusterSpec cluster =
+      o.topology.empty() ? topology::load_cluster(o.cluster)
+                         : topology::load_cluster_from_topology(o.topology == "live" ? "" : o.topology, 1);
+  if (!o.topology.empty()) cluster.locations["node.gpus"] = fmt::format("{}: {} GPUs per node", o.topology, cluster.node.gpus);
   if (o.nodes < 0 || o.gpus < 0) throw input_error("--nodes and --gpus must be positive");
   if (o.nodes > 0 && o.gpus > 0 && o.nodes * cluster.node.gpus != o.gpus) {
     throw input_error(fmt::format("--nodes {} and --gpus {} disagree: {} nodes of {} GPUs are {} GPUs", o.nodes, o.gpus,

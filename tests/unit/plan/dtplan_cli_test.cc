@@ -176,6 +176,23 @@ TEST(DtplanCli, CompareWithThePublishedLayoutQuantifiesTheReason) {
   EXPECT_THAT(text.out, HasSubstr("slower than the chosen layout"));
 }
 
+TEST(DtplanCli, PlansFromADiscoveredTopologyAndSaysWhatWasObserved) {
+  std::string xml = kRoot + "/tests/data/topologies/aws-p4d.24xlarge.xml";
+  Result r = run("explain --json --model " + kRoot + "/examples/models/llama3-8b.toml --topology " + xml + " --nodes 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["cluster"]["gpu"], "A100-SXM4-40GB");
+  EXPECT_EQ(j["cluster"]["gpus"], 32);
+  EXPECT_THAT(j["provenance"]["node.nvlink_gbps"].get<std::string>(), HasSubstr("inferred: NVSwitch PCI devices"));
+  EXPECT_THAT(j["provenance"]["node.nics"].get<std::string>(), HasSubstr("observed: 4 usable RDMA NIC(s)"));
+  Result text = run("explain --model " + kRoot + "/examples/models/llama3-8b.toml --topology " + xml + " --nodes 4");
+  EXPECT_THAT(text.out, HasSubstr("Where the cluster figures came from (discovered topology)"));
+  Result both = run("plan --model " + kGpt3 + " --cluster " + kDgx + " --topology " + xml);
+  EXPECT_EQ(both.exit_code, 2);
+  Result no_gpu = run("plan --model " + kGpt3 + " --topology " + kRoot + "/tests/data/topologies/hwloc-24em64t-2n6c2t-pci.xml");
+  EXPECT_EQ(no_gpu.exit_code, 2) << no_gpu.err;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Bad input: each case names the file, the line and the key, and exits 2.
 
