@@ -410,14 +410,20 @@ class Lowering {
     return out;
   }
 
-  Instr dp_reduction(int chunk, int index, std::int64_t count) const {
+  // The data-parallel reduction of the gradients of layers [b.lo, b.hi) of a chunk (-1 the embedding, `layers` the
+  // head), or of the tied word embeddings (what=embedding_grad) when `tied`.
+  Instr dp_reduction(int chunk, int index, const Bucket& b, bool tied = false) const {
     Instr in;
     in.op = c_.distributed_optimizer ? Opcode::kReduceScatter : Opcode::kAllReduce;
     in.on = CommGroup::kDp;
-    in.what = What::kGradBucket;
+    in.what = tied ? What::kEmbeddingGrad : What::kGradBucket;
     in.chunk = chunk;
     in.index = index;
-    in.count = count;
+    if (!tied) {
+      in.layer = b.lo;
+      in.layer_end = b.hi;
+    }
+    in.count = b.params;
     in.dtype = grad_dtype_;
     in.reduce = ReduceOp::kSum;
     return in;
@@ -499,12 +505,12 @@ class Lowering {
               piece.layer = b.lo;
               piece.layer_end = b.hi;
               out.push_back(piece);
-              out.push_back(dp_reduction(a.chunk, bucket_index++, b.params));
+              out.push_back(dp_reduction(a.chunk, bucket_index++, b));
             }
           } else {
             out.push_back(compute);
             if (plan_.model.training.overlap_grad_reduce) {
-              for (const Bucket& b : bs) out.push_back(dp_reduction(a.chunk, bucket_index++, b.params));
+              for (const Bucket& b : bs) out.push_back(dp_reduction(a.chunk, bucket_index++, b));
             } else {
               for (const Bucket& b : bs) deferred.push_back({a.chunk, b});
             }
@@ -524,7 +530,7 @@ class Lowering {
     pending = posts;
     flush();
 
-    for (const auto& d : deferred) out.push_back(dp_reduction(d.chunk, bucket_index++, d.bucket.params));
+    for (const auto& d : deferred) out.push_back(dp_reduction(d.chunk, bucket_index++, d.bucket));
 
     const auto& m = plan_.model.model;
     if (!p.embedding_group.empty()) {
@@ -540,8 +546,9 @@ class Lowering {
       out.push_back(in);
       if (c_.dp > 1) {
         int chunk = pl.pp_rank == 0 ? 0 : C - 1;
-        out.push_back(dp_reduction(chunk, bucket_index++, in.count));
-        all_buckets.emplace_back(chunk, Bucket{0, 0, in.count});
+        Bucket tied{0, 0, in.count};
+        out.push_back(dp_reduction(chunk, bucket_index++, tied, true));
+        all_buckets.emplace_back(chunk, Bucket{-2, -2, in.count});  // -2: the tied matrix
       }
     }
     if (p.world > 1) {
@@ -553,6 +560,9 @@ class Lowering {
       norm.dtype = DType::kFp32;
       norm.reduce = ReduceOp::kSum;
       out.push_back(norm);
+      Instr loss = norm;
+      loss.what = What::kLoss;
+      out.push_back(loss);
     }
     Instr optim;
     optim.op = Opcode::kOptimizerStep;
@@ -563,9 +573,13 @@ class Lowering {
         Instr in;
         in.op = Opcode::kAllGather;
         in.on = CommGroup::kDp;
-        in.what = What::kParamBucket;
+        in.what = b.lo == -2 ? What::kEmbeddingParams : What::kParamBucket;
         in.chunk = chunk;
         in.index = index++;
+        if (b.lo != -2) {
+          in.layer = b.lo;
+          in.layer_end = b.hi;
+        }
         in.count = b.params;
         in.dtype = act_dtype_;
         out.push_back(in);

@@ -61,6 +61,8 @@ std::string_view to_string(What w) {
     case What::kParamBucket: return "param_bucket";
     case What::kEmbeddingGrad: return "embedding_grad";
     case What::kGradNorm: return "grad_norm";
+    case What::kLoss: return "loss";
+    case What::kEmbeddingParams: return "embedding_params";
   }
   return "?";
 }

@@ -99,7 +99,9 @@ class Coster {
   }
 
   double collective(const Program& p, const Instr& in) const {
-    double elem = in.what == What::kParamBucket ? weight_bytes_ : in.what == What::kGradBucket ? grad_bytes_ : 4.0;
+    double elem = (in.what == What::kParamBucket || in.what == What::kEmbeddingParams) ? weight_bytes_
+                  : in.what == What::kGradBucket                                         ? grad_bytes_
+                                                                                          : 4.0;
     if (in.what == What::kEmbeddingGrad) elem = grad_bytes_;
     double bytes = static_cast<double>(in.count) * elem;
     plan::GroupGeometry g;

@@ -155,7 +155,7 @@ StaticResult static_checks(const Program& p) {
       continue;
     }
     if (in.is_collective() && in.what == What::kGradBucket) dp_buckets.emplace_back(pc, &in);
-    if (in.is_collective() && in.what == What::kParamBucket && optim_pc < 0) {
+    if (in.is_collective() && (in.what == What::kParamBucket || in.what == What::kEmbeddingParams) && optim_pc < 0) {
       fail(pc, "gathers updated parameters before the optimizer step");
     }
     if (!in.is_compute_pass()) continue;

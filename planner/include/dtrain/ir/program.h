@@ -60,10 +60,13 @@ enum class What : std::uint8_t {
   kLogitsMax,     // vocab-parallel cross entropy: per-token max
   kLogitsSumExp,  // vocab-parallel cross entropy: per-token sum of exponentials
   kTargetLogit,   // vocab-parallel cross entropy: the target's logit
-  kGradBucket,    // data-parallel gradient bucket
+  kGradBucket,    // data-parallel gradient bucket: the gradients of layers [layer, layer_end) of a chunk
   kParamBucket,   // distributed optimizer: updated parameters of a bucket
-  kEmbeddingGrad, // tied embedding gradients between the first and last stage
+  kEmbeddingGrad, // tied word-embedding gradients (on=embedding: summed between the first and last stage; on=dp:
+                  // reduced over data parallelism)
   kGradNorm,      // sum of squares of the gradients
+  kLoss,          // sum of the micro-batch losses (reported by global rank 0)
+  kEmbeddingParams,  // distributed optimizer: updated tied word embeddings
 };
 
 // Which pass a body op belongs to.
@@ -89,8 +92,8 @@ struct Instr {
   std::int32_t mb = -1;      // micro-batch
   std::int32_t peer = -1;    // SEND/RECV: the other global rank
   std::int32_t group = -1;   // SEND/RECV: instructions of one group complete together
-  std::int32_t layer = -1;   // body op: layer (-1 embedding, `layers` the head); BWD range start
-  std::int32_t layer_end = -1;  // BWD range end (exclusive); -1 = the whole chunk
+  std::int32_t layer = -1;   // body op: layer (-1 embedding, `layers` the head); BWD or bucket range start
+  std::int32_t layer_end = -1;  // BWD or bucket range end (exclusive); -1 = the whole chunk
   std::int32_t index = -1;   // bucket index; collective index within a layer; model-op index in the layer graph
   std::int64_t count = 0;    // elements
   std::string name;          // body op: the layer graph op ("attn.qkv"); empty otherwise
