@@ -177,9 +177,10 @@ class BodyBuilder {
   bool tp() const { return c_.tp > 1; }
   bool sp() const { return c_.sequence_parallel && c_.tp > 1; }
 
-  // Gather the sequence-split input of a column-parallel layer (sequence parallelism).
-  void gather(std::vector<Instr>& out, int layer, int& index) const {
-    out.push_back(tp_collective(Opcode::kAllGather, What::kHidden, layer, index++, hidden_count_, ReduceOp::kNone));
+  // Gather the sequence-split input of a column-parallel layer (sequence parallelism); `what` kSavedInput for the
+  // saved input re-gathered for a weight gradient.
+  void gather(std::vector<Instr>& out, int layer, int& index, What what = What::kHidden) const {
+    out.push_back(tp_collective(Opcode::kAllGather, what, layer, index++, hidden_count_, ReduceOp::kNone));
   }
   // Sum the partial outputs of a row-parallel layer (or partial input gradients of a column-parallel one).
   void reduce(std::vector<Instr>& out, int layer, int& index) const {
@@ -190,14 +191,18 @@ class BodyBuilder {
     }
   }
 
+  // The vocab-parallel lookup's partial rows are summed over the group before learned positions are added (adding
+  // them before the sum would count them tp times).
   void embedding_forward(std::vector<Instr>& out) const {
     int index = 0;
     out.push_back(compute("embed.tokens", -1, Pass::kForward));
-    if (tp()) reduce(out, -1, index);  // partial rows of the vocab-parallel lookup
+    if (tp()) reduce(out, -1, index);
+    if (m_.position == model::PositionKind::kLearned) out.push_back(compute("embed.positions", -1, Pass::kForward));
   }
 
   void embedding_backward(std::vector<Instr>& out, Pass pass) const {
-    int index = 0;
+    int index = 200;
+    if (m_.position == model::PositionKind::kLearned) out.push_back(compute("embed.positions", -1, pass));
     if (sp()) gather(out, -1, index);  // the forward's reduce-scatter becomes an all-gather of the gradient
     out.push_back(compute("embed.tokens", -1, pass));
   }
@@ -224,7 +229,9 @@ class BodyBuilder {
       if (op.split == model::TpSplit::kRow && sp()) gather(out, layer, index);
       // Column-parallel with SP: gather the saved input shard again for the weight gradient (unless zero-bubble
       // defers the weight gradient to BWD_W, which gathers it there).
-      if (op.split == model::TpSplit::kColumn && sp() && pass == Pass::kBackward) gather(out, layer, index);
+      if (op.split == model::TpSplit::kColumn && sp() && pass == Pass::kBackward) {
+        gather(out, layer, index, What::kSavedInput);
+      }
       out.push_back(compute(op.name, layer, pass));
       if (op.split == model::TpSplit::kColumn && tp()) reduce(out, layer, index);  // partial input gradients
     }
@@ -253,7 +260,7 @@ class BodyBuilder {
     const int L = static_cast<int>(m_.layers);
     int index = 200;
     out.push_back(compute("head.cross_entropy", L, pass));
-    if (sp() && pass == Pass::kBackward) gather(out, L, index);
+    if (sp() && pass == Pass::kBackward) gather(out, L, index, What::kSavedInput);
     out.push_back(compute("head.logits", L, pass));
     if (tp()) reduce(out, L, index);
     out.push_back(compute("head.norm", L, pass));
@@ -263,7 +270,7 @@ class BodyBuilder {
     int index = 300;
     for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
       if (it->kind != model::OpKind::kLinear || it->params == 0) continue;
-      if (it->split != model::TpSplit::kRow && sp()) gather(out, layer, index);
+      if (it->split != model::TpSplit::kRow && sp()) gather(out, layer, index, What::kSavedInput);
       out.push_back(compute(it->name, layer, Pass::kBackwardWeight));
     }
   }
@@ -412,6 +419,41 @@ class Lowering {
 
   // The data-parallel reduction of the gradients of layers [b.lo, b.hi) of a chunk (-1 the embedding, `layers` the
   // head), or of the tied word embeddings (what=embedding_grad) when `tied`.
+  // Parameters of units [lo, hi) replicated over the tensor-parallel group: norms, row-parallel biases, learned
+  // positions.
+  std::int64_t replicated_params(const Bucket& b) const {
+    const auto& m = plan_.model.model;
+    const int L = static_cast<int>(m.layers);
+    std::int64_t norm = m.norm == model::NormKind::kLayerNorm ? 2 * m.hidden : m.hidden;
+    std::int64_t layer = 2 * norm + (m.linear_bias ? 2 * m.hidden : 0);
+    std::int64_t n = 0;
+    for (int u = b.lo; u < b.hi; ++u) {
+      if (u == -1) n += m.position == model::PositionKind::kLearned ? m.seq_len * m.hidden : 0;
+      else if (u == L) n += norm;
+      else n += layer;
+    }
+    return n;
+  }
+
+  // With sequence parallelism the gradients of replicated parameters are partial sums over sequence shards: sum
+  // them over the tensor-parallel group (Megatron's all-reduce of layernorm gradients) once they are final.
+  void replicated_reduction(std::vector<Instr>& out, int chunk, const Bucket& b) const {
+    if (!(c_.sequence_parallel && c_.tp > 1)) return;
+    std::int64_t n = replicated_params(b);
+    if (n == 0) return;
+    Instr in;
+    in.op = Opcode::kAllReduce;
+    in.on = CommGroup::kTp;
+    in.what = What::kReplicatedGrads;
+    in.chunk = chunk;
+    in.layer = b.lo;
+    in.layer_end = b.hi;
+    in.count = n;
+    in.dtype = grad_dtype_;
+    in.reduce = ReduceOp::kSum;
+    out.push_back(in);
+  }
+
   Instr dp_reduction(int chunk, int index, const Bucket& b, bool tied = false) const {
     Instr in;
     in.op = c_.distributed_optimizer ? Opcode::kReduceScatter : Opcode::kAllReduce;
@@ -494,6 +536,7 @@ class Lowering {
                      : a.kind == Kind::kBI ? Opcode::kBackwardInput
                                            : Opcode::kBackwardWeight;
         bool completes_grads = (a.kind == Kind::kB || a.kind == Kind::kBW) && a.mb == M - 1;
+        bool sp_grads = c_.sequence_parallel && c_.tp > 1;
         if (completes_grads && c_.dp > 1) {
           const ChunkInfo* info = p.chunk_info(a.chunk);
           std::vector<Bucket> bs = buckets(*info);
@@ -505,16 +548,27 @@ class Lowering {
               piece.layer = b.lo;
               piece.layer_end = b.hi;
               out.push_back(piece);
+              replicated_reduction(out, a.chunk, b);
               out.push_back(dp_reduction(a.chunk, bucket_index++, b));
             }
           } else {
             out.push_back(compute);
-            if (plan_.model.training.overlap_grad_reduce) {
-              for (const Bucket& b : bs) out.push_back(dp_reduction(a.chunk, bucket_index++, b));
-            } else {
-              for (const Bucket& b : bs) deferred.push_back({a.chunk, b});
+            for (const Bucket& b : bs) {
+              if (plan_.model.training.overlap_grad_reduce) {
+                replicated_reduction(out, a.chunk, b);
+                out.push_back(dp_reduction(a.chunk, bucket_index++, b));
+              } else {
+                deferred.push_back({a.chunk, b});
+              }
             }
           }
+        } else if (completes_grads && sp_grads) {
+          out.push_back(compute);
+          const ChunkInfo* info = p.chunk_info(a.chunk);
+          int L = static_cast<int>(plan_.model.model.layers);
+          Bucket all{info->embedding ? -1 : info->first_layer,
+                     info->head ? L + 1 : info->first_layer + info->layers, 0};
+          replicated_reduction(out, a.chunk, all);
         } else {
           out.push_back(compute);
         }
@@ -530,7 +584,10 @@ class Lowering {
     pending = posts;
     flush();
 
-    for (const auto& d : deferred) out.push_back(dp_reduction(d.chunk, bucket_index++, d.bucket));
+    for (const auto& d : deferred) {
+      replicated_reduction(out, d.chunk, d.bucket);
+      out.push_back(dp_reduction(d.chunk, bucket_index++, d.bucket));
+    }
 
     const auto& m = plan_.model.model;
     if (!p.embedding_group.empty()) {

@@ -63,6 +63,8 @@ std::string_view to_string(What w) {
     case What::kGradNorm: return "grad_norm";
     case What::kLoss: return "loss";
     case What::kEmbeddingParams: return "embedding_params";
+    case What::kSavedInput: return "saved_input";
+    case What::kReplicatedGrads: return "replicated_grads";
   }
   return "?";
 }

@@ -197,7 +197,7 @@ class Parser {
       } else if (key == "on") {
         in.on = enum_value<CommGroup>(value, CommGroup::kEmbedding, "on");
       } else if (key == "what") {
-        in.what = enum_value<What>(value, What::kEmbeddingParams, "what");
+        in.what = enum_value<What>(value, What::kReplicatedGrads, "what");
       } else if (key == "pass") {
         in.pass = enum_value<Pass>(value, Pass::kRecompute, "pass");
       } else if (key == "chunk") {

@@ -67,6 +67,10 @@ enum class What : std::uint8_t {
   kGradNorm,      // sum of squares of the gradients
   kLoss,          // sum of the micro-batch losses (reported by global rank 0)
   kEmbeddingParams,  // distributed optimizer: updated tied word embeddings
+  kSavedInput,       // sequence parallelism: a column-parallel layer's saved input shard, re-gathered for its
+                     // weight gradient
+  kReplicatedGrads,  // sequence parallelism: gradients of parameters replicated over the tensor-parallel group
+                     // (norms, row-parallel biases, positions) are partial sums over sequence shards
 };
 
 // Which pass a body op belongs to.
