@@ -31,15 +31,22 @@ echo "== PyTorch $("$python" -c 'import torch; print(torch.__version__)') TCPSto
 echo
 echo "Store throughput on loopback, operations per second ($(nproc) cores, $(uname -r))"
 awk -F'\t' '
-  { rate[$1 "," $2 "," $3] = $4; impls[$1] = 1; ops[$2] = 1; if (!($3 in seen)) { seen[$3] = 1; order[++n] = $3 } }
-  END {
-    printf "%-6s %8s %14s %14s %8s\n", "op", "clients", "dtrain", "TCPStore", "ratio"
-    split("set get", oplist, " ")
-    for (o = 1; o <= 2; o++) {
-      for (i = 1; i <= n; i++) {
-        c = order[i]; d = rate["dtrain," oplist[o] "," c]; t = rate["tcpstore," oplist[o] "," c]
-        if (d == "" || t == "") continue
-        printf "%-6s %8s %14.0f %14.0f %7.2fx\n", oplist[o], c, d, t, d / t
-      }
+  { rate[$1 "," $2 "," $3] = $4; if (!($3 in seen)) { seen[$3] = 1; order[++n] = $3 } }
+  function row(label, dop, top,   i, c, d, t) {
+    for (i = 1; i <= n; i++) {
+      c = order[i]; d = rate["dtrain," dop "," c]; t = rate["tcpstore," top "," c]
+      if (d == "" || t == "") continue
+      printf "%-34s %8s %12.0f %12.0f %7.2fx\n", label, c, d, t, d / t
     }
+  }
+  END {
+    printf "%-34s %8s %12s %12s %8s\n", "operation (dtrain vs TCPStore)", "clients", "dtrain", "TCPStore", "ratio"
+    row("set: acknowledged vs set", "set", "set")
+    row("set: set_nowait vs set (no reply)", "set_nowait", "set")
+    row("get: waiting get vs get", "get", "get")
   }' "$results"
+echo
+echo "TCPStore's set sends no reply (the client never waits for it); dtrain's set waits for the store's answer, and"
+echo "set_nowait is dtrain's set without waiting (replies read in batches, failures reported by a later call)."
+echo "Every measurement ends when the store has applied all operations. TCPStore runs under Python (one process per"
+echo "client); its get is two round trips (wait, then get), dtrain's is one."

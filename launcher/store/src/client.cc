@@ -33,6 +33,10 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::string_view kSubsys = "store";
 constexpr std::size_t kReadChunkBytes = 64 * 1024;
+// set_nowait: replies are collected (without waiting) once this many are outstanding, and the caller waits for
+// them beyond kMaxUnacknowledged. A set reply is 5 bytes: the server's 1 MiB reply backlog is never reached.
+constexpr std::size_t kAcknowledgeBatch = 256;
+constexpr std::size_t kMaxUnacknowledged = 8192;
 // Extra time a client gives the server beyond a wait's own timeout, so the server's timeout reply (which says
 // what was missing) arrives before the client gives up on the connection.
 constexpr std::chrono::milliseconds kReplyGrace{5'000};
@@ -217,6 +221,7 @@ struct Client::Impl {
     if (fd >= 0) ::close(fd);
     fd = -1;
     in_begin = in_end = 0;
+    unacknowledged = 0;
   }
   void ensure_connected();
   std::optional<Failure> connect_once(Clock::time_point deadline);
@@ -227,6 +232,18 @@ struct Client::Impl {
   // Sends `request` and returns the reply (valid until the next call). Throws on a broken connection, a missed
   // deadline, or an error status other than those listed in `allowed`.
   const Response& call(const Request& request, Clock::time_point deadline, std::initializer_list<Status> allowed = {});
+  void send_request(const Request& request, const std::string& what, Clock::time_point deadline);
+  // Decodes one buffered reply to `op` into `response`; false when it has not fully arrived.
+  bool take_reply(Opcode op, const std::string& what);
+  // Receives more bytes; without `blocking`, returns false at once when none are waiting.
+  bool receive(const std::string& what, Clock::time_point deadline, bool blocking);
+  // Consumes replies to set_nowait calls until at most `down_to` are outstanding (without `blocking`: as far as
+  // the replies already received allow). A failed one is kept in deferred_failure.
+  void collect_acknowledgements(Clock::time_point deadline, bool blocking, std::size_t down_to);
+  void throw_deferred_failure();
+  // Disconnects and returns the error for a call that failed on the connection.
+  Error connection_lost(const std::string& what, const std::string& reason);
+  Error error_for(Status status, const std::string& message) const;
   // wait(): false on timeout, with the server's message in `response`.
   bool wait(std::span<const std::string> keys, std::chrono::milliseconds timeout);
   void check_key(std::string_view key) const;
@@ -248,8 +265,11 @@ struct Client::Impl {
   std::string in;
   std::size_t in_begin = 0;
   std::size_t in_end = 0;
+  std::size_t in_need = 0;  // bytes the reply being received needs in total, when known
   Request request;
   Response response;
+  std::size_t unacknowledged = 0;         // set_nowait requests whose replies have not been read
+  std::optional<Error> deferred_failure;  // the first of them that failed, for the next call to throw
 };
 
 void Client::Impl::ensure_connected() {
@@ -389,9 +409,16 @@ void Client::Impl::check_value(std::string_view value) const {
   }
 }
 
-const Response& Client::Impl::call(const Request& req, Clock::time_point call_deadline,
-                                   std::initializer_list<Status> allowed) {
-  const std::string what = opcode_name(req.op);
+Error Client::Impl::connection_lost(const std::string& what, const std::string& reason) {
+  std::string message = what + " failed: " + reason;
+  if (unacknowledged > 0) {
+    message += " (" + std::to_string(unacknowledged) + " set_nowait requests were not confirmed by the store)";
+  }
+  disconnect();
+  return error(ErrorCategory::kComm, message);
+}
+
+void Client::Impl::send_request(const Request& req, const std::string& what, Clock::time_point call_deadline) {
   out.clear();
   encode_request(req, out);
   if (out.size() - kFrameHeaderBytes > limits.max_frame_bytes) {
@@ -400,52 +427,97 @@ const Response& Client::Impl::call(const Request& req, Clock::time_point call_de
                                            std::to_string(limits.max_frame_bytes) + " bytes");
   }
   Io io = send_all(fd, out.data(), out.size(), call_deadline);
+  if (!io) throw connection_lost(what, "sending: " + io.text());
+}
+
+bool Client::Impl::take_reply(Opcode op, const std::string& what) {
+  DecodeResult r =
+      decode_response(std::string_view(in.data() + in_begin, in_end - in_begin), op, max_reply_bytes, response);
+  if (r.status == DecodeStatus::kOk) {
+    in_begin += r.frame_bytes;
+    return true;
+  }
+  if (r.status != DecodeStatus::kNeedMore) throw connection_lost(what, r.message);
+  in_need = r.frame_bytes;
+  return false;
+}
+
+bool Client::Impl::receive(const std::string& what, Clock::time_point call_deadline, bool blocking) {
+  if (in_begin == in_end) {
+    in_begin = in_end = 0;
+  } else if (in_begin > 0) {
+    std::memmove(in.data(), in.data() + in_begin, in_end - in_begin);
+    in_end -= in_begin;
+    in_begin = 0;
+  }
+  const std::size_t want = std::max(in_need, in_end + kReadChunkBytes);
+  if (in.size() < want) in.resize(want);
+  std::size_t n = 0;
+  if (!blocking) {
+    ssize_t got = ::recv(fd, in.data() + in_end, in.size() - in_end, MSG_DONTWAIT);
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    if (got == 0) throw connection_lost(what, Io{Io::kEndOfStream}.text());
+    if (got < 0) throw connection_lost(what, Io::failed(errno).text());
+    in_end += static_cast<std::size_t>(got);
+    return true;
+  }
+  Io io = recv_some(fd, in.data() + in_end, in.size() - in_end, call_deadline, n);
   if (!io) {
-    disconnect();
-    throw error(ErrorCategory::kComm, what + " failed: sending: " + io.text());
+    if (io.kind == Io::kTimedOut) {
+      throw connection_lost(what, "no reply before the deadline; the store is unresponsive");
+    }
+    throw connection_lost(what, io.text());
   }
-  if (in_begin == in_end) in_begin = in_end = 0;
-  for (;;) {
-    DecodeResult r =
-        decode_response(std::string_view(in.data() + in_begin, in_end - in_begin), req.op, max_reply_bytes, response);
-    if (r.status == DecodeStatus::kOk) {
-      in_begin += r.frame_bytes;
-      break;
+  in_end += n;
+  return true;
+}
+
+void Client::Impl::collect_acknowledgements(Clock::time_point call_deadline, bool blocking, std::size_t down_to) {
+  static const std::string what = "set_nowait";
+  while (unacknowledged > down_to) {
+    if (!take_reply(Opcode::kSet, what)) {
+      if (!receive(what, call_deadline, blocking)) return;
+      continue;
     }
-    if (r.status != DecodeStatus::kNeedMore) {
-      disconnect();
-      throw error(ErrorCategory::kComm, what + " failed: " + r.message);
+    --unacknowledged;
+    if (response.status != Status::kOk && !deferred_failure) {
+      deferred_failure = error_for(response.status, "an earlier set_nowait failed: " + printable(response.value, 1000));
     }
-    if (in_begin > 0) {
-      std::memmove(in.data(), in.data() + in_begin, in_end - in_begin);
-      in_end -= in_begin;
-      in_begin = 0;
-    }
-    const std::size_t want = std::max(r.frame_bytes, in_end + kReadChunkBytes);
-    if (in.size() < want) in.resize(want);
-    std::size_t n = 0;
-    io = recv_some(fd, in.data() + in_end, in.size() - in_end, call_deadline, n);
-    if (!io) {
-      disconnect();
-      if (io.kind == Io::kTimedOut) {
-        throw error(ErrorCategory::kComm, "no reply to " + what + " before the deadline; the store is unresponsive");
-      }
-      throw error(ErrorCategory::kComm, what + " failed: " + io.text());
-    }
-    in_end += n;
   }
+}
+
+void Client::Impl::throw_deferred_failure() {
+  if (deferred_failure) {
+    Error failure = std::move(*deferred_failure);
+    deferred_failure.reset();
+    throw failure;
+  }
+}
+
+Error Client::Impl::error_for(Status status, const std::string& message) const {
+  switch (status) {
+    case Status::kTimeout:
+      return error(ErrorCategory::kComm, message);
+    case Status::kBadRequest:
+      return error(ErrorCategory::kInternal, "request rejected as malformed: " + message);
+    default:
+      return error(ErrorCategory::kInput, message);
+  }
+}
+
+const Response& Client::Impl::call(const Request& req, Clock::time_point call_deadline,
+                                   std::initializer_list<Status> allowed) {
+  const std::string what = opcode_name(req.op);
+  send_request(req, what, call_deadline);
+  // Replies come in order: first those of earlier set_nowait calls, then this one's.
+  collect_acknowledgements(call_deadline, true, 0);
+  while (!take_reply(req.op, what)) receive(what, call_deadline, true);
+  throw_deferred_failure();
   if (response.status == Status::kOk || std::find(allowed.begin(), allowed.end(), response.status) != allowed.end()) {
     return response;
   }
   const std::string message = printable(response.value, 1000);
-  switch (response.status) {
-    case Status::kTimeout:
-      throw error(ErrorCategory::kComm, message);
-    case Status::kBadRequest:
-      throw error(ErrorCategory::kInternal, what + " rejected as malformed: " + message);
-    default:
-      throw error(ErrorCategory::kInput, what + ": " + message);
-  }
+  throw error_for(response.status, response.status == Status::kTimeout ? message : what + ": " + message);
 }
 
 Client::Client(Endpoint endpoint, Secret secret, ClientOptions options)
@@ -472,6 +544,33 @@ void Client::set(std::string_view key, std::string_view value) {
   r.key = key;
   r.value = value;
   impl_->call(r, impl_->deadline());
+}
+
+void Client::set_nowait(std::string_view key, std::string_view value) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->ensure_connected();
+  impl_->check_key(key);
+  impl_->check_value(value);
+  Request& r = impl_->request;
+  r.op = Opcode::kSet;
+  r.key = key;
+  r.value = value;
+  const auto deadline = impl_->deadline();
+  impl_->send_request(r, "set_nowait", deadline);
+  ++impl_->unacknowledged;
+  // Replies are read in batches, without waiting, so they cost no round trip. Past kMaxUnacknowledged the caller
+  // waits: the server stops serving a connection whose unread replies pile up, so they must be read eventually.
+  if (impl_->unacknowledged >= kAcknowledgeBatch) impl_->collect_acknowledgements(deadline, false, 0);
+  if (impl_->unacknowledged >= kMaxUnacknowledged) {
+    impl_->collect_acknowledgements(deadline, true, kAcknowledgeBatch);
+  }
+  impl_->throw_deferred_failure();
+}
+
+void Client::sync() {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->fd >= 0) impl_->collect_acknowledgements(impl_->deadline(), true, 0);
+  impl_->throw_deferred_failure();
 }
 
 std::optional<std::string> Client::try_get(std::string_view key) {

@@ -103,6 +103,39 @@ TEST_F(StoreTest, AddCountsFromZeroAndStoresDecimalText) {
   c->ping();  // the connection survives error replies
 }
 
+TEST_F(StoreTest, SetNowaitIsAppliedInOrderAndSeenByOthers) {
+  auto writer = client();
+  auto reader = client();
+  // More than the client lets go unread, so its flow control runs too.
+  constexpr int kSets = 20000;
+  for (int i = 0; i < kSets; ++i) writer->set_nowait("k/" + std::to_string(i % 100), std::to_string(i));
+  // A call on the same client comes after its sets.
+  EXPECT_EQ(writer->get("k/99"), std::to_string(kSets - 1));
+  writer->set_nowait("last", "x");
+  writer->sync();
+  EXPECT_EQ(reader->try_get("last"), "x");
+  EXPECT_EQ(reader->num_keys(), 101u);
+  EXPECT_EQ(server_->stats().commands, std::uint64_t{kSets} + 1 + 1 + 2);
+}
+
+TEST_F(StoreTest, SetNowaitFailureIsThrownByALaterCall) {
+  ServerOptions options;
+  options.max_store_bytes = 1000;
+  start(options);
+  auto c = client();
+  EXPECT_THAT(error_of([&] { c->set_nowait(std::string(5000, 'k'), "v"); }), HasSubstr("key of 5000 bytes"));
+  c->set_nowait("a", std::string(600, 'v'));
+  c->set_nowait("b", std::string(600, 'v'));  // over max_store_bytes: fails on the server
+  std::string message = error_of([&] { c->ping(); });
+  EXPECT_THAT(message, HasSubstr("an earlier set_nowait failed"));
+  EXPECT_THAT(message, HasSubstr("limit of 1000 bytes"));
+  c->ping();  // reported once; the connection goes on
+  c->set_nowait("c", "small");
+  c->sync();
+  EXPECT_EQ(c->get("c"), "small");
+  EXPECT_EQ(c->try_get("b"), std::nullopt);
+}
+
 TEST_F(StoreTest, CompareSetSemantics) {
   auto c = client();
   // Absent key, expecting absent: created.

@@ -76,6 +76,14 @@ class Client {
   // before anything is sent).
 
   void set(std::string_view key, std::string_view value);
+  // Sends a set and returns without waiting for the store's reply (as PyTorch's TCPStore does for every set). The
+  // set is applied in order with this client's other requests, so a later call on this client sees it; another
+  // client sees it once it has reached the store. Replies are read in batches by later calls: a failed
+  // set_nowait (store full, say) is thrown by a later call on this client or by sync(). Size limits are checked
+  // at once. Use set() when the caller must know the value is stored before it goes on.
+  void set_nowait(std::string_view key, std::string_view value);
+  // Waits until the store has answered every set_nowait; throws the first failure among them.
+  void sync();
   // The value, or nullopt when the key does not exist. Does not wait.
   std::optional<std::string> try_get(std::string_view key);
   // Waits up to `timeout` (default options().timeout) for the key, then returns its value. Throws dtrain::Error
