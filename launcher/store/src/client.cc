@@ -220,7 +220,7 @@ struct Client::Impl {
   void disconnect() {
     if (fd >= 0) ::close(fd);
     fd = -1;
-    in_begin = in_end = 0;
+    in_begin = in_end = in_need = 0;
     unacknowledged = 0;
   }
   void ensure_connected();
@@ -435,6 +435,7 @@ bool Client::Impl::take_reply(Opcode op, const std::string& what) {
       decode_response(std::string_view(in.data() + in_begin, in_end - in_begin), op, max_reply_bytes, response);
   if (r.status == DecodeStatus::kOk) {
     in_begin += r.frame_bytes;
+    in_need = 0;
     return true;
   }
   if (r.status != DecodeStatus::kNeedMore) throw connection_lost(what, r.message);
@@ -530,6 +531,8 @@ std::unique_ptr<Client> Client::from_environment(ClientOptions options) {
 }
 
 Client::~Client() = default;
+Client::Client(Client&&) noexcept = default;
+Client& Client::operator=(Client&&) noexcept = default;
 
 const Endpoint& Client::endpoint() const { return impl_->endpoint; }
 const ClientOptions& Client::options() const { return impl_->options; }

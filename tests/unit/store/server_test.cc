@@ -136,6 +136,18 @@ TEST_F(StoreTest, SetNowaitFailureIsThrownByALaterCall) {
   EXPECT_EQ(c->try_get("b"), std::nullopt);
 }
 
+TEST_F(StoreTest, LargeValuesRoundTripAndBuffersShrinkAfterwards) {
+  auto c = client();
+  std::string big(8 * 1024 * 1024, '\0');
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 % 251);
+  c->set("big", big);
+  EXPECT_EQ(c->get("big"), big);
+  const CompareSetResult r = c->compare_set("big", big, "small");
+  EXPECT_TRUE(r.swapped);
+  EXPECT_EQ(c->get("big"), "small");
+  EXPECT_EQ(server_->stats().stored_bytes, 3u + 5u);
+}
+
 TEST_F(StoreTest, CompareSetSemantics) {
   auto c = client();
   // Absent key, expecting absent: created.
@@ -619,6 +631,21 @@ TEST(StoreClient, RefusesAServiceThatCannotProveTheSecret) {
   fake.join();
   ::close(listener);
   EXPECT_THAT(message, HasSubstr("could not prove it knows the job's secret"));
+}
+
+TEST(StoreClient, WorksOverIpv6Loopback) {
+  ServerOptions options;
+  options.bind_address = "::1";
+  std::unique_ptr<Server> server;
+  try {
+    server = std::make_unique<Server>(Secret(kSecret), options);
+  } catch (const Error& e) {
+    GTEST_SKIP() << "no IPv6 loopback on this machine: " << e.what();
+  }
+  EXPECT_EQ(server->address(), "[::1]:" + std::to_string(server->port()));
+  Client c(Endpoint::parse(server->address()), Secret(kSecret));
+  c.set("v6", "yes");
+  EXPECT_EQ(c.get("v6"), "yes");
 }
 
 TEST(StoreClient, PortInUseIsExplained) {

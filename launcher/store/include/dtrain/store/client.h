@@ -67,6 +67,8 @@ class Client {
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
+  Client(Client&&) noexcept;
+  Client& operator=(Client&&) noexcept;
 
   const Endpoint& endpoint() const;
   const ClientOptions& options() const;
