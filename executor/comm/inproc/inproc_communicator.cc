@@ -26,6 +26,7 @@
 
 #include "dtrain/comm/inproc.h"
 #include "dtrain/common/error.h"
+#include "src/failure.h"
 
 namespace dtrain::comm {
 namespace detail {
@@ -72,11 +73,11 @@ struct Contribution {
 
   std::string describe() const {
     switch (kind) {
-      case CollectiveKind::kAllReduce: return fmt::format("all_reduce({}, {} floats)", to_string(op), count);
-      case CollectiveKind::kAllGather: return fmt::format("all_gather({} floats per rank)", count);
+      case CollectiveKind::kAllReduce: return fmt::format("all_reduce({}, {})", to_string(op), floats(count));
+      case CollectiveKind::kAllGather: return fmt::format("all_gather({} per rank)", floats(count));
       case CollectiveKind::kReduceScatter:
-        return fmt::format("reduce_scatter({}, {} floats per rank)", to_string(op), count);
-      case CollectiveKind::kBroadcast: return fmt::format("broadcast({} floats from rank {})", count, root);
+        return fmt::format("reduce_scatter({}, {} per rank)", to_string(op), floats(count));
+      case CollectiveKind::kBroadcast: return fmt::format("broadcast({} from rank {})", floats(count), root);
       case CollectiveKind::kBarrier: return "barrier()";
       case CollectiveKind::kSplit: return "split()";
     }
@@ -411,8 +412,9 @@ void InprocCommunicator::do_group(std::span<const P2POp> ops) {
       if (partner->op.count != op.count) {
         Posted* s = is_send ? posted.get() : partner;
         Posted* r = is_send ? partner : posted.get();
-        std::string text = fmt::format("rank {} sent {} floats with tag {} to rank {}, which posted a recv of {} floats",
-                                       std::get<0>(key), s->op.count, op.tag, std::get<1>(key), r->op.count);
+        std::string text = fmt::format("rank {} sent {} with tag {} to rank {}, which posted a recv of {}",
+                                       std::get<0>(key), detail::floats(s->op.count), op.tag, std::get<1>(key),
+                                       detail::floats(r->op.count));
         posted->mismatch = partner->mismatch = text;
         posted->done = partner->done = true;
         if (mismatch.empty()) mismatch = text;

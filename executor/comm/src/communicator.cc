@@ -32,9 +32,9 @@ std::string_view to_string(ReduceOp op) {
 
 std::string to_string(const P2POp& op) {
   if (op.kind == P2POp::Kind::kSend) {
-    return fmt::format("send({} floats to rank {}, tag {})", op.count, op.peer, op.tag);
+    return fmt::format("send({} to rank {}, tag {})", detail::floats(op.count), op.peer, op.tag);
   }
-  return fmt::format("recv({} floats from rank {}, tag {})", op.count, op.peer, op.tag);
+  return fmt::format("recv({} from rank {}, tag {})", detail::floats(op.count), op.peer, op.tag);
 }
 
 namespace {
@@ -115,8 +115,8 @@ void Communicator::group(std::span<const P2POp> ops) {
     }
     if (pending.front() != op.count) {
       throw invalid_argument(*this, description,
-                             fmt::format("send to self of {} floats and recv from self of {} floats (tag {})",
-                                         pending.front(), op.count, op.tag));
+                             fmt::format("send to self of {} and recv from self of {} (tag {})",
+                                         detail::floats(pending.front()), detail::floats(op.count), op.tag));
     }
     pending.erase(pending.begin());
   }
@@ -143,7 +143,7 @@ void Communicator::recv(float* buffer, std::size_t count, int peer, Tag tag) {
 }
 
 void Communicator::all_reduce(const float* send, float* recv, std::size_t count, ReduceOp op) {
-  const std::string description = fmt::format("all_reduce({}, {} floats)", to_string(op), count);
+  const std::string description = fmt::format("all_reduce({}, {})", to_string(op), detail::floats(count));
   if (count == 0) return;
   if (send == nullptr || recv == nullptr) throw invalid_argument(*this, description, "null buffer");
   if (send != recv && overlaps(send, count, recv, count)) {
@@ -153,7 +153,7 @@ void Communicator::all_reduce(const float* send, float* recv, std::size_t count,
 }
 
 void Communicator::all_gather(const float* send, float* recv, std::size_t count) {
-  const std::string description = fmt::format("all_gather({} floats per rank)", count);
+  const std::string description = fmt::format("all_gather({} per rank)", detail::floats(count));
   if (count == 0) return;
   if (send == nullptr || recv == nullptr) throw invalid_argument(*this, description, "null buffer");
   const std::size_t total = count * static_cast<std::size_t>(size());
@@ -164,7 +164,7 @@ void Communicator::all_gather(const float* send, float* recv, std::size_t count)
 }
 
 void Communicator::reduce_scatter(const float* send, float* recv, std::size_t count, ReduceOp op) {
-  const std::string description = fmt::format("reduce_scatter({}, {} floats per rank)", to_string(op), count);
+  const std::string description = fmt::format("reduce_scatter({}, {} per rank)", to_string(op), detail::floats(count));
   if (count == 0) return;
   if (send == nullptr || recv == nullptr) throw invalid_argument(*this, description, "null buffer");
   const std::size_t total = count * static_cast<std::size_t>(size());
@@ -175,7 +175,7 @@ void Communicator::reduce_scatter(const float* send, float* recv, std::size_t co
 }
 
 void Communicator::broadcast(float* buffer, std::size_t count, int root) {
-  const std::string description = fmt::format("broadcast({} floats from rank {})", count, root);
+  const std::string description = fmt::format("broadcast({} from rank {})", detail::floats(count), root);
   if (root < 0 || root >= size()) {
     throw invalid_argument(*this, description, fmt::format("root {} is not a rank of the group", root));
   }

@@ -8,6 +8,8 @@ std::string describe_group(std::string_view name, int rank, int size, std::strin
   return fmt::format("group '{}' (rank {} of {}, {})", name, rank, size, backend);
 }
 
+std::string floats(std::size_t count) { return fmt::format("{} float{}", count, count == 1 ? "" : "s"); }
+
 std::string format_seconds(std::chrono::steady_clock::duration elapsed) {
   return fmt::format("{:.2f} s", std::chrono::duration<double>(elapsed).count());
 }

@@ -13,6 +13,9 @@ namespace dtrain::comm::detail {
 // "group 'tp1' (rank 0 of 2, gloo)"
 std::string describe_group(std::string_view name, int rank, int size, std::string_view backend);
 
+// "1 float", "4 floats"
+std::string floats(std::size_t count);
+
 // "1.25 s"
 std::string format_seconds(std::chrono::steady_clock::duration elapsed);
 
