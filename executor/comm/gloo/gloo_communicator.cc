@@ -239,11 +239,11 @@ void GlooCommunicator::do_group(std::span<const P2POp> ops) {
     if (is_timeout_message(e.what())) {
       throw BackendFailure(
           BackendFailure::Kind::kTimeout,
-          fmt::format("{} for {} (is it stuck, dead, or waiting on something else?); Gloo: {}",
+          fmt::format("{}{} (is it stuck, dead, or waiting on something else?); Gloo: {}",
                       op.kind == P2POp::Kind::kSend
                           ? fmt::format("rank {} posted no matching recv (tag {})", op.peer, op.tag)
                           : fmt::format("no matching send from rank {} (tag {})", op.peer, op.tag),
-                      to_string(op), e.what()));
+                      ops.size() > 1 ? " for " + to_string(op) : std::string(), e.what()));
     }
     throw BackendFailure(BackendFailure::Kind::kPeerFailure,
                          fmt::format("{}: lost the connection to rank {} (it died or closed its connection; see "

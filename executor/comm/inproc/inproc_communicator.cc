@@ -309,10 +309,10 @@ std::shared_ptr<Round> InprocCommunicator::arrive(const Contribution& mine, std:
   if (g.world->failed.load()) throw_aborted();
   g.world->fail(fmt::format("rank {} of group '{}' timed out in {} waiting for ranks {}", rank_, name_,
                             mine.describe(), missing));
+  const bool several = missing.find(',') != std::string::npos;
   throw BackendFailure(BackendFailure::Kind::kTimeout,
-                       fmt::format("ranks {} of the group did not join (are they stuck, dead, or in another "
-                                   "collective?)",
-                                   missing));
+                       fmt::format("{} {} did not join ({} stuck, dead, or in another collective?)",
+                                   several ? "ranks" : "rank", missing, several ? "are they" : "is it"));
 }
 
 void InprocCommunicator::phase_a(Round& round) const {
@@ -460,10 +460,10 @@ void InprocCommunicator::do_group(std::span<const P2POp> ops) {
     lock.unlock();
     if (g.world->failed.load()) throw_aborted();
     const P2POp& op = first_unmatched->op;
-    std::string detail =
-        op.kind == P2POp::Kind::kSend
-            ? fmt::format("rank {} posted no matching recv (tag {}) for {}", op.peer, op.tag, to_string(op))
-            : fmt::format("no matching send from rank {} (tag {}) for {}", op.peer, op.tag, to_string(op));
+    std::string detail = op.kind == P2POp::Kind::kSend
+                             ? fmt::format("rank {} posted no matching recv (tag {})", op.peer, op.tag)
+                             : fmt::format("no matching send from rank {} (tag {})", op.peer, op.tag);
+    if (ops.size() > 1) detail += " for " + to_string(op);
     detail += " (is it stuck, dead, or waiting on something else?)";
     if (unmatched > 1) detail += fmt::format("; {} more ops of the group unmatched", unmatched - 1);
     g.world->fail(fmt::format("rank {} of group '{}' timed out: {}", rank_, name_, detail));
