@@ -53,6 +53,12 @@ function(dtrain_test name)
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
-    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT ${ARG_TIMEOUT})
+  # Labels are set by a script ctest runs after the discovered tests are defined: a list of several labels passed
+  # through gtest_discover_tests(PROPERTIES) loses its separators on the way (only "unit" would stick, and
+  # `ctest -L concurrent` would find nothing). ${name}_TESTS is the list the discovery script defines.
+  set(_dtrain_labels_file ${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake)
+  file(WRITE ${_dtrain_labels_file}
+    "if(${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${ARG_LABELS}\")\nendif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${_dtrain_labels_file})
 endfunction()
