@@ -224,6 +224,7 @@ class InprocCommunicator final : public Communicator {
   // Runs one collective to completion; returns the round (split reads its result from it).
   std::shared_ptr<Round> collective(const Contribution& mine);
   std::shared_ptr<Round> arrive(const Contribution& mine, std::uint64_t number);
+  void prepare_round(Round& round) const;
   void phase_a(Round& round) const;
   void phase_b(Round& round) const;
 
@@ -263,36 +264,24 @@ std::shared_ptr<Round> InprocCommunicator::arrive(const Contribution& mine, std:
   }
   round->parts[rank_] = mine;
   round->present[rank_] = true;
-  if (++round->arrived == n) {
-    g.rounds.erase(number);
-    switch (mine.kind) {
-      case CollectiveKind::kAllReduce:
-      case CollectiveKind::kBroadcast: round->scratch.resize(mine.count); break;
-      case CollectiveKind::kAllGather:
-      case CollectiveKind::kReduceScatter: round->scratch.resize(mine.count * static_cast<std::size_t>(n)); break;
-      case CollectiveKind::kBarrier: break;
-      case CollectiveKind::kSplit: {
-        // Members of each color ordered by (key, rank); one shared state per new group.
-        std::map<int, std::vector<std::pair<int, int>>> members;  // color -> (key, rank)
-        for (int r = 0; r < n; ++r) {
-          if (round->parts[r].color != kNoColor) members[round->parts[r].color].emplace_back(round->parts[r].key, r);
-        }
-        for (auto& [color, list] : members) {
-          std::sort(list.begin(), list.end());
-          auto state = std::make_shared<InprocGroupState>(g.world, std::string(round->parts[list[0].second].name),
-                                                          static_cast<int>(list.size()));
-          g.world->add_group(state);
-          for (std::size_t i = 0; i < list.size(); ++i) {
-            round->split_group[list[i].second] = state;
-            round->split_rank[list[i].second] = static_cast<int>(i);
-          }
-        }
-        break;
-      }
+  if (round->arrived + 1 == n) {
+    // The last to arrive prepares the round before anyone may proceed; if that fails (out of memory), it withdraws
+    // and the world fails, so nobody waits for a round that will never start.
+    try {
+      prepare_round(*round);
+    } catch (const std::exception& e) {
+      round->present[rank_] = false;
+      lock.unlock();
+      g.world->fail(fmt::format("rank {} of group '{}' could not prepare {}: {}", rank_, name_, mine.describe(),
+                                e.what()));
+      throw;
     }
+    ++round->arrived;
+    g.rounds.erase(number);
     g.cv.notify_all();
     return round;
   }
+  ++round->arrived;
   g.cv.wait_until(lock, deadline, [&] {
     return round->arrived == n || !round->mismatch.empty() || g.world->failed.load();
   });
@@ -313,6 +302,37 @@ std::shared_ptr<Round> InprocCommunicator::arrive(const Contribution& mine, std:
   throw BackendFailure(BackendFailure::Kind::kTimeout,
                        fmt::format("{} {} did not join ({} stuck, dead, or in another collective?)",
                                    several ? "ranks" : "rank", missing, several ? "are they" : "is it"));
+}
+
+void InprocCommunicator::prepare_round(Round& round) const {
+  InprocGroupState& g = *group_;
+  const int n = g.size;
+  const Contribution& mine = round.parts[rank_];
+  switch (mine.kind) {
+    case CollectiveKind::kAllReduce:
+    case CollectiveKind::kBroadcast: round.scratch.resize(mine.count); break;
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kReduceScatter: round.scratch.resize(mine.count * static_cast<std::size_t>(n)); break;
+    case CollectiveKind::kBarrier: break;
+    case CollectiveKind::kSplit: {
+      // Members of each color ordered by (key, rank); one shared state per new group.
+      std::map<int, std::vector<std::pair<int, int>>> members;  // color -> (key, rank)
+      for (int r = 0; r < n; ++r) {
+        if (round.parts[r].color != kNoColor) members[round.parts[r].color].emplace_back(round.parts[r].key, r);
+      }
+      for (auto& [color, list] : members) {
+        std::sort(list.begin(), list.end());
+        auto state = std::make_shared<InprocGroupState>(g.world, std::string(round.parts[list[0].second].name),
+                                                        static_cast<int>(list.size()));
+        g.world->add_group(state);
+        for (std::size_t i = 0; i < list.size(); ++i) {
+          round.split_group[list[i].second] = state;
+          round.split_rank[list[i].second] = static_cast<int>(i);
+        }
+      }
+      break;
+    }
+  }
 }
 
 void InprocCommunicator::phase_a(Round& round) const {

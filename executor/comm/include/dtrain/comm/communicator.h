@@ -21,9 +21,10 @@
 //     they are not matched by tag. Zero-count collectives return at once without communicating.
 //   - Every rank's result of all_reduce is bitwise identical, and results are bitwise reproducible from run to run
 //     for the same group size, counts and inputs (fixed reduction order; see each backend for its order).
-//   - Every blocking call gives up after `timeout()` and throws dtrain::Error (category comm, exit code 8
-//     kPeerFailure) whose message names the operation, the group, this rank, the peer rank where there is one,
-//     and the elapsed time, e.g.
+//   - Every blocking call gives up once it has waited `timeout()` for a peer (inproc: for the whole operation;
+//     gloo: for each step that needs a peer) and throws dtrain::Error (category comm, exit code 8 kPeerFailure)
+//     whose message names the operation, the group, this rank, the peer rank where there is one, and the elapsed
+//     time, e.g.
 //       comm: recv(4 floats from rank 1, tag 7) in group 'world' (rank 0 of 2, gloo): timed out after 1.00 s
 //       (timeout 1.00 s): no matching send from rank 1 (is it stuck, dead, or waiting on something else?)
 //     A peer that dies (process killed, thread failed) makes the others fail the same way, promptly where the
