@@ -280,6 +280,42 @@ TEST(GlooFailures, ConnectTimesOutWhenAPeerNeverComes) {
   }
 }
 
+TEST(GlooFailures, UnknownInterfaceIsNamedInTheError) {
+  gloo::rendezvous::HashStore store;
+  GlooOptions options;
+  options.interface = "nosuchif0";
+  try {
+    connect_gloo(store, 0, 1, options);
+    ADD_FAILURE() << "opened a device on a missing interface";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), ErrorCategory::kComm);
+    EXPECT_TRUE(contains(e.what(), "interface 'nosuchif0'")) << e.what();
+  }
+}
+
+TEST(GlooOptionsTest, ConnectsThroughANamedInterface) {
+  gloo::rendezvous::HashStore store;
+  std::vector<float> results(2, 0.0f);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        GlooOptions options;
+        options.interface = "lo";
+        options.timeout = milliseconds(30'000);
+        auto comm = connect_gloo(store, r, 2, options);
+        float x = static_cast<float>(r + 1);
+        comm->all_reduce(&x, &x, 1, ReduceOp::kSum);
+        results[r] = x;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << ": " << e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(results, (std::vector<float>{3.0f, 3.0f}));
+}
+
 TEST(InprocFailures, RankThatThrowsAbortsTheWorld) {
   InprocOptions options;
   options.timeout = milliseconds(30'000);

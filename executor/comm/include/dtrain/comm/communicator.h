@@ -7,7 +7,9 @@
 // dtrain/comm/inproc.h and dtrain/comm/gloo.h); everything after that goes through this interface.
 //
 // Buffers are raw `float*` plus an element count, in the memory space the backend reports (`memory_space()`: host
-// memory for inproc and Gloo, device memory for NCCL); nothing here dereferences them on the caller's behalf.
+// memory for inproc and Gloo, device memory for NCCL); nothing here dereferences them on the caller's behalf. On the
+// host backends a call returns when the data is in place; a device backend may return once the operation is
+// ordered on its stream, and says so in its header.
 //
 // Semantics every backend honours (the IR verifier simulates exactly these, see design.md section 5):
 //   - Point-to-point messages are matched by (sender, receiver, tag), never by arrival order: the IR gives every
