@@ -78,7 +78,8 @@ void call_gloo(std::string_view what, Fn&& fn) {
   } catch (const gloo::Exception& e) {
     throw BackendFailure(BackendFailure::Kind::kPeerFailure, fmt::format("{}: Gloo: {}", what, e.what()));
   } catch (const gloo::EnforceNotMet& e) {
-    throw Error(ErrorCategory::kComm, ExitCode::kFailure, fmt::format("comm: {}: Gloo check failed: {}", what, e.what()));
+    throw Error(ErrorCategory::kComm, ExitCode::kFailure,
+                fmt::format("comm: {}: Gloo check failed: {}", what, e.what()));
   }
 }
 
@@ -230,27 +231,26 @@ void GlooCommunicator::do_group(std::span<const P2POp> ops) {
       current = p.op;
       const auto left = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
                                  std::chrono::milliseconds(0));
-      const bool completed =
-          p.op->kind == P2POp::Kind::kSend ? p.buffer->waitSend(left) : p.buffer->waitRecv(left);
+      const bool completed = p.op->kind == P2POp::Kind::kSend ? p.buffer->waitSend(left) : p.buffer->waitRecv(left);
       if (!completed) throw BackendFailure(BackendFailure::Kind::kPeerFailure, to_string(*p.op) + ": aborted");
     }
   } catch (const gloo::IoException& e) {
     const P2POp& op = *current;
     if (is_timeout_message(e.what())) {
-      throw BackendFailure(
-          BackendFailure::Kind::kTimeout,
-          fmt::format("{}{} (is it stuck, dead, or waiting on something else?); Gloo: {}",
-                      op.kind == P2POp::Kind::kSend
-                          ? fmt::format("rank {} posted no matching recv (tag {})", op.peer, op.tag)
-                          : fmt::format("no matching send from rank {} (tag {})", op.peer, op.tag),
-                      ops.size() > 1 ? " for " + to_string(op) : std::string(), e.what()));
+      throw BackendFailure(BackendFailure::Kind::kTimeout,
+                           fmt::format("{}{} (is it stuck, dead, or waiting on something else?); Gloo: {}",
+                                       op.kind == P2POp::Kind::kSend
+                                           ? fmt::format("rank {} posted no matching recv (tag {})", op.peer, op.tag)
+                                           : fmt::format("no matching send from rank {} (tag {})", op.peer, op.tag),
+                                       ops.size() > 1 ? " for " + to_string(op) : std::string(), e.what()));
     }
     throw BackendFailure(BackendFailure::Kind::kPeerFailure,
                          fmt::format("{}: lost the connection to rank {} (it died or closed its connection; see "
                                      "its log); Gloo: {}",
                                      to_string(op), op.peer, e.what()));
   } catch (const gloo::Exception& e) {
-    throw BackendFailure(BackendFailure::Kind::kPeerFailure, fmt::format("{}: Gloo: {}", to_string(*current), e.what()));
+    throw BackendFailure(BackendFailure::Kind::kPeerFailure,
+                         fmt::format("{}: Gloo: {}", to_string(*current), e.what()));
   } catch (const gloo::EnforceNotMet& e) {
     throw Error(ErrorCategory::kComm, ExitCode::kFailure,
                 fmt::format("comm: {}: Gloo check failed: {}", to_string(*current), e.what()));
@@ -287,8 +287,8 @@ std::unique_ptr<Communicator> GlooCommunicator::do_split(int color, int key, std
 
   auto context = std::make_shared<gloo::rendezvous::Context>(new_rank, new_size);
   context->setTimeout(timeout_);
-  call_gloo(fmt::format("connecting group '{}' (rank {} of {}) through the store under '{}'", name, new_rank,
-                        new_size, prefix),
+  call_gloo(fmt::format("connecting group '{}' (rank {} of {}) through the store under '{}'", name, new_rank, new_size,
+                        prefix),
             [&] {
               gloo::rendezvous::PrefixStore store(prefix, store_);
               context->connectFullMesh(store, device_);

@@ -34,7 +34,8 @@ namespace detail {
 struct InprocGroupState;
 
 struct InprocWorldState {
-  InprocWorldState(int size_, InprocOptions options_) : size(size_), options(std::move(options_)), taken(size_) {}
+  InprocWorldState(int world_size, InprocOptions world_options)
+      : size(world_size), options(std::move(world_options)), taken(world_size) {}
 
   // Sets the failure (the first reason wins) and wakes every waiter of every group.
   void fail(std::string_view why) noexcept;
@@ -73,13 +74,18 @@ struct Contribution {
 
   std::string describe() const {
     switch (kind) {
-      case CollectiveKind::kAllReduce: return fmt::format("all_reduce({}, {})", to_string(op), floats(count));
-      case CollectiveKind::kAllGather: return fmt::format("all_gather({} per rank)", floats(count));
+      case CollectiveKind::kAllReduce:
+        return fmt::format("all_reduce({}, {})", to_string(op), floats(count));
+      case CollectiveKind::kAllGather:
+        return fmt::format("all_gather({} per rank)", floats(count));
       case CollectiveKind::kReduceScatter:
         return fmt::format("reduce_scatter({}, {} per rank)", to_string(op), floats(count));
-      case CollectiveKind::kBroadcast: return fmt::format("broadcast({} from rank {})", floats(count), root);
-      case CollectiveKind::kBarrier: return "barrier()";
-      case CollectiveKind::kSplit: return "split()";
+      case CollectiveKind::kBroadcast:
+        return fmt::format("broadcast({} from rank {})", floats(count), root);
+      case CollectiveKind::kBarrier:
+        return "barrier()";
+      case CollectiveKind::kSplit:
+        return "split()";
     }
     return "?";
   }
@@ -112,8 +118,8 @@ struct Posted {
 };
 
 struct InprocGroupState {
-  InprocGroupState(std::shared_ptr<InprocWorldState> world_, std::string name_, int size_)
-      : world(std::move(world_)), name(std::move(name_)), size(size_) {}
+  InprocGroupState(std::shared_ptr<InprocWorldState> world_state, std::string group_name, int group_size)
+      : world(std::move(world_state)), name(std::move(group_name)), size(group_size) {}
 
   const std::shared_ptr<InprocWorldState> world;
   const std::string name;
@@ -272,8 +278,8 @@ std::shared_ptr<Round> InprocCommunicator::arrive(const Contribution& mine, std:
     } catch (const std::exception& e) {
       round->present[rank_] = false;
       lock.unlock();
-      g.world->fail(fmt::format("rank {} of group '{}' could not prepare {}: {}", rank_, name_, mine.describe(),
-                                e.what()));
+      g.world->fail(
+          fmt::format("rank {} of group '{}' could not prepare {}: {}", rank_, name_, mine.describe(), e.what()));
       throw;
     }
     ++round->arrived;
@@ -282,9 +288,8 @@ std::shared_ptr<Round> InprocCommunicator::arrive(const Contribution& mine, std:
     return round;
   }
   ++round->arrived;
-  g.cv.wait_until(lock, deadline, [&] {
-    return round->arrived == n || !round->mismatch.empty() || g.world->failed.load();
-  });
+  g.cv.wait_until(lock, deadline,
+                  [&] { return round->arrived == n || !round->mismatch.empty() || g.world->failed.load(); });
   if (round->arrived == n) return round;  // complete, even if the world failed meanwhile
   // Give up: withdraw before anyone can read our buffers.
   round->present[rank_] = false;
@@ -296,8 +301,8 @@ std::shared_ptr<Round> InprocCommunicator::arrive(const Contribution& mine, std:
   }
   lock.unlock();
   if (g.world->failed.load()) throw_aborted();
-  g.world->fail(fmt::format("rank {} of group '{}' timed out in {} waiting for ranks {}", rank_, name_,
-                            mine.describe(), missing));
+  g.world->fail(fmt::format("rank {} of group '{}' timed out in {} waiting for ranks {}", rank_, name_, mine.describe(),
+                            missing));
   const bool several = missing.find(',') != std::string::npos;
   throw BackendFailure(BackendFailure::Kind::kTimeout,
                        fmt::format("{} {} did not join ({} stuck, dead, or in another collective?)",
@@ -310,10 +315,15 @@ void InprocCommunicator::prepare_round(Round& round) const {
   const Contribution& mine = round.parts[rank_];
   switch (mine.kind) {
     case CollectiveKind::kAllReduce:
-    case CollectiveKind::kBroadcast: round.scratch.resize(mine.count); break;
+    case CollectiveKind::kBroadcast:
+      round.scratch.resize(mine.count);
+      break;
     case CollectiveKind::kAllGather:
-    case CollectiveKind::kReduceScatter: round.scratch.resize(mine.count * static_cast<std::size_t>(n)); break;
-    case CollectiveKind::kBarrier: break;
+    case CollectiveKind::kReduceScatter:
+      round.scratch.resize(mine.count * static_cast<std::size_t>(n));
+      break;
+    case CollectiveKind::kBarrier:
+      break;
     case CollectiveKind::kSplit: {
       // Members of each color ordered by (key, rank); one shared state per new group.
       std::map<int, std::vector<std::pair<int, int>>> members;  // color -> (key, rank)
@@ -348,12 +358,15 @@ void InprocCommunicator::phase_a(Round& round) const {
     case CollectiveKind::kReduceScatter:
       reduce_parts(round.parts, mine.op, r * count, 0, count, round.scratch.data() + r * count);
       break;
-    case CollectiveKind::kAllGather: std::memcpy(round.scratch.data() + r * count, mine.send, count * sizeof(float)); break;
+    case CollectiveKind::kAllGather:
+      std::memcpy(round.scratch.data() + r * count, mine.send, count * sizeof(float));
+      break;
     case CollectiveKind::kBroadcast:
       if (rank_ == mine.root) std::memcpy(round.scratch.data(), mine.send, count * sizeof(float));
       break;
     case CollectiveKind::kBarrier:
-    case CollectiveKind::kSplit: break;
+    case CollectiveKind::kSplit:
+      break;
   }
 }
 
@@ -363,16 +376,21 @@ void InprocCommunicator::phase_b(Round& round) const {
   const auto r = static_cast<std::size_t>(rank_);
   const std::size_t count = mine.count;
   switch (mine.kind) {
-    case CollectiveKind::kAllReduce: std::memcpy(mine.recv, round.scratch.data(), count * sizeof(float)); break;
+    case CollectiveKind::kAllReduce:
+      std::memcpy(mine.recv, round.scratch.data(), count * sizeof(float));
+      break;
     case CollectiveKind::kReduceScatter:
       std::memcpy(mine.recv, round.scratch.data() + r * count, count * sizeof(float));
       break;
-    case CollectiveKind::kAllGather: std::memcpy(mine.recv, round.scratch.data(), n * count * sizeof(float)); break;
+    case CollectiveKind::kAllGather:
+      std::memcpy(mine.recv, round.scratch.data(), n * count * sizeof(float));
+      break;
     case CollectiveKind::kBroadcast:
       if (rank_ != mine.root) std::memcpy(mine.recv, round.scratch.data(), count * sizeof(float));
       break;
     case CollectiveKind::kBarrier:
-    case CollectiveKind::kSplit: break;
+    case CollectiveKind::kSplit:
+      break;
   }
 }
 
@@ -432,9 +450,9 @@ void InprocCommunicator::do_group(std::span<const P2POp> ops) {
       if (partner->op.count != op.count) {
         Posted* s = is_send ? posted.get() : partner;
         Posted* r = is_send ? partner : posted.get();
-        std::string text = fmt::format("rank {} sent {} with tag {} to rank {}, which posted a recv of {}",
-                                       std::get<0>(key), detail::floats(s->op.count), op.tag, std::get<1>(key),
-                                       detail::floats(r->op.count));
+        std::string text =
+            fmt::format("rank {} sent {} with tag {} to rank {}, which posted a recv of {}", std::get<0>(key),
+                        detail::floats(s->op.count), op.tag, std::get<1>(key), detail::floats(r->op.count));
         posted->mismatch = partner->mismatch = text;
         posted->done = partner->done = true;
         if (mismatch.empty()) mismatch = text;
@@ -454,14 +472,12 @@ void InprocCommunicator::do_group(std::span<const P2POp> ops) {
   }
   if (!to_copy.empty() || !mismatch.empty()) g.cv.notify_all();
 
-  auto all_done = [&] {
-    return std::all_of(mine.begin(), mine.end(), [](const auto& p) { return p->done; });
-  };
+  auto all_done = [&] { return std::all_of(mine.begin(), mine.end(), [](const auto& p) { return p->done; }); };
   g.cv.wait_until(lock, deadline, [&] { return all_done() || g.world->failed.load(); });
+  const Posted* first_unmatched = nullptr;
+  std::size_t unmatched = 0;
   if (!all_done()) {
     // Withdraw what nobody has matched yet; what is matched is being copied right now and completes.
-    const Posted* first_unmatched = nullptr;
-    std::size_t unmatched = 0;
     for (auto& p : mine) {
       if (p->matched) continue;
       const bool is_send = p->op.kind == P2POp::Kind::kSend;
@@ -477,6 +493,8 @@ void InprocCommunicator::do_group(std::span<const P2POp> ops) {
     g.cv.wait(lock, [&] {
       return std::all_of(mine.begin(), mine.end(), [](const auto& p) { return !p->matched || p->done; });
     });
+  }
+  if (first_unmatched != nullptr) {  // else everything was matched and has completed after all
     lock.unlock();
     if (g.world->failed.load()) throw_aborted();
     const P2POp& op = first_unmatched->op;

@@ -101,8 +101,8 @@ TEST_P(FailuresTest, CollectiveWithAMissingRankTimesOut) {
         } catch (const Error& e) {
           const std::string message = e.what();
           EXPECT_EQ(e.category(), ErrorCategory::kComm);
-          EXPECT_TRUE(contains(message, "all_reduce(sum, 10 floats) in group 'world' (rank " +
-                                            std::to_string(comm.rank()) + " of 3"))
+          EXPECT_TRUE(contains(
+              message, "all_reduce(sum, 10 floats) in group 'world' (rank " + std::to_string(comm.rank()) + " of 3"))
               << message;
           // The first rank to give up times out; the other may see it give up first (a closed connection, an
           // aborted world) and fail as a peer failure.
@@ -257,8 +257,9 @@ TEST(GlooProcessFailures, PeerKilledDuringRecvIsNamed) {
   EXPECT_EQ(statuses[1].signal, SIGKILL);
   const std::string message = read_file(dir.path() / "error.0");
   EXPECT_EQ(statuses[0].exit_code, static_cast<int>(ExitCode::kPeerFailure)) << message;
-  EXPECT_TRUE(contains(message, "recv(4 floats from rank 1, tag 9) in group 'world' (rank 0 of 2, gloo): peer "
-                                "failure after"))
+  EXPECT_TRUE(contains(message,
+                       "recv(4 floats from rank 1, tag 9) in group 'world' (rank 0 of 2, gloo): peer "
+                       "failure after"))
       << message;
   EXPECT_TRUE(contains(message, "lost the connection to rank 1")) << message;
 }
@@ -273,8 +274,9 @@ TEST(GlooFailures, ConnectTimesOutWhenAPeerNeverComes) {
     ADD_FAILURE() << "connected to a peer that does not exist";
   } catch (const Error& e) {
     EXPECT_EQ(e.category(), ErrorCategory::kComm);
-    EXPECT_TRUE(contains(e.what(), "comm: connect(store prefix 'dtrain/comm/world') in group 'world' (rank 0 of 2, "
-                                   "gloo): timed out after"))
+    EXPECT_TRUE(contains(e.what(),
+                         "comm: connect(store prefix 'dtrain/comm/world') in group 'world' (rank 0 of 2, "
+                         "gloo): timed out after"))
         << e.what();
     EXPECT_LT(seconds_since(start), 3.0);
   }

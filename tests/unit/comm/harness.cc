@@ -30,18 +30,24 @@ namespace dtrain::comm::testing {
 
 std::string to_string(Backend backend) {
   switch (backend) {
-    case Backend::kInproc: return "inproc";
-    case Backend::kGlooThreads: return "gloo-threads";
-    case Backend::kGlooProcesses: return "gloo-processes";
+    case Backend::kInproc:
+      return "inproc";
+    case Backend::kGlooThreads:
+      return "gloo-threads";
+    case Backend::kGlooProcesses:
+      return "gloo-processes";
   }
   return "?";
 }
 
 std::string backend_name(const ::testing::TestParamInfo<Backend>& info) {
   switch (info.param) {
-    case Backend::kInproc: return "Inproc";
-    case Backend::kGlooThreads: return "GlooThreads";
-    case Backend::kGlooProcesses: return "GlooProcesses";
+    case Backend::kInproc:
+      return "Inproc";
+    case Backend::kGlooThreads:
+      return "GlooThreads";
+    case Backend::kGlooProcesses:
+      return "GlooProcesses";
   }
   return "Unknown";
 }
@@ -59,10 +65,9 @@ TempDir::~TempDir() {
 }
 
 float exact_value(int rank, std::size_t i, int salt) {
-  return static_cast<float>(static_cast<int>((static_cast<std::size_t>(rank + 1) * 37 + i * 11 +
-                                              static_cast<std::size_t>(salt) * 5) %
-                                             64) -
-                            32);
+  return static_cast<float>(
+      static_cast<int>((static_cast<std::size_t>(rank + 1) * 37 + i * 11 + static_cast<std::size_t>(salt) * 5) % 64) -
+      32);
 }
 
 FileStoreWorld connect_file_store(const std::filesystem::path& store_dir, int rank, int size,
@@ -209,8 +214,8 @@ std::vector<std::vector<float>> run_processes(int size, const Body& body, RunOpt
   std::vector<std::vector<float>> results(size);
   for (int r = 0; r < size; ++r) {
     EXPECT_TRUE(statuses[r].exited && statuses[r].exit_code == 0)
-        << "rank " << r << " (process) failed: exit code " << statuses[r].exit_code << ", signal "
-        << statuses[r].signal << " (its failures are printed above)";
+        << "rank " << r << " (process) failed: exit code " << statuses[r].exit_code << ", signal " << statuses[r].signal
+        << " (its failures are printed above)";
     std::ifstream in(dir.path() / ("result." + std::to_string(r)), std::ios::binary);
     std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     results[r].resize(bytes.size() / sizeof(float));

@@ -8,15 +8,15 @@
 //                   still running at the deadline, so no process outlives a test.
 #pragma once
 
+#include <gloo/rendezvous/file_store.h>
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <gloo/rendezvous/file_store.h>
-#include <gtest/gtest.h>
 
 #include "dtrain/comm/communicator.h"
 
@@ -54,9 +54,9 @@ std::vector<std::vector<float>> run_ranks(Backend backend, int size, const Body&
 
 // How a forked child ended.
 struct ChildStatus {
-  bool exited = false;   // exited normally, with exit_code
+  bool exited = false;  // exited normally, with exit_code
   int exit_code = -1;
-  int signal = 0;        // killed by this signal
+  int signal = 0;  // killed by this signal
   std::chrono::steady_clock::time_point ended;
 };
 

@@ -19,7 +19,8 @@ TEST(MessageTag, FitsInFiftySixBitsAndSpreads) {
   for (int stage = 0; stage < 64; ++stage) {
     for (int mb = 0; mb < 512; ++mb) {
       for (const char* what : {"act fwd", "grad bwd"}) {
-        const Tag tag = message_tag(std::string(what) + " stage=" + std::to_string(stage) + " mb=" + std::to_string(mb));
+        const Tag tag =
+            message_tag(std::string(what) + " stage=" + std::to_string(stage) + " mb=" + std::to_string(mb));
         EXPECT_LE(tag, kMaxTag);
         seen.insert(tag);
       }
