@@ -35,7 +35,6 @@
 namespace {
 
 using dtrain::comm::Communicator;
-using dtrain::comm::P2POp;
 using dtrain::comm::ReduceOp;
 using Clock = std::chrono::steady_clock;
 
@@ -183,9 +182,7 @@ nlohmann::json run_world(const Settings& s, int size) {
   return result;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_main(int argc, char** argv) {
   Settings s;
   CLI::App app{"dtrain::comm benchmark: all-reduce, reduce-scatter, all-gather, point-to-point"};
   app.add_option("--backend", s.backend, "gloo (processes on loopback) or inproc (threads)")
@@ -196,7 +193,11 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", s.warmup, "untimed iterations first")->check(CLI::NonNegativeNumber);
   app.add_option("--p2p-floats", s.p2p_floats, "message sizes of the ping-pong (2 ranks only)")->delimiter(',');
   app.add_flag("--json", s.json, "print the results as JSON");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : static_cast<int>(dtrain::ExitCode::kBadInput);  // --help is not an error
+  }
   try {
     nlohmann::json report = {{"backend", s.backend}, {"iterations", s.iterations}, {"warmup", s.warmup}};
     nlohmann::json collectives = nlohmann::json::array();
@@ -235,6 +236,17 @@ int main(int argc, char** argv) {
   } catch (const dtrain::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return static_cast<int>(e.exit_code());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "comm_bench: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "comm_bench: %s\n", e.what());
     return 1;

@@ -276,8 +276,8 @@ std::unique_ptr<Communicator> GlooCommunicator::do_split(int color, int key, std
   const int split_index = next_split_++;
   if (color == kNoColor) return nullptr;
   std::vector<std::pair<int, int>> members;  // (key, rank in this group)
-  for (int r = 0; r < n; ++r) {
-    if (all[2 * r] == color) members.emplace_back(all[2 * r + 1], r);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
+    if (all[2 * r] == color) members.emplace_back(all[2 * r + 1], static_cast<int>(r));
   }
   std::sort(members.begin(), members.end());
   const int new_rank =

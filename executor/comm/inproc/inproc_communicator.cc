@@ -547,6 +547,7 @@ void InprocWorld::abort(std::string_view reason) noexcept { state_->fail(reason)
 void InprocWorld::run(int size, const std::function<void(Communicator&)>& fn, InprocOptions options) {
   InprocWorld world(size, std::move(options));
   std::vector<std::unique_ptr<Communicator>> comms;
+  comms.reserve(size);
   for (int r = 0; r < size; ++r) comms.push_back(world.communicator(r));
   std::mutex mutex;
   std::exception_ptr first;

@@ -22,7 +22,7 @@
 // of the buffer, so when an operation fails midway (the peer-killed tests) and the buffer is destroyed while the
 // loop thread is still completing one of its sends, TSan sees the destroy race with the notify. The race is inside
 // libgloo, on the error path only, in a process about to exit.
-extern "C" const char* __tsan_default_suppressions() {
+extern "C" const char* __tsan_default_suppressions() {  // NOLINT(bugprone-reserved-identifier): TSan's hook
   return "race:gloo::transport::tcp::UnboundBuffer::~UnboundBuffer\n";
 }
 
@@ -170,6 +170,7 @@ std::vector<std::vector<float>> run_threads(Backend backend, int size, const Bod
   std::mutex mutex;
   std::vector<std::string> errors;
   std::vector<std::thread> threads;
+  threads.reserve(size);
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       std::unique_ptr<Communicator> comm;
