@@ -178,12 +178,14 @@ INSTANTIATE_TEST_SUITE_P(Backends, FailuresTest,
                          ::testing::Values(Backend::kInproc, Backend::kGlooThreads, Backend::kGlooProcesses),
                          backend_name);
 
-// A peer process killed with SIGKILL in the middle of a stream of all-reduces: the three others fail with a comm
-// error (exit code 8) naming the operation, long before their 20 s timeout.
+// A peer process killed with SIGKILL in the middle of a stream of all-reduces: every other rank fails with a comm
+// error (exit code 8) naming the operation, within the timeout. The rank that receives from the victim fails at
+// once ("peer failure"); a rank whose send to a dead peer was partly written when the connection broke is not woken
+// by Gloo 0.5 and reports the timeout instead (see dtrain/comm/gloo.h).
 TEST(GlooProcessFailures, PeerKilledMidCollectiveFailsTheOthersCleanly) {
   constexpr int kSize = 4;
   constexpr int kVictim = 2;
-  const milliseconds timeout(20'000);
+  const milliseconds timeout(6'000);
   TempDir dir;
   const auto store_dir = dir.path() / "store";
   std::filesystem::create_directory(store_dir);
@@ -212,17 +214,22 @@ TEST(GlooProcessFailures, PeerKilledMidCollectiveFailsTheOthersCleanly) {
       },
       milliseconds(60'000));
   EXPECT_EQ(statuses[kVictim].signal, SIGKILL);
+  int prompt_peer_failures = 0;
   for (int r = 0; r < kSize; ++r) {
     if (r == kVictim) continue;
     const std::string message = read_file(dir.path() / ("error." + std::to_string(r)));
     EXPECT_TRUE(statuses[r].exited) << "rank " << r << " signal " << statuses[r].signal;
     EXPECT_EQ(statuses[r].exit_code, static_cast<int>(ExitCode::kPeerFailure)) << "rank " << r << ": " << message;
     EXPECT_TRUE(contains(message, "comm: all_reduce(max, 262144 floats) in group 'world' (rank " + std::to_string(r) +
-                                      " of 4, gloo): peer failure after"))
+                                      " of 4, gloo): "))
         << "rank " << r << ": " << message;
+    const bool peer_failure = contains(message, "): peer failure after");
+    EXPECT_TRUE(peer_failure || contains(message, "): timed out after")) << "rank " << r << ": " << message;
     const double after_kill = std::chrono::duration<double>(statuses[r].ended - killed_at).count();
-    EXPECT_LT(after_kill, 10.0) << "rank " << r << " took " << after_kill << " s to notice";
+    EXPECT_LT(after_kill, 6.0 + 5.0) << "rank " << r << " took " << after_kill << " s to give up: " << message;
+    if (peer_failure && after_kill < 3.0) ++prompt_peer_failures;
   }
+  EXPECT_GE(prompt_peer_failures, 1) << "no rank noticed the dead peer before its timeout";
 }
 
 // A rank blocked in a receive from a peer that is killed fails at once, naming the peer.

@@ -31,7 +31,10 @@
 // Timeouts: every wait for a peer (a store key during rendezvous, a message, a step of a collective) gives up after
 // the timeout. A peer process that dies closes its sockets, so its neighbours fail at once ("Connection closed by
 // peer" or "Connection reset by peer"); ranks that do not talk to it fail when their neighbours exit, at the latest
-// after the timeout. Gloo closes every connection of a context whose operation timed out.
+// after the timeout. Gloo closes every connection of a context whose operation timed out. Known Gloo 0.5 limitation:
+// a send that was partly written when its connection broke is not woken (tcp::Pair::signalException wakes the
+// unbound buffers waiting for a peer's notification, not those in its transmit queue), so that rank reports the
+// timeout instead of the dead peer (seen in the killed-peer test, for the rank sending to the victim).
 //
 // SIGPIPE: Gloo writes to sockets with writev(2), which raises SIGPIPE when the peer has died; the default action
 // would kill this process silently instead of reporting the dead peer. connect_gloo() therefore sets SIGPIPE to
