@@ -1,0 +1,187 @@
+// dtrain::comm::Communicator — communication between the ranks of one group, behind one interface.
+//
+// A communicator connects the `size()` ranks of a group (the world, or a tensor-, pipeline- or data-parallel group
+// split from it); each rank holds its own Communicator object and knows itself as `rank()` in [0, size()).
+// Backends, one folder each under executor/comm/: inproc/ (ranks are threads of one process; unit tests),
+// gloo/ (ranks are processes, TCP), nccl/ (GPUs; a later backend). Creating a world is backend-specific (see
+// dtrain/comm/inproc.h and dtrain/comm/gloo.h); everything after that goes through this interface.
+//
+// Buffers are raw `float*` plus an element count, in the memory space the backend reports (`memory_space()`: host
+// memory for inproc and Gloo, device memory for NCCL); nothing here dereferences them on the caller's behalf. On the
+// host backends a call returns when the data is in place; a device backend may return once the operation is
+// ordered on its stream, and says so in its header.
+//
+// Semantics every backend honours (the IR verifier simulates exactly these, see design.md section 5):
+//   - Point-to-point messages are matched by (sender, receiver, tag), never by arrival order: the IR gives every
+//     message a stable key and message_tag() turns it into a tag. Messages with the same (sender, receiver, tag)
+//     are matched first-in first-out. A send and its receive must agree on the count.
+//   - A send completes only when its receive has been posted (no hidden buffering). Two ranks that must send to
+//     each other at once post both messages in one group(): a group posts all its sends and receives, then waits
+//     for all of them, like ncclGroupStart/ncclGroupEnd. A rank sending to itself must put the send and the
+//     receive in the same group.
+//   - Collectives are called by every rank of the group in the same order, with the same operation, count and root;
+//     they are not matched by tag. Zero-count collectives return at once without communicating.
+//   - Every rank's result of all_reduce is bitwise identical, and results are bitwise reproducible from run to run
+//     for the same group size, counts and inputs (fixed reduction order; see each backend for its order).
+//   - Every blocking call gives up once it has waited `timeout()` for a peer (inproc: for the whole operation;
+//     gloo: for each step that needs a peer) and throws dtrain::Error (category comm, exit code 8 kPeerFailure)
+//     whose message names the operation, the group, this rank, the peer rank where there is one, and the elapsed
+//     time, e.g.
+//       comm: recv(4 floats from rank 1, tag 7) in group 'world' (rank 0 of 2, gloo): timed out after 1.00 s
+//       (timeout 1.00 s): no matching send from rank 1 (is it stuck, dead, or waiting on something else?)
+//     A peer that dies (process killed, thread failed) makes the others fail the same way, promptly where the
+//     backend can tell (closed connection, aborted world) and at the latest after the timeout. Operations never
+//     hang.
+//   - After any communication error the communicator is broken: every later call on it throws at once, naming the
+//     first error. Recovery is a restart of the job (the launcher's job), as with NCCL's abort-on-error.
+//
+// Threads: a Communicator object is used by one thread at a time. Different communicators (the tp, pp and dp groups
+// of one rank) may be used concurrently from different threads.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace dtrain::comm {
+
+// Message tag. Gloo carries it in a 64-bit slot whose top byte marks the kind of traffic, so tags are limited to
+// 56 bits; every backend enforces the same limit so that programs that run on one run on all.
+using Tag = std::uint64_t;
+inline constexpr Tag kMaxTag = (Tag{1} << 56) - 1;
+
+// Stable tag for a message key such as "act fwd stage=1 mb=3 chunk=0" (what, to which stage, which micro-batch):
+// FNV-1a over the bytes, folded to 56 bits. The same key gives the same tag on every rank, platform and run.
+// Distinct keys collide with probability about n^2 / 2^57 for n keys in flight between one pair of ranks.
+Tag message_tag(std::string_view key);
+
+enum class ReduceOp { kSum, kMax };
+std::string_view to_string(ReduceOp op);
+
+// Where the buffers handed to a communicator must live.
+enum class MemorySpace { kHost, kDevice };
+
+// One send or receive of a group (see Communicator::group).
+struct P2POp {
+  enum class Kind { kSend, kRecv };
+  Kind kind = Kind::kSend;
+  float* buffer = nullptr;  // a send only reads it
+  std::size_t count = 0;    // floats
+  int peer = 0;             // rank in this communicator's group
+  Tag tag = 0;
+
+  static P2POp send(const float* buffer, std::size_t count, int peer, Tag tag) {
+    return {Kind::kSend, const_cast<float*>(buffer), count, peer, tag};
+  }
+  static P2POp recv(float* buffer, std::size_t count, int peer, Tag tag) {
+    return {Kind::kRecv, buffer, count, peer, tag};
+  }
+};
+// "send(4 floats to rank 1, tag 7)" / "recv(4 floats from rank 1, tag 7)"
+std::string to_string(const P2POp& op);
+
+// Color of a rank that joins no group in Communicator::split.
+inline constexpr int kNoColor = -1;
+
+// Default for every backend's timeout. Long enough for a slow first step (allocations, a large checkpoint load on a
+// peer), short enough that a dead job is noticed; dtexec sets its own from the command line.
+inline constexpr std::chrono::milliseconds kDefaultTimeout{std::chrono::minutes(5)};
+
+// What a backend throws from its do_* functions when communication fails; the public operation of Communicator turns
+// it into dtrain::Error (comm) with the operation, group, rank and elapsed time, and marks the communicator broken.
+class BackendFailure : public std::runtime_error {
+ public:
+  enum class Kind {
+    kTimeout,      // nothing happened within the timeout
+    kPeerFailure,  // a peer died, closed its connection or aborted
+    kMismatch,     // a peer called a different operation, count or root (a bug in the programs)
+  };
+  BackendFailure(Kind kind, std::string detail) : std::runtime_error(std::move(detail)), kind_(kind) {}
+  Kind kind() const { return kind_; }
+
+ private:
+  Kind kind_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Name of the group, used in every message ("world", "tp3", ...).
+  virtual const std::string& name() const = 0;
+  // "inproc", "gloo", "nccl".
+  virtual std::string_view backend() const = 0;
+  virtual MemorySpace memory_space() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  // Posts every send and receive of `ops`, then waits until all of them have completed (or fails them all). Ops may
+  // name any peer in [0, size()), this rank included. Throws dtrain::Error: comm on timeout, a dead peer, or a
+  // count that disagrees with the matching message; internal for an invalid argument (peer out of range, tag above
+  // kMaxTag, null buffer with a non-zero count, a send to self with no receive from self in the same group).
+  void group(std::span<const P2POp> ops);
+  // A group of one send / one receive. Throws as group().
+  void send(const float* buffer, std::size_t count, int peer, Tag tag);
+  void recv(float* buffer, std::size_t count, int peer, Tag tag);
+
+  // recv[i] = op over ranks of send[i], for i < count. In place when send == recv; otherwise the buffers must not
+  // overlap. Every rank ends with bitwise the same result.
+  void all_reduce(const float* send, float* recv, std::size_t count, ReduceOp op);
+  // recv (size() * count floats) = the send buffers (count floats each) of ranks 0, 1, ... in rank order. In place
+  // when send == recv + rank() * count.
+  void all_gather(const float* send, float* recv, std::size_t count);
+  // recv (count floats) = op over ranks of block rank() of send (size() * count floats, block r is
+  // send[r * count, (r + 1) * count)). In place when recv == send + rank() * count.
+  void reduce_scatter(const float* send, float* recv, std::size_t count, ReduceOp op);
+  // Copies `count` floats of root's buffer into every other rank's buffer. root is a rank of this group.
+  void broadcast(float* buffer, std::size_t count, int root);
+  // Returns once every rank of the group has entered it.
+  void barrier();
+
+  // Collective over this group: ranks that pass the same color form a new group, ordered by (key, rank in this
+  // group); a rank passing kNoColor joins none and gets nullptr. Every rank of this group must call it, in the
+  // same order relative to its other collectives. `name` names the new group in messages (for example "tp" plus
+  // the group index). The new communicator is independent of this one (its own connections or state; same
+  // timeout) and may be used from another thread; it must not outlive the world it was split from where the
+  // backend says so. Throws dtrain::Error: comm as the collectives; internal for a color below kNoColor.
+  std::unique_ptr<Communicator> split(int color, int key, std::string_view name);
+
+  // Gives up on this communicator: it is marked broken, and peers blocked on this rank fail promptly instead of at
+  // their timeout (inproc: the whole world is aborted; gloo: this rank's connections are closed). For error paths,
+  // before a rank exits. Never throws.
+  void abort() noexcept;
+
+  // Why the communicator is broken; empty while it is usable.
+  const std::string& failure() const { return failure_; }
+
+ protected:
+  Communicator() = default;
+
+  // Backends implement these. Arguments are already validated, counts are non-zero, the communicator is usable.
+  // They throw BackendFailure for communication failures (the public wrapper adds the operation, group, rank and
+  // elapsed time to the message, and marks the communicator broken) and dtrain::Error for anything else.
+  virtual void do_group(std::span<const P2POp> ops) = 0;
+  virtual void do_all_reduce(const float* send, float* recv, std::size_t count, ReduceOp op) = 0;
+  virtual void do_all_gather(const float* send, float* recv, std::size_t count) = 0;
+  virtual void do_reduce_scatter(const float* send, float* recv, std::size_t count, ReduceOp op) = 0;
+  virtual void do_broadcast(float* buffer, std::size_t count, int root) = 0;
+  virtual void do_barrier() = 0;
+  virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string_view name) = 0;
+  virtual void do_abort() noexcept = 0;
+
+ private:
+  template <typename Fn>
+  void run_checked(std::string_view description, Fn&& fn);
+
+  std::string failure_;
+};
+
+}  // namespace dtrain::comm
