@@ -1,5 +1,6 @@
 #include "dtrain/kernels/norm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -96,8 +97,39 @@ DTRAIN_KERNEL_CLONES void norm_param_grad_columns(std::int64_t c_begin, std::int
   }
 }
 
+// One pass over the rows when a single thread does the work: dx row by row, and the parameter gradients summed into
+// zeroed accumulators in token order, then added. That is the same sequence of float operations as
+// norm_param_grad_columns, so the result is bitwise the same as the two-pass threaded path.
+DTRAIN_KERNEL_CLONES void norm_backward_fused(std::int64_t rows, std::int64_t h, const float* x, const float* gamma,
+                                              const float* mean, const float* rstd, const float* dy, float* dx,
+                                              float* dgamma, float* dbeta, float* acc_w, float* acc_b) {
+  std::fill(acc_w, acc_w + h, 0.0f);
+  std::fill(acc_b, acc_b + h, 0.0f);
+  for (std::int64_t t = 0; t < rows; ++t) {
+    norm_backward_rows(t, t + 1, h, x, gamma, mean, rstd, dy, dx);
+    const float* xr = x + t * h;
+    const float* dyr = dy + t * h;
+    const float mu = mean != nullptr ? mean[t] : 0.0f;
+    const float r = rstd[t];
+    for (std::int64_t j = 0; j < h; ++j) {
+      acc_w[j] += dyr[j] * ((xr[j] - mu) * r);
+      acc_b[j] += dyr[j];
+    }
+  }
+  for (std::int64_t j = 0; j < h; ++j) dgamma[j] += acc_w[j];
+  if (dbeta != nullptr) {
+    for (std::int64_t j = 0; j < h; ++j) dbeta[j] += acc_b[j];
+  }
+}
+
 void norm_backward(const NormShape& s, const float* x, const float* gamma, const float* mean, const float* rstd,
                    const float* dy, float* dx, float* dgamma, float* dbeta) {
+  if (kernel_threads() == 1) {
+    std::vector<float> acc(static_cast<std::size_t>(2 * s.hidden));
+    norm_backward_fused(s.rows, s.hidden, x, gamma, mean, rstd, dy, dx, dgamma, dbeta, acc.data(),
+                        acc.data() + s.hidden);
+    return;
+  }
   parallel_ranges(s.rows, 16, [&](std::int64_t b, std::int64_t e) {
     norm_backward_rows(b, e, s.hidden, x, gamma, mean, rstd, dy, dx);
   });

@@ -63,9 +63,9 @@ TEST(DropoutAddTest, MatchesFloat64Reference) {
     cpu::dropout_add_forward(l, x.data(), res.data(), p, key, out.data());
     cpu::dropout_add_forward(l, x.data(), nullptr, p, key, out_nores.data());
     cpu::dropout_add_backward(l, dout.data(), p, key, dx.data());
-    EXPECT_LT(rel_error(out, ref::dropout_add_forward(l, to_double(x), to_double(res), p, key)), kFp32Tolerance) << p;
-    EXPECT_LT(rel_error(out_nores, ref::dropout_add_forward(l, to_double(x), {}, p, key)), kFp32Tolerance) << p;
-    EXPECT_LT(rel_error(dx, ref::dropout_add_backward(l, to_double(dout), p, key)), kFp32Tolerance) << p;
+    EXPECT_LT(ref_error(out, ref::dropout_add_forward(l, to_double(x), to_double(res), p, key)), kFp32Tolerance) << p;
+    EXPECT_LT(ref_error(out_nores, ref::dropout_add_forward(l, to_double(x), {}, p, key)), kFp32Tolerance) << p;
+    EXPECT_LT(ref_error(dx, ref::dropout_add_backward(l, to_double(dout), p, key)), kFp32Tolerance) << p;
   }
 }
 

@@ -41,9 +41,9 @@ TEST(AdamWTest, FiveStepsMatchFloat64Reference) {
     }
   }
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    EXPECT_LT(rel_error(param[i], refs[i].param), kFp32Tolerance) << "buffer " << i;
-    EXPECT_LT(rel_error(m[i], refs[i].m), kFp32Tolerance) << "buffer " << i;
-    EXPECT_LT(rel_error(v[i], refs[i].v), kFp32Tolerance) << "buffer " << i;
+    EXPECT_LT(ref_error(param[i], refs[i].param), kFp32Tolerance) << "buffer " << i;
+    EXPECT_LT(ref_error(m[i], refs[i].m), kFp32Tolerance) << "buffer " << i;
+    EXPECT_LT(ref_error(v[i], refs[i].v), kFp32Tolerance) << "buffer " << i;
   }
 }
 

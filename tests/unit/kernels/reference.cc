@@ -1,8 +1,13 @@
 #include "reference.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
+#include <cstdio>
 #include <cstring>
-#include <numbers>
+#include <map>
+#include <mutex>
+#include <string>
 
 namespace dtrain::kernels::testing {
 
@@ -48,6 +53,46 @@ double rel_error(const Vec& a, const Vec& b) {
     den += b[i] * b[i];
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+namespace {
+
+std::mutex g_worst_mutex;
+std::map<std::string, double>& worst_errors() {
+  static std::map<std::string, double> worst;
+  return worst;
+}
+
+class AccuracyReport : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::lock_guard<std::mutex> lock(g_worst_mutex);
+    if (worst_errors().empty()) return;
+    std::printf("\nWorst ||out - ref|| / ||ref|| against the float64 reference, per test suite (bound %.0e):\n",
+                kFp32Tolerance);
+    for (const auto& [suite, err] : worst_errors()) std::printf("  %-28s %.2e\n", suite.c_str(), err);
+  }
+};
+
+// Registered before main() runs the tests (gtest_main calls InitGoogleTest, then RUN_ALL_TESTS).
+const bool g_report_registered = [] {
+  ::testing::AddGlobalTestEnvironment(new AccuracyReport);
+  return true;
+}();
+
+}  // namespace
+
+double ref_error(const FVec& out, const Vec& ref) {
+  const double err = rel_error(out, ref);
+  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  if (info != nullptr) {
+    std::string suite = info->test_suite_name();
+    if (const auto slash = suite.find('/'); slash != std::string::npos) suite = suite.substr(slash + 1);
+    std::lock_guard<std::mutex> lock(g_worst_mutex);
+    double& worst = worst_errors()[suite];
+    worst = std::max(worst, err);
+  }
+  return err;
 }
 
 bool bitwise_equal(const FVec& a, const FVec& b) {

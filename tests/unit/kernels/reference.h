@@ -28,6 +28,9 @@ FVec to_float(const Vec& x);
 
 // ||out - ref|| / ||ref|| (2-norms; ||out - ref|| when ref is 0).
 double rel_error(const FVec& out, const Vec& ref);
+// rel_error of a kernel output against its float64 reference, also recorded: at the end of the run the test
+// program prints the worst value seen in each test suite (the accuracy report of every op).
+double ref_error(const FVec& out, const Vec& ref);
 // Bitwise equality of two float buffers.
 bool bitwise_equal(const FVec& a, const FVec& b);
 
