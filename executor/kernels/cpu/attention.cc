@@ -18,14 +18,35 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // dst[c * ld + j] = src[j * stride + c] for j in [0, rows), c in [0, d): a head's keys (or values) transposed so that
-// the score product reads them row-major.
+// the score product reads them row-major. Blocks of 16 rows, so every store writes 16 consecutive floats; ld is
+// padded by padded_ld() so that consecutive columns do not fall into the same cache sets.
 DTRAIN_KERNEL_CLONES void pack_transposed(std::int64_t rows, std::int64_t d, const float* src, std::int64_t stride,
                                           float* dst, std::int64_t ld) {
-  for (std::int64_t j = 0; j < rows; ++j) {
-    const float* row = src + j * stride;
-    for (std::int64_t c = 0; c < d; ++c) dst[c * ld + j] = row[c];
+  constexpr std::int64_t kBlock = 16;
+  std::int64_t j0 = 0;
+  for (; j0 + kBlock <= rows; j0 += kBlock) {
+    for (std::int64_t c = 0; c < d; ++c) {
+      for (std::int64_t j = 0; j < kBlock; ++j) dst[c * ld + j0 + j] = src[(j0 + j) * stride + c];
+    }
+  }
+  for (std::int64_t c = 0; c < d; ++c) {
+    for (std::int64_t j = j0; j < rows; ++j) dst[c * ld + j] = src[j * stride + c];
   }
 }
+
+// dst[j * d + c] = src[j * stride + c]: one head's rows made contiguous.
+void gather_rows(std::int64_t rows, std::int64_t d, const float* src, std::int64_t stride, float* dst) {
+  for (std::int64_t j = 0; j < rows; ++j) std::copy(src + j * stride, src + j * stride + d, dst + j * d);
+}
+
+// dst[j * stride + c] = src[j * d + c].
+void scatter_rows(std::int64_t rows, std::int64_t d, const float* src, float* dst, std::int64_t stride) {
+  for (std::int64_t j = 0; j < rows; ++j) std::copy(src + j * d, src + (j + 1) * d, dst + j * stride);
+}
+
+// Leading dimension of a transposed [d, seq] buffer: seq rounded up to 16, plus 16, so that it is never a large
+// power of two (which would map a column's elements onto the same cache sets).
+std::int64_t padded_ld(std::int64_t seq) { return (seq + 15) / 16 * 16 + 16; }
 
 // Keys of row i0 + r that are visible in the chunk starting at j0 (causal): min(nk, i - j0 + 1), possibly <= 0.
 inline std::int64_t visible_keys(std::int64_t i, std::int64_t j0, std::int64_t nk) {
@@ -117,13 +138,35 @@ DTRAIN_KERNEL_CLONES void finish_rows(std::int64_t rows, std::int64_t d, const f
 }
 
 // D[r] = dO[r] . O[r] for the rows of one query block.
-DTRAIN_KERNEL_CLONES void row_dots(std::int64_t rows, std::int64_t d, const float* dout, const float* o,
-                                   std::int64_t stride, float* delta) {
-  for (std::int64_t r = 0; r < rows; ++r) delta[r] = vec::dot(dout + r * stride, o + r * stride, d);
+DTRAIN_KERNEL_CLONES void row_dots(std::int64_t rows, std::int64_t d, const float* dout, std::int64_t dout_stride,
+                                   const float* o, std::int64_t o_stride, float* delta) {
+  for (std::int64_t r = 0; r < rows; ++r) delta[r] = vec::dot(dout + r * dout_stride, o + r * o_stride, d);
 }
 
-void zero_rows(std::int64_t rows, std::int64_t width, float* x, std::int64_t stride) {
-  for (std::int64_t r = 0; r < rows; ++r) std::fill(x + r * stride, x + r * stride + width, 0.0f);
+// Scratch memory of the calling thread, reused across calls (it only grows): allocating a few hundred kilobytes per
+// (sequence, head) item costs page faults comparable to the arithmetic. Carves consecutive buffers out of one block.
+class Scratch {
+ public:
+  explicit Scratch(std::size_t floats) {
+    thread_local std::vector<float> block;
+    if (block.size() < floats) block.resize(floats);
+    next_ = block.data();
+  }
+  float* take(std::size_t floats) {
+    float* p = next_;
+    next_ += (floats + 15) / 16 * 16;  // keep every buffer 64-byte aligned relative to the block
+    return p;
+  }
+
+ private:
+  float* next_ = nullptr;
+};
+
+// Floats Scratch::take hands out for these sizes (rounded as take() rounds).
+std::size_t scratch_size(std::initializer_list<std::size_t> sizes) {
+  std::size_t total = 0;
+  for (std::size_t n : sizes) total += (n + 15) / 16 * 16;
+  return total;
 }
 
 struct Geometry {
@@ -145,22 +188,31 @@ void tile_dropout_scales(const Geometry& g, const AttentionDropout& drop, std::i
   }
 }
 
+// Each item works on dense copies of its operands (queries, keys, values of one sequence and kv head): the fused QKV
+// rows are thousands of floats apart, and the tile products run about twice as fast on contiguous panels.
 void forward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const float* q, const float* k,
                   const float* v, float* o, float* lse, const AttentionDropout* drop) {
   const AttentionShape& s = g.s;
   const std::int64_t d = s.head_dim;
   const std::int64_t seq = s.seq;
-  const float* kb = k + b * seq * s.kv_stride + kvh * d;
-  const float* vb = v + b * seq * s.kv_stride + kvh * d;
-  std::vector<float> kt(static_cast<std::size_t>(d * seq));  // K^T of this (sequence, kv head): [d, seq]
-  std::vector<float> tile(static_cast<std::size_t>(kQueryBlock * kKeyChunk));
-  std::vector<float> scales(drop != nullptr ? tile.size() : 0);
-  std::vector<float> acc(static_cast<std::size_t>(kQueryBlock * d));
+  const std::int64_t ldt = padded_ld(seq);
+  const auto transposed = static_cast<std::size_t>(d * ldt);
+  const auto panel = static_cast<std::size_t>(seq * d);
+  const auto tile_size = static_cast<std::size_t>(kQueryBlock * kKeyChunk);
+  const auto acc_size = static_cast<std::size_t>(kQueryBlock * d);
+  Scratch scratch(scratch_size({transposed, panel, panel, tile_size, tile_size, acc_size}));
+  float* kt = scratch.take(transposed);  // K^T of this (sequence, kv head): [d, seq]
+  float* vc = scratch.take(panel);       // V: [seq, d]
+  float* qc = scratch.take(panel);       // Q of one head: [seq, d]
+  float* tile = scratch.take(tile_size);
+  float* scales = drop != nullptr ? scratch.take(tile_size) : nullptr;
+  float* acc = scratch.take(acc_size);
   float m[kQueryBlock];
   float l[kQueryBlock];
-  pack_transposed(seq, d, kb, s.kv_stride, kt.data(), seq);
+  pack_transposed(seq, d, k + b * seq * s.kv_stride + kvh * d, s.kv_stride, kt, ldt);
+  gather_rows(seq, d, v + b * seq * s.kv_stride + kvh * d, s.kv_stride, vc);
   for (std::int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h) {
-    const float* qb = q + b * seq * s.q_stride + h * d;
+    gather_rows(seq, d, q + b * seq * s.q_stride + h * d, s.q_stride, qc);
     float* ob = o + b * seq * g.o_stride + h * d;
     float* lse_bh = lse + (b * s.n_heads + h) * seq;
     for (std::int64_t i0 = 0; i0 < seq; i0 += kQueryBlock) {
@@ -168,21 +220,15 @@ void forward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const flo
       const std::int64_t i1 = i0 + rows;
       std::fill(m, m + rows, kNegInf);
       std::fill(l, l + rows, 0.0f);
-      std::fill(acc.begin(), acc.begin() + rows * d, 0.0f);
+      std::fill(acc, acc + rows * d, 0.0f);
       for (std::int64_t j0 = 0; j0 < i1; j0 += kKeyChunk) {
         const std::int64_t nk = std::min(kKeyChunk, i1 - j0);
-        small_gemm(rows, nk, d, g.scale, qb + i0 * s.q_stride, s.q_stride, 1, kt.data() + j0, seq, false,
-                   tile.data(), kKeyChunk);
-        const float* z = nullptr;
-        if (drop != nullptr) {
-          tile_dropout_scales(g, *drop, b, h, i0, rows, j0, nk, scales.data(), kKeyChunk);
-          z = scales.data();
-        }
-        softmax_tile_forward(rows, nk, i0, j0, tile.data(), kKeyChunk, m, l, acc.data(), d, z, kKeyChunk);
-        small_gemm(rows, d, nk, 1.0f, tile.data(), kKeyChunk, 1, vb + j0 * s.kv_stride, s.kv_stride, true,
-                   acc.data(), d);
+        small_gemm(rows, nk, d, g.scale, qc + i0 * d, d, 1, kt + j0, ldt, false, tile, kKeyChunk);
+        if (drop != nullptr) tile_dropout_scales(g, *drop, b, h, i0, rows, j0, nk, scales, kKeyChunk);
+        softmax_tile_forward(rows, nk, i0, j0, tile, kKeyChunk, m, l, acc, d, scales, kKeyChunk);
+        small_gemm(rows, d, nk, 1.0f, tile, kKeyChunk, 1, vc + j0 * d, d, true, acc, d);
       }
-      finish_rows(rows, d, acc.data(), m, l, ob + i0 * g.o_stride, g.o_stride, lse_bh + i0);
+      finish_rows(rows, d, acc, m, l, ob + i0 * g.o_stride, g.o_stride, lse_bh + i0);
     }
   }
 }
@@ -193,59 +239,61 @@ void backward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const fl
   const AttentionShape& s = g.s;
   const std::int64_t d = s.head_dim;
   const std::int64_t seq = s.seq;
+  const std::int64_t ldt = padded_ld(seq);
+  const auto transposed = static_cast<std::size_t>(d * ldt);
+  const auto panel = static_cast<std::size_t>(seq * d);
+  const auto tile_size = static_cast<std::size_t>(kQueryBlock * kKeyChunk);
+  Scratch scratch(scratch_size({transposed, transposed, panel, panel, panel, panel, panel, panel, tile_size, tile_size,
+                                tile_size, tile_size}));
+  float* kt = scratch.take(transposed);  // K^T, V^T: [d, seq]
+  float* vt = scratch.take(transposed);
+  float* kc = scratch.take(panel);  // K, Q, dO: [seq, d]
+  float* qc = scratch.take(panel);
+  float* doc = scratch.take(panel);
+  float* dqc = scratch.take(panel);  // gradients: [seq, d]
+  float* dkc = scratch.take(panel);
+  float* dvc = scratch.take(panel);
+  float* p_tile = scratch.take(tile_size);
+  float* dp_tile = scratch.take(tile_size);
+  float* pd_tile = drop != nullptr ? scratch.take(tile_size) : nullptr;
+  float* scales = drop != nullptr ? scratch.take(tile_size) : nullptr;
+  float delta[kQueryBlock];
   const float* kb = k + b * seq * s.kv_stride + kvh * d;
   const float* vb = v + b * seq * s.kv_stride + kvh * d;
-  float* dkb = dk + b * seq * s.kv_stride + kvh * d;
-  float* dvb = dv + b * seq * s.kv_stride + kvh * d;
-  std::vector<float> kt(static_cast<std::size_t>(d * seq));
-  std::vector<float> vt(static_cast<std::size_t>(d * seq));
-  const std::size_t tile_size = static_cast<std::size_t>(kQueryBlock * kKeyChunk);
-  std::vector<float> p_tile(tile_size);
-  std::vector<float> dp_tile(tile_size);
-  std::vector<float> pd_tile(drop != nullptr ? tile_size : 0);
-  std::vector<float> scales(drop != nullptr ? tile_size : 0);
-  float delta[kQueryBlock];
-  pack_transposed(seq, d, kb, s.kv_stride, kt.data(), seq);
-  pack_transposed(seq, d, vb, s.kv_stride, vt.data(), seq);
-  zero_rows(seq, d, dkb, s.kv_stride);
-  zero_rows(seq, d, dvb, s.kv_stride);
+  pack_transposed(seq, d, kb, s.kv_stride, kt, ldt);
+  pack_transposed(seq, d, vb, s.kv_stride, vt, ldt);
+  gather_rows(seq, d, kb, s.kv_stride, kc);
+  std::fill(dkc, dkc + panel, 0.0f);
+  std::fill(dvc, dvc + panel, 0.0f);
   for (std::int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h) {
-    const float* qb = q + b * seq * s.q_stride + h * d;
-    float* dqb = dq + b * seq * s.q_stride + h * d;
+    gather_rows(seq, d, q + b * seq * s.q_stride + h * d, s.q_stride, qc);
+    gather_rows(seq, d, dout + b * seq * g.o_stride + h * d, g.o_stride, doc);
     const float* ob = o + b * seq * g.o_stride + h * d;
-    const float* dob = dout + b * seq * g.o_stride + h * d;
     const float* lse_bh = lse + (b * s.n_heads + h) * seq;
-    zero_rows(seq, d, dqb, s.q_stride);
+    std::fill(dqc, dqc + panel, 0.0f);
     for (std::int64_t i0 = 0; i0 < seq; i0 += kQueryBlock) {
       const std::int64_t rows = std::min(kQueryBlock, seq - i0);
       const std::int64_t i1 = i0 + rows;
-      row_dots(rows, d, dob + i0 * g.o_stride, ob + i0 * g.o_stride, g.o_stride, delta);
+      row_dots(rows, d, doc + i0 * d, d, ob + i0 * g.o_stride, g.o_stride, delta);
       for (std::int64_t j0 = 0; j0 < i1; j0 += kKeyChunk) {
         const std::int64_t nk = std::min(kKeyChunk, i1 - j0);
-        small_gemm(rows, nk, d, g.scale, qb + i0 * s.q_stride, s.q_stride, 1, kt.data() + j0, seq, false,
-                   p_tile.data(), kKeyChunk);
-        small_gemm(rows, nk, d, 1.0f, dob + i0 * g.o_stride, g.o_stride, 1, vt.data() + j0, seq, false,
-                   dp_tile.data(), kKeyChunk);
-        const float* z = nullptr;
-        if (drop != nullptr) {
-          tile_dropout_scales(g, *drop, b, h, i0, rows, j0, nk, scales.data(), kKeyChunk);
-          z = scales.data();
-        }
-        softmax_tile_backward(rows, nk, i0, j0, p_tile.data(), dp_tile.data(), pd_tile.data(), kKeyChunk,
-                              lse_bh + i0, delta, z);
-        const float* p_used = drop != nullptr ? pd_tile.data() : p_tile.data();
+        small_gemm(rows, nk, d, g.scale, qc + i0 * d, d, 1, kt + j0, ldt, false, p_tile, kKeyChunk);
+        small_gemm(rows, nk, d, 1.0f, doc + i0 * d, d, 1, vt + j0, ldt, false, dp_tile, kKeyChunk);
+        if (drop != nullptr) tile_dropout_scales(g, *drop, b, h, i0, rows, j0, nk, scales, kKeyChunk);
+        softmax_tile_backward(rows, nk, i0, j0, p_tile, dp_tile, pd_tile, kKeyChunk, lse_bh + i0, delta, scales);
+        const float* p_used = drop != nullptr ? pd_tile : p_tile;
         // dV[j0:j0+nk] += P^T dO: A = P^T, i.e. element (j, r) at p[r * ld + j].
-        small_gemm(nk, d, rows, 1.0f, p_used, 1, kKeyChunk, dob + i0 * g.o_stride, g.o_stride, true,
-                   dvb + j0 * s.kv_stride, s.kv_stride);
+        small_gemm(nk, d, rows, 1.0f, p_used, 1, kKeyChunk, doc + i0 * d, d, true, dvc + j0 * d, d);
         // dQ[i0:i1] += scale dS K[j0:j0+nk]
-        small_gemm(rows, d, nk, g.scale, dp_tile.data(), kKeyChunk, 1, kb + j0 * s.kv_stride, s.kv_stride, true,
-                   dqb + i0 * s.q_stride, s.q_stride);
+        small_gemm(rows, d, nk, g.scale, dp_tile, kKeyChunk, 1, kc + j0 * d, d, true, dqc + i0 * d, d);
         // dK[j0:j0+nk] += scale dS^T Q[i0:i1]
-        small_gemm(nk, d, rows, g.scale, dp_tile.data(), 1, kKeyChunk, qb + i0 * s.q_stride, s.q_stride, true,
-                   dkb + j0 * s.kv_stride, s.kv_stride);
+        small_gemm(nk, d, rows, g.scale, dp_tile, 1, kKeyChunk, qc + i0 * d, d, true, dkc + j0 * d, d);
       }
     }
+    scatter_rows(seq, d, dqc, dq + b * seq * s.q_stride + h * d, s.q_stride);
   }
+  scatter_rows(seq, d, dkc, dk + b * seq * s.kv_stride + kvh * d, s.kv_stride);
+  scatter_rows(seq, d, dvc, dv + b * seq * s.kv_stride + kvh * d, s.kv_stride);
 }
 
 Geometry check_shape(const AttentionShape& s) {

@@ -16,6 +16,10 @@
 // and sums in a fixed order, so results are bitwise repeatable and independent of the thread count. This is the same
 // algorithm as the GPU backend's fused kernel.
 //
+// Memory: no s x s matrix. Each pair copies its operands into dense panels (K^T, V, one head's Q; backward also V^T,
+// K, dO and the three gradients), about 3 seq * d floats forward and 8 seq * d backward, plus tiles; this scratch
+// memory belongs to the calling thread and is kept for the next call (it grows to the largest shape seen).
+//
 // Tensor parallelism: heads are split over the group (Megatron), so this rank holds n_heads = heads / tp query heads
 // and n_kv_heads = kv_heads / tp kv heads, taken from the column-parallel QKV projection.
 //
