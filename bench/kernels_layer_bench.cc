@@ -8,11 +8,10 @@
 //
 // Output: one line per op, tab-separated: op, forward ms, backward ms (the format kernels_torch.py prints too; the
 // driver bench/kernels_vs_torch.sh joins both into one table).
-#include <CLI/CLI.hpp>
-
-#include <algorithm>
 #include <time.h>
 
+#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -148,24 +147,25 @@ class Layer {
     ops_.push_back({"attn.norm", [=, this] { norm_fwd(x_, g1_, b1_, n1_, mean1_, rstd1_); },
                     [=, this] { norm_bwd(x_, g1_, b1_, mean1_, rstd1_, dn_, dx_); }});
     ops_.push_back({"attn.qkv",
-                    [=, this] { cpu::linear_forward({T, h, qkv_w_}, n1_.data(), wqkv_.data(), opt(bqkv_), qkv_.data()); },
+                    [=, this] {
+                      cpu::linear_forward({T, h, qkv_w_}, n1_.data(), wqkv_.data(), opt(bqkv_), qkv_.data());
+                    },
                     [=, this] {
                       cpu::linear_backward({T, h, qkv_w_}, dqkv_.data(), n1_.data(), wqkv_.data(), dn_.data(),
                                            grad(wqkv_), opt_grad(bqkv_));
                     }});
     if (llama_) {
-      ops_.push_back({"attn.rope",
-                      [=, this] {
-                        cpu::rope_forward({c_.batch, c_.seq, c_.heads, d_, qkv_w_}, cos_.data(), sin_.data(), qkv_.data());
-                        cpu::rope_forward({c_.batch, c_.seq, c_.kv_heads, d_, qkv_w_}, cos_.data(), sin_.data(),
-                                          qkv_.data() + qw);
-                      },
-                      [=, this] {
-                        cpu::rope_backward({c_.batch, c_.seq, c_.heads, d_, qkv_w_}, cos_.data(), sin_.data(),
-                                           dqkv_.data());
-                        cpu::rope_backward({c_.batch, c_.seq, c_.kv_heads, d_, qkv_w_}, cos_.data(), sin_.data(),
-                                           dqkv_.data() + qw);
-                      }});
+      ops_.push_back(
+          {"attn.rope",
+           [=, this] {
+             cpu::rope_forward({c_.batch, c_.seq, c_.heads, d_, qkv_w_}, cos_.data(), sin_.data(), qkv_.data());
+             cpu::rope_forward({c_.batch, c_.seq, c_.kv_heads, d_, qkv_w_}, cos_.data(), sin_.data(), qkv_.data() + qw);
+           },
+           [=, this] {
+             cpu::rope_backward({c_.batch, c_.seq, c_.heads, d_, qkv_w_}, cos_.data(), sin_.data(), dqkv_.data());
+             cpu::rope_backward({c_.batch, c_.seq, c_.kv_heads, d_, qkv_w_}, cos_.data(), sin_.data(),
+                                dqkv_.data() + qw);
+           }});
     }
     ops_.push_back({"attn.core",
                     [=, this] {
@@ -177,11 +177,14 @@ class Layer {
                                               lse_.data(), do_.data(), dqkv_.data(), dqkv_.data() + qw,
                                               dqkv_.data() + qw + kw, nullptr);
                     }});
-    ops_.push_back({"attn.proj", [=, this] { cpu::linear_forward({T, h, h}, o_.data(), wo_.data(), opt(bo_), p_.data()); },
-                    [=, this] {
-                      cpu::linear_backward({T, h, h}, dx1_.data(), o_.data(), wo_.data(), do_.data(), grad(wo_),
-                                           opt_grad(bo_));
-                    }});
+    ops_.push_back(
+        {"attn.proj",
+         [=, this] {
+           cpu::linear_forward({T, h, h}, o_.data(), wo_.data(), opt(bo_), p_.data());
+         },
+         [=, this] {
+           cpu::linear_backward({T, h, h}, dx1_.data(), o_.data(), wo_.data(), do_.data(), grad(wo_), opt_grad(bo_));
+         }});
     // Backward of a residual add: the gradient of the branch input is the incoming gradient (no work); adding the
     // norm's input gradient into the residual stream is the work, counted here.
     ops_.push_back({"attn.residual", [=, this] { cpu::residual_add(T * h, x_.data(), p_.data(), x1_.data()); },
@@ -189,7 +192,9 @@ class Layer {
     ops_.push_back({"mlp.norm", [=, this] { norm_fwd(x1_, g2_, b2_, n2_, mean2_, rstd2_); },
                     [=, this] { norm_bwd(x1_, g2_, b2_, mean2_, rstd2_, dn_, dx1_); }});
     ops_.push_back({"mlp.fc1",
-                    [=, this] { cpu::linear_forward({T, h, fc1_w_}, n2_.data(), w1_.data(), opt(bb1_), gu_.data()); },
+                    [=, this] {
+                      cpu::linear_forward({T, h, fc1_w_}, n2_.data(), w1_.data(), opt(bb1_), gu_.data());
+                    },
                     [=, this] {
                       cpu::linear_backward({T, h, fc1_w_}, dgu_.data(), n2_.data(), w1_.data(), dn_.data(), grad(w1_),
                                            opt_grad(bb1_));
@@ -210,7 +215,9 @@ class Layer {
                       }
                     }});
     ops_.push_back({"mlp.fc2",
-                    [=, this] { cpu::linear_forward({T, c_.ffn, h}, a_.data(), w2_.data(), opt(bb2_), mo_.data()); },
+                    [=, this] {
+                      cpu::linear_forward({T, c_.ffn, h}, a_.data(), w2_.data(), opt(bb2_), mo_.data());
+                    },
                     [=, this] {
                       cpu::linear_backward({T, c_.ffn, h}, dy_.data(), a_.data(), w2_.data(), da_.data(), grad(w2_),
                                            opt_grad(bb2_));
@@ -232,7 +239,9 @@ class Layer {
                        [=, this] { cpu::embedding_forward(T, h, ids_.data(), table_.data(), all, x_.data()); },
                        [=, this] { cpu::embedding_backward(T, h, ids_.data(), dy_.data(), all, dtable_.data()); }});
     extras_.push_back({"head.logits",
-                       [=, this] { cpu::linear_forward({T, h, c_.vocab}, n1_.data(), table_.data(), nullptr, logits_.data()); },
+                       [=, this] {
+                         cpu::linear_forward({T, h, c_.vocab}, n1_.data(), table_.data(), nullptr, logits_.data());
+                       },
                        [=, this] {
                          cpu::linear_backward({T, h, c_.vocab}, dlogits_.data(), n1_.data(), table_.data(), dn_.data(),
                                               dtable_.data(), nullptr);
@@ -245,24 +254,24 @@ class Layer {
                          cpu::cross_entropy_loss(T, ce_max_.data(), ce_sum_.data(), ce_tgt_.data(), ce_loss_.data());
                        },
                        [=, this] {
-                         cpu::cross_entropy_backward(T, logits_.data(), ids_.data(), all, ce_max_.data(), ce_sum_.data(),
-                                                     ce_dloss_.data(), dlogits_.data());
+                         cpu::cross_entropy_backward(T, logits_.data(), ids_.data(), all, ce_max_.data(),
+                                                     ce_sum_.data(), ce_dloss_.data(), dlogits_.data());
                        }});
-    extras_.push_back({"optimizer.adamw",
-                       [=, this] {
-                         std::vector<AdamWBuffer> bufs;
-                         std::vector<GradBuffer> gbufs;
-                         for (std::size_t i = 0; i < params_.size(); ++i) {
-                           const auto n = static_cast<std::int64_t>(params_[i]->size());
-                           gbufs.push_back({grads_[i].data(), n});
-                           const bool decay = i >= 4 && i % 2 == 0;  // matrices decay; norms and biases do not
-                           bufs.push_back({params_[i]->data(), grads_[i].data(), m_[i].data(), v_[i].data(), n, decay});
-                         }
-                         const double norm = std::sqrt(cpu::grad_norm_squared(gbufs.data(), std::ssize(gbufs)));
-                         cpu::adamw_step({1e-4, 0.9, 0.95, 1e-8, 0.1, 1, clip_coefficient(norm, 1.0)}, bufs.data(),
-                                         std::ssize(bufs));
-                       },
-                       [] {}});
+    extras_.push_back(
+        {"optimizer.adamw",
+         [=, this] {
+           std::vector<AdamWBuffer> bufs;
+           std::vector<GradBuffer> gbufs;
+           for (std::size_t i = 0; i < params_.size(); ++i) {
+             const auto n = static_cast<std::int64_t>(params_[i]->size());
+             gbufs.push_back({grads_[i].data(), n});
+             const bool decay = i >= 4 && i % 2 == 0;  // matrices decay; norms and biases do not
+             bufs.push_back({params_[i]->data(), grads_[i].data(), m_[i].data(), v_[i].data(), n, decay});
+           }
+           const double norm = std::sqrt(cpu::grad_norm_squared(gbufs.data(), std::ssize(gbufs)));
+           cpu::adamw_step({1e-4, 0.9, 0.95, 1e-8, 0.1, 1, clip_coefficient(norm, 1.0)}, bufs.data(), std::ssize(bufs));
+         },
+         [] {}});
   }
 
   Config c_;

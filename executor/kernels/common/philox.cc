@@ -16,10 +16,10 @@ void check_dropout_key(const DropoutKey& key) {
 
 float dropout_uniform(const DropoutKey& key, std::uint64_t element) {
   const std::uint64_t q = element >> 2;
-  const auto r = philox4x32_10(
-      {static_cast<std::uint32_t>(q), static_cast<std::uint32_t>(q >> 32), static_cast<std::uint32_t>(key.step),
-       (key.layer << 4) | static_cast<std::uint32_t>(key.site)},
-      {static_cast<std::uint32_t>(key.seed), static_cast<std::uint32_t>(key.seed >> 32)});
+  const auto r =
+      philox4x32_10({static_cast<std::uint32_t>(q), static_cast<std::uint32_t>(q >> 32),
+                     static_cast<std::uint32_t>(key.step), (key.layer << 4) | static_cast<std::uint32_t>(key.site)},
+                    {static_cast<std::uint32_t>(key.seed), static_cast<std::uint32_t>(key.seed >> 32)});
   return static_cast<float>(r[element & 3] >> 8) * 0x1.0p-24f;
 }
 

@@ -73,9 +73,8 @@ void swiglu_forward(std::int64_t tokens, std::int64_t ffn, const float* gate_up,
 }
 
 void swiglu_backward(std::int64_t tokens, std::int64_t ffn, const float* gate_up, const float* dy, float* dgate_up) {
-  parallel_ranges(tokens, 16, [&](std::int64_t b, std::int64_t e) {
-    swiglu_backward_rows(b, e, ffn, gate_up, dy, dgate_up);
-  });
+  parallel_ranges(tokens, 16,
+                  [&](std::int64_t b, std::int64_t e) { swiglu_backward_rows(b, e, ffn, gate_up, dy, dgate_up); });
 }
 
 }  // namespace dtrain::kernels::cpu

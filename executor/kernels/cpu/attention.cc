@@ -49,9 +49,7 @@ void scatter_rows(std::int64_t rows, std::int64_t d, const float* src, float* ds
 std::int64_t padded_ld(std::int64_t seq) { return (seq + 15) / 16 * 16 + 16; }
 
 // Keys of row i0 + r that are visible in the chunk starting at j0 (causal): min(nk, i - j0 + 1), possibly <= 0.
-inline std::int64_t visible_keys(std::int64_t i, std::int64_t j0, std::int64_t nk) {
-  return std::min(nk, i - j0 + 1);
-}
+inline std::int64_t visible_keys(std::int64_t i, std::int64_t j0, std::int64_t nk) { return std::min(nk, i - j0 + 1); }
 
 // Online-softmax update of one tile (FlashAttention Algorithm 1, lines 9-12). On entry s holds the scaled scores;
 // on exit the probabilities relative to the new running max (0 where masked), dropout applied when scales != nullptr.
@@ -190,8 +188,8 @@ void tile_dropout_scales(const Geometry& g, const AttentionDropout& drop, std::i
 
 // Each item works on dense copies of its operands (queries, keys, values of one sequence and kv head): the fused QKV
 // rows are thousands of floats apart, and the tile products run about twice as fast on contiguous panels.
-void forward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const float* q, const float* k,
-                  const float* v, float* o, float* lse, const AttentionDropout* drop) {
+void forward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const float* q, const float* k, const float* v,
+                  float* o, float* lse, const AttentionDropout* drop) {
   const AttentionShape& s = g.s;
   const std::int64_t d = s.head_dim;
   const std::int64_t seq = s.seq;
@@ -233,9 +231,9 @@ void forward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const flo
   }
 }
 
-void backward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const float* q, const float* k,
-                   const float* v, const float* o, const float* lse, const float* dout, float* dq, float* dk,
-                   float* dv, const AttentionDropout* drop) {
+void backward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const float* q, const float* k, const float* v,
+                   const float* o, const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                   const AttentionDropout* drop) {
   const AttentionShape& s = g.s;
   const std::int64_t d = s.head_dim;
   const std::int64_t seq = s.seq;
@@ -243,8 +241,8 @@ void backward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const fl
   const auto transposed = static_cast<std::size_t>(d * ldt);
   const auto panel = static_cast<std::size_t>(seq * d);
   const auto tile_size = static_cast<std::size_t>(kQueryBlock * kKeyChunk);
-  Scratch scratch(scratch_size({transposed, transposed, panel, panel, panel, panel, panel, panel, tile_size, tile_size,
-                                tile_size, tile_size}));
+  Scratch scratch(scratch_size(
+      {transposed, transposed, panel, panel, panel, panel, panel, panel, tile_size, tile_size, tile_size, tile_size}));
   float* kt = scratch.take(transposed);  // K^T, V^T: [d, seq]
   float* vt = scratch.take(transposed);
   float* kc = scratch.take(panel);  // K, Q, dO: [seq, d]

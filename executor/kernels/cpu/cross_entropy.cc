@@ -15,8 +15,8 @@ DTRAIN_KERNEL_CLONES void max_rows(std::int64_t begin, std::int64_t end, std::in
 }
 
 DTRAIN_KERNEL_CLONES void sum_exp_rows(std::int64_t begin, std::int64_t end, const float* logits,
-                                       const std::int32_t* targets, VocabShard shard, const float* max,
-                                       float* sum_exp, float* target_logit) {
+                                       const std::int32_t* targets, VocabShard shard, const float* max, float* sum_exp,
+                                       float* target_logit) {
   const std::int64_t v = shard.size();
   for (std::int64_t t = begin; t < end; ++t) {
     const float* row = logits + t * v;

@@ -1,10 +1,11 @@
+#include "dtrain/kernels/dropout.h"
+
 #include <vector>
 
 #include "cpu/dropout_mask.h"
 #include "cpu/parallel.h"
 #include "cpu/vec.h"
 #include "dtrain/common/error.h"
-#include "dtrain/kernels/dropout.h"
 
 namespace dtrain::kernels::cpu {
 
@@ -12,8 +13,7 @@ namespace {
 
 constexpr std::int64_t kFlatGrain = 16384;
 
-DTRAIN_KERNEL_CLONES void add_range(std::int64_t begin, std::int64_t end, const float* a, const float* b,
-                                    float* out) {
+DTRAIN_KERNEL_CLONES void add_range(std::int64_t begin, std::int64_t end, const float* a, const float* b, float* out) {
   for (std::int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
 }
 
@@ -64,9 +64,8 @@ void dropout_add_forward(const HiddenLayout& l, const float* x, const float* res
   }
   check_layout(l, p);
   check_dropout_key(key);
-  parallel_ranges(l.batch * l.seq, 16, [&](std::int64_t b, std::int64_t e) {
-    dropout_rows(b, e, l, x, residual, p, key, out);
-  });
+  parallel_ranges(l.batch * l.seq, 16,
+                  [&](std::int64_t b, std::int64_t e) { dropout_rows(b, e, l, x, residual, p, key, out); });
 }
 
 void dropout_add_backward(const HiddenLayout& l, const float* dout, float p, const DropoutKey& key, float* dx) {
@@ -77,9 +76,8 @@ void dropout_add_backward(const HiddenLayout& l, const float* dout, float p, con
   }
   check_layout(l, p);
   check_dropout_key(key);
-  parallel_ranges(l.batch * l.seq, 16, [&](std::int64_t b, std::int64_t e) {
-    dropout_rows(b, e, l, dout, nullptr, p, key, dx);
-  });
+  parallel_ranges(l.batch * l.seq, 16,
+                  [&](std::int64_t b, std::int64_t e) { dropout_rows(b, e, l, dout, nullptr, p, key, dx); });
 }
 
 }  // namespace dtrain::kernels::cpu

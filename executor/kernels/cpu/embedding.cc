@@ -59,7 +59,8 @@ DTRAIN_KERNEL_CLONES void scatter_columns(std::int64_t c_begin, std::int64_t c_e
 
 void embedding_forward(std::int64_t tokens, std::int64_t hidden, const std::int32_t* ids, const float* table,
                        VocabShard shard, float* out) {
-  parallel_ranges(tokens, 64, [&](std::int64_t b, std::int64_t e) { lookup_rows(b, e, hidden, ids, table, shard, out); });
+  parallel_ranges(tokens, 64,
+                  [&](std::int64_t b, std::int64_t e) { lookup_rows(b, e, hidden, ids, table, shard, out); });
 }
 
 void embedding_backward(std::int64_t tokens, std::int64_t hidden, const std::int32_t* ids, const float* dout,
@@ -69,16 +70,14 @@ void embedding_backward(std::int64_t tokens, std::int64_t hidden, const std::int
   });
 }
 
-void position_embedding_forward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const float* pos,
-                                float* x) {
+void position_embedding_forward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const float* pos, float* x) {
   parallel_ranges(batch * seq, 64, [&](std::int64_t b, std::int64_t e) { add_positions(b, e, seq, hidden, pos, x); });
 }
 
 void position_embedding_backward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const float* dx,
                                  float* dpos) {
-  parallel_ranges(seq, 16, [&](std::int64_t b, std::int64_t e) {
-    position_grad_rows(b, e, batch, seq, hidden, dx, dpos);
-  });
+  parallel_ranges(seq, 16,
+                  [&](std::int64_t b, std::int64_t e) { position_grad_rows(b, e, batch, seq, hidden, dx, dpos); });
 }
 
 }  // namespace dtrain::kernels::cpu

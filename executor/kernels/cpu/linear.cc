@@ -42,7 +42,8 @@ void linear_forward(const LinearShape& s, const float* x, const float* weight, c
   if (s.tokens == 0 || s.out_features == 0) return;
   float beta = 0.0f;
   if (bias != nullptr) {
-    parallel_ranges(s.tokens, 64, [&](std::int64_t b, std::int64_t e) { fill_bias_rows(b, e, s.out_features, bias, y); });
+    parallel_ranges(s.tokens, 64,
+                    [&](std::int64_t b, std::int64_t e) { fill_bias_rows(b, e, s.out_features, bias, y); });
     beta = 1.0f;
   }
   if (s.in_features == 0) {

@@ -36,8 +36,8 @@ DTRAIN_KERNEL_CLONES void norm_forward_rows(std::int64_t begin, std::int64_t end
 
 // dx for rows [begin, end). mean == nullptr: RMSNorm.
 DTRAIN_KERNEL_CLONES void norm_backward_rows(std::int64_t begin, std::int64_t end, std::int64_t h, const float* x,
-                                             const float* gamma, const float* mean, const float* rstd,
-                                             const float* dy, float* dx) {
+                                             const float* gamma, const float* mean, const float* rstd, const float* dy,
+                                             float* dx) {
   const float inv_h = 1.0f / static_cast<float>(h);
   for (std::int64_t t = begin; t < end; ++t) {
     const float* xr = x + t * h;
@@ -72,8 +72,8 @@ DTRAIN_KERNEL_CLONES void norm_backward_rows(std::int64_t begin, std::int64_t en
 // dgamma[j] += sum_t dy[t, j] * xhat[t, j], dbeta[j] += sum_t dy[t, j] for columns [c_begin, c_end): tokens in order
 // into a zeroed accumulator, then added, so the result is the same for every split of the columns.
 DTRAIN_KERNEL_CLONES void norm_param_grad_columns(std::int64_t c_begin, std::int64_t c_end, std::int64_t rows,
-                                                  std::int64_t h, const float* x, const float* mean,
-                                                  const float* rstd, const float* dy, float* dgamma, float* dbeta) {
+                                                  std::int64_t h, const float* x, const float* mean, const float* rstd,
+                                                  const float* dy, float* dgamma, float* dbeta) {
   constexpr std::int64_t kBlock = 256;
   float acc_w[kBlock];
   float acc_b[kBlock];
@@ -140,8 +140,8 @@ void norm_backward(const NormShape& s, const float* x, const float* gamma, const
 
 }  // namespace
 
-void layernorm_forward(const NormShape& s, const float* x, const float* gamma, const float* beta, float eps,
-                       float* y, float* mean, float* rstd) {
+void layernorm_forward(const NormShape& s, const float* x, const float* gamma, const float* beta, float eps, float* y,
+                       float* mean, float* rstd) {
   parallel_ranges(s.rows, 16, [&](std::int64_t b, std::int64_t e) {
     norm_forward_rows(b, e, s.hidden, x, gamma, beta, eps, y, mean, rstd);
   });

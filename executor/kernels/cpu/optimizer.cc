@@ -20,7 +20,7 @@ struct AdamWScalars {
   float decay_factor;  // 1 - lr * weight_decay
   float beta1, one_minus_beta1;
   float beta2, one_minus_beta2;
-  float step_size;             // lr / (1 - beta1^t)
+  float step_size;              // lr / (1 - beta1^t)
   float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
   float eps;
   float grad_scale;

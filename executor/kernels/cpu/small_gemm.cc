@@ -50,7 +50,8 @@ DTRAIN_INLINE void panel(std::int64_t m, std::int64_t k, float alpha, const floa
                          std::int64_t acs, const float* b, std::int64_t ldb, bool accumulate, float* c,
                          std::int64_t ldc) {
   std::int64_t i = 0;
-  for (; i + MR <= m; i += MR) micro_kernel<MR, NV>(k, alpha, a + i * ars, ars, acs, b, ldb, accumulate, c + i * ldc, ldc);
+  for (; i + MR <= m; i += MR)
+    micro_kernel<MR, NV>(k, alpha, a + i * ars, ars, acs, b, ldb, accumulate, c + i * ldc, ldc);
   for (; i < m; ++i) micro_kernel<1, NV>(k, alpha, a + i * ars, ars, acs, b, ldb, accumulate, c + i * ldc, ldc);
 }
 

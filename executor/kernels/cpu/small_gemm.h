@@ -14,8 +14,8 @@ namespace dtrain::kernels::cpu {
 //   B (k x n): row-major, element (p, j) at b[p * ldb + j]
 //   C (m x n): row-major, element (i, j) at c[i * ldc + j]
 // Each C element is summed over p in increasing order: the result does not depend on the ISA's vector width.
-void small_gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
-                std::int64_t a_row_stride, std::int64_t a_col_stride, const float* b, std::int64_t ldb,
-                bool accumulate, float* c, std::int64_t ldc);
+void small_gemm(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t a_row_stride,
+                std::int64_t a_col_stride, const float* b, std::int64_t ldb, bool accumulate, float* c,
+                std::int64_t ldc);
 
 }  // namespace dtrain::kernels::cpu

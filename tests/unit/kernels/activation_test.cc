@@ -1,7 +1,8 @@
 // GELU and SwiGLU against the float64 reference.
+#include "dtrain/kernels/activation.h"
+
 #include <gtest/gtest.h>
 
-#include "dtrain/kernels/activation.h"
 #include "reference.h"
 
 namespace dtrain::kernels::testing {

@@ -1,7 +1,8 @@
 // Causal grouped-query attention (tiled, online softmax) against the materialised float64 reference.
+#include "dtrain/kernels/attention.h"
+
 #include <gtest/gtest.h>
 
-#include "dtrain/kernels/attention.h"
 #include "reference.h"
 
 namespace dtrain::kernels::testing {
@@ -56,7 +57,8 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
   const AttentionRun r = run_fused(c, q, k, v, dout, with_dropout ? &drop : nullptr);
 
   const ref::AttentionDims a{c.batch, c.seq, c.heads, c.kv_heads, c.d};
-  const Vec o_ref = ref::attention_forward(a, to_double(q), to_double(k), to_double(v), with_dropout ? &drop_ref : nullptr);
+  const Vec o_ref =
+      ref::attention_forward(a, to_double(q), to_double(k), to_double(v), with_dropout ? &drop_ref : nullptr);
   const auto g = ref::attention_backward(a, to_double(q), to_double(k), to_double(v), to_double(dout),
                                          with_dropout ? &drop_ref : nullptr);
   EXPECT_LT(ref_error(r.o, o_ref), kFp32Tolerance);
@@ -66,13 +68,13 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
-                         ::testing::Values(AttentionCase{4, 64, 4, 2, 16, 0.0f},     // tiny model (GQA 2:1)
-                                           AttentionCase{2, 256, 8, 8, 64, 0.0f},    // larger model, MHA
-                                           AttentionCase{1, 300, 6, 2, 24, 0.0f},    // crosses block and chunk edges
-                                           AttentionCase{2, 129, 3, 3, 5, 0.0f},     // odd head_dim
-                                           AttentionCase{3, 1, 2, 1, 8, 0.0f},       // one token
-                                           AttentionCase{1, 200, 8, 1, 32, 0.0f},    // multi-query (8:1)
-                                           AttentionCase{2, 70, 2, 1, 16, 0.1f},     // dropout on the probabilities
+                         ::testing::Values(AttentionCase{4, 64, 4, 2, 16, 0.0f},    // tiny model (GQA 2:1)
+                                           AttentionCase{2, 256, 8, 8, 64, 0.0f},   // larger model, MHA
+                                           AttentionCase{1, 300, 6, 2, 24, 0.0f},   // crosses block and chunk edges
+                                           AttentionCase{2, 129, 3, 3, 5, 0.0f},    // odd head_dim
+                                           AttentionCase{3, 1, 2, 1, 8, 0.0f},      // one token
+                                           AttentionCase{1, 200, 8, 1, 32, 0.0f},   // multi-query (8:1)
+                                           AttentionCase{2, 70, 2, 1, 16, 0.1f},    // dropout on the probabilities
                                            AttentionCase{1, 150, 4, 2, 8, 0.5f}));  // dropout, several chunks
 
 // A tensor-parallel rank holding query heads [2, 4) and kv head 1 of a 4-head / 2-kv-head model computes exactly the

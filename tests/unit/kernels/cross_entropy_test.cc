@@ -1,10 +1,11 @@
 // Vocab-parallel cross entropy: the phases against the float64 reference, and two simulated vocab shards (partial
 // results summed as the all-reduces would) against the unsharded result.
+#include "dtrain/kernels/cross_entropy.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
-#include "dtrain/kernels/cross_entropy.h"
 #include "reference.h"
 
 namespace dtrain::kernels::testing {
@@ -85,8 +86,8 @@ TEST_P(CrossEntropyTest, UnshardedAndTwoShardsMatchReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyTest,
-                         ::testing::Values(CeCase{256, 256, 128},      // tiny model, tp = 2
-                                           CeCase{64, 50257, 25129},   // GPT-2 vocabulary, uneven split
+                         ::testing::Values(CeCase{256, 256, 128},     // tiny model, tp = 2
+                                           CeCase{64, 50257, 25129},  // GPT-2 vocabulary, uneven split
                                            CeCase{7, 11, 3}, CeCase{1, 2, 1}));
 
 TEST(CrossEntropyTest, BackwardMayOverwriteLogits) {

@@ -52,7 +52,8 @@ TEST(DeterminismTest, EveryOpRepeatsBitwise) {
   const std::int64_t batch = 4, seq = 96, hidden = 96, heads = 6, kv = 2, d = 16, ffn = 160, vocab = 300;
   const std::int64_t T = batch * seq, qkv_w = (heads + 2 * kv) * d;
   const FVec x = random_floats(rng, T * hidden), w = random_floats(rng, qkv_w * hidden), b = random_floats(rng, qkv_w);
-  const FVec dy_qkv = random_floats(rng, T * qkv_w), gamma = random_floats(rng, hidden), beta = random_floats(rng, hidden);
+  const FVec dy_qkv = random_floats(rng, T * qkv_w), gamma = random_floats(rng, hidden),
+             beta = random_floats(rng, hidden);
   const FVec dy_h = random_floats(rng, T * hidden), qkv = random_floats(rng, T * qkv_w);
   const FVec dout = random_floats(rng, T * heads * d), gu = random_floats(rng, T * 2 * ffn);
   const FVec dy_f = random_floats(rng, T * ffn), logits = random_floats(rng, T * vocab, 3.0);
@@ -101,8 +102,8 @@ TEST(DeterminismTest, EveryOpRepeatsBitwise) {
       FVec o(T * heads * d), lse(batch * heads * seq), dqkv(qkv.size());
       const float* q = qkv.data();
       cpu::attention_forward(s, q, q + heads * d, q + (heads + kv) * d, o.data(), lse.data(), &drop);
-      cpu::attention_backward(s, q, q + heads * d, q + (heads + kv) * d, o.data(), lse.data(), dout.data(),
-                              dqkv.data(), dqkv.data() + heads * d, dqkv.data() + (heads + kv) * d, &drop);
+      cpu::attention_backward(s, q, q + heads * d, q + (heads + kv) * d, o.data(), lse.data(), dout.data(), dqkv.data(),
+                              dqkv.data() + heads * d, dqkv.data() + (heads + kv) * d, &drop);
       return Outputs{o, lse, dqkv};
     });
   }

@@ -1,8 +1,9 @@
 // Philox4x32-10 and the dropout masks built from it; dropout fused with the residual add.
+#include "dtrain/kernels/dropout.h"
+
 #include <gtest/gtest.h>
 
 #include "dtrain/common/error.h"
-#include "dtrain/kernels/dropout.h"
 #include "reference.h"
 
 namespace dtrain::kernels::testing {
@@ -48,8 +49,8 @@ TEST(DropoutMaskTest, KeepRateAndIndependenceOfKeyFields) {
 TEST(DropoutMaskTest, KeyFieldRanges) {
   EXPECT_THROW(check_dropout_key({1, std::uint64_t{1} << 32, 0, DropoutSite::kEmbedding}), Error);
   EXPECT_THROW(check_dropout_key({1, 0, 1u << 28, DropoutSite::kEmbedding}), Error);
-  EXPECT_NO_THROW(check_dropout_key({~std::uint64_t{0}, (std::uint64_t{1} << 32) - 1, (1u << 28) - 1,
-                                     DropoutSite::kMlpOutput}));
+  EXPECT_NO_THROW(
+      check_dropout_key({~std::uint64_t{0}, (std::uint64_t{1} << 32) - 1, (1u << 28) - 1, DropoutSite::kMlpOutput}));
 }
 
 TEST(DropoutAddTest, MatchesFloat64Reference) {
@@ -81,8 +82,7 @@ TEST(DropoutAddTest, MasksIndependentOfMicroBatchAndSequenceSplit) {
   FVec halves(n);
   for (std::int64_t mb = 0; mb < 2; ++mb) {
     const std::int64_t off = mb * 2 * seq * hidden;
-    cpu::dropout_add_forward({2, seq, hidden, 2 * mb, 0, seq}, x.data() + off, nullptr, 0.3f, key,
-                             halves.data() + off);
+    cpu::dropout_add_forward({2, seq, hidden, 2 * mb, 0, seq}, x.data() + off, nullptr, 0.3f, key, halves.data() + off);
   }
   EXPECT_TRUE(bitwise_equal(whole, halves));
   // Sequence parallel, 2 ranks: rank 1 holds positions [5, 10) of each sequence.

@@ -1,7 +1,8 @@
 // Token embedding (vocab-parallel) and learned positions against the float64 reference.
+#include "dtrain/kernels/embedding.h"
+
 #include <gtest/gtest.h>
 
-#include "dtrain/kernels/embedding.h"
 #include "reference.h"
 
 namespace dtrain::kernels::testing {
@@ -27,16 +28,15 @@ TEST_P(EmbeddingTest, MatchesFloat64Reference) {
   cpu::embedding_backward(c.tokens, c.hidden, ids.data(), dout.data(), c.shard, dtable.data());
   Vec dref = ref::embedding_backward(c.tokens, c.hidden, ids, to_double(dout), c.shard);
   for (std::size_t i = 0; i < dref.size(); ++i) dref[i] += dtable0[i];
-  EXPECT_LT(ref_error(out, ref::embedding_forward(c.tokens, c.hidden, ids, to_double(table), c.shard)),
-            kFp32Tolerance);
+  EXPECT_LT(ref_error(out, ref::embedding_forward(c.tokens, c.hidden, ids, to_double(table), c.shard)), kFp32Tolerance);
   EXPECT_LT(ref_error(dtable, dref), kFp32Tolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, EmbeddingTest,
-                         ::testing::Values(EmbeddingCase{256, 64, 256, {0, 256}},   // tiny model, tp = 1
+                         ::testing::Values(EmbeddingCase{256, 64, 256, {0, 256}},    // tiny model, tp = 1
                                            EmbeddingCase{256, 64, 256, {128, 256}},  // tp = 2, rank 1
-                                           EmbeddingCase{37, 19, 150, {37, 101}},   // odd sub-range
-                                           EmbeddingCase{1000, 8, 50, {10, 11}}));  // one row, many repeats
+                                           EmbeddingCase{37, 19, 150, {37, 101}},    // odd sub-range
+                                           EmbeddingCase{1000, 8, 50, {10, 11}}));   // one row, many repeats
 
 // Two vocab shards: the sum of their outputs (the all-reduce) is the unsharded lookup, bit for bit (one shard
 // contributes each row, the other zeros).
@@ -54,8 +54,8 @@ TEST(EmbeddingTest, ShardsSumToUnsharded) {
 }
 
 TEST(PositionEmbeddingTest, MatchesFloat64Reference) {
-  for (auto [batch, seq, hidden] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{4, 64, 64}, {3, 7, 5},
-                                    {1, 256, 512}}) {
+  for (auto [batch, seq, hidden] :
+       {std::tuple<std::int64_t, std::int64_t, std::int64_t>{4, 64, 64}, {3, 7, 5}, {1, 256, 512}}) {
     auto rng = make_rng(220 + seq);
     const FVec x = random_floats(rng, batch * seq * hidden), pos = random_floats(rng, seq * hidden);
     const FVec dx = random_floats(rng, x.size()), dpos0 = random_floats(rng, pos.size());

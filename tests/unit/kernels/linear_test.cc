@@ -1,7 +1,8 @@
 // Linear layer against the float64 reference: output, input gradient, accumulated weight and bias gradients.
+#include "dtrain/kernels/linear.h"
+
 #include <gtest/gtest.h>
 
-#include "dtrain/kernels/linear.h"
 #include "reference.h"
 
 namespace dtrain::kernels::testing {
@@ -76,7 +77,7 @@ TEST(LinearTest, ColumnThenRowParallelSumsToUnsharded) {
   Vec sum(T * h, 0.0);
   for (std::int64_t r = 0; r < tp; ++r) {
     FVec w1_r(w1.begin() + r * fl * h, w1.begin() + (r + 1) * fl * h);  // rows of w1
-    FVec w2_r(h * fl);                                                   // columns of w2
+    FVec w2_r(h * fl);                                                  // columns of w2
     for (std::int64_t o = 0; o < h; ++o) {
       for (std::int64_t i = 0; i < fl; ++i) w2_r[o * fl + i] = w2[o * f + r * fl + i];
     }

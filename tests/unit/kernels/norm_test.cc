@@ -1,7 +1,8 @@
 // LayerNorm and RMSNorm against the float64 reference.
+#include "dtrain/kernels/norm.h"
+
 #include <gtest/gtest.h>
 
-#include "dtrain/kernels/norm.h"
 #include "reference.h"
 
 namespace dtrain::kernels::testing {
@@ -29,8 +30,8 @@ TEST_P(NormTest, LayerNormMatchesReference) {
                          mean.data(), rstd.data());
   cpu::layernorm_backward({c.rows, c.hidden}, x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(), dx.data(),
                           dg.data(), c.bias ? db.data() : nullptr);
-  const Vec y_ref = ref::layernorm_forward(c.rows, c.hidden, to_double(x), to_double(gamma),
-                                           c.bias ? to_double(beta) : Vec{}, eps);
+  const Vec y_ref =
+      ref::layernorm_forward(c.rows, c.hidden, to_double(x), to_double(gamma), c.bias ? to_double(beta) : Vec{}, eps);
   auto g = ref::layernorm_backward(c.rows, c.hidden, to_double(x), to_double(gamma), eps, to_double(dy));
   for (std::int64_t j = 0; j < c.hidden; ++j) {
     g.dgamma[j] += dg0[j];

@@ -1,11 +1,12 @@
 // AdamW, gradient norm and clipping, learning-rate schedule.
+#include "dtrain/kernels/optimizer.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "dtrain/common/error.h"
 #include "dtrain/kernels/lr_schedule.h"
-#include "dtrain/kernels/optimizer.h"
 #include "reference.h"
 
 namespace dtrain::kernels::testing {
@@ -83,8 +84,8 @@ TEST(LrScheduleTest, WarmupThenCosineToMinLr) {
   const LrSchedule s{1e-3, 1e-4, 10, 100};
   EXPECT_DOUBLE_EQ(learning_rate(s, 0), 1e-4);  // lr * 1/10
   EXPECT_DOUBLE_EQ(learning_rate(s, 4), 5e-4);
-  EXPECT_DOUBLE_EQ(learning_rate(s, 9), 1e-3);  // peak at the end of warmup
-  EXPECT_DOUBLE_EQ(learning_rate(s, 10), 1e-3);  // cosine starts at the peak
+  EXPECT_DOUBLE_EQ(learning_rate(s, 9), 1e-3);                  // peak at the end of warmup
+  EXPECT_DOUBLE_EQ(learning_rate(s, 10), 1e-3);                 // cosine starts at the peak
   EXPECT_NEAR(learning_rate(s, 55), 1e-4 + 0.5 * 9e-4, 1e-15);  // half way: cos(pi/2) = 0
   EXPECT_NEAR(learning_rate(s, 99), 1e-4 + 0.5 * 9e-4 * (1 + std::cos(M_PI * 89.0 / 90.0)), 1e-15);
   EXPECT_DOUBLE_EQ(learning_rate(s, 100), 1e-4);

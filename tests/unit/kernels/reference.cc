@@ -189,8 +189,8 @@ Vec position_backward(std::int64_t batch, std::int64_t seq, std::int64_t hidden,
 }
 
 namespace {
-Vec rope_rotate(std::int64_t batch, std::int64_t seq, std::int64_t n_heads, std::int64_t d, double theta,
-                const Vec& x, double sign) {
+Vec rope_rotate(std::int64_t batch, std::int64_t seq, std::int64_t n_heads, std::int64_t d, double theta, const Vec& x,
+                double sign) {
   Vec y = x;
   const std::int64_t half = d / 2;
   for (std::int64_t b = 0; b < batch; ++b) {
@@ -306,8 +306,7 @@ double dropout_scale(const AttentionDims& a, const AttentionDropoutRef* drop, st
 }
 
 // P[i][j] of one (b, h): causal softmax of the scaled scores.
-std::vector<Vec> attention_probs(const AttentionDims& a, const Vec& q, const Vec& k, std::int64_t b,
-                                 std::int64_t h) {
+std::vector<Vec> attention_probs(const AttentionDims& a, const Vec& q, const Vec& k, std::int64_t b, std::int64_t h) {
   const std::int64_t g = h / (a.heads / a.kv_heads);
   const double scale = 1.0 / std::sqrt(static_cast<double>(a.d));
   std::vector<Vec> p(a.seq, Vec(a.seq, 0.0));

@@ -1,9 +1,9 @@
 // The float64 references prove themselves: each reference backward equals central finite differences of its own
 // reference forward. With h = 1e-6 in float64 the difference quotient is accurate to about 1e-9 relative (truncation
 // h^2 |f'''| plus roundoff 1e-16 / h), so 1e-7 is a bound with room and still far below the kernels' 1e-5.
-#include <gtest/gtest.h>
-
 #include "reference.h"
+
+#include <gtest/gtest.h>
 
 namespace dtrain::kernels::testing {
 namespace {

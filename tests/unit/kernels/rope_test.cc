@@ -1,8 +1,9 @@
 // RoPE against the float64 reference (angles in float64), on queries and keys inside a fused QKV row.
+#include "dtrain/kernels/rope.h"
+
 #include <gtest/gtest.h>
 
 #include "dtrain/common/error.h"
-#include "dtrain/kernels/rope.h"
 #include "reference.h"
 
 namespace dtrain::kernels::testing {
@@ -36,33 +37,35 @@ TEST_P(RopeTest, QueriesAndKeysInFusedQkvMatchReference) {
   FVec fwd = qkv;
   cpu::rope_forward({c.batch, c.seq, c.heads, c.d, stride}, cos.data(), sin.data(), fwd.data());
   cpu::rope_forward({c.batch, c.seq, c.kv_heads, c.d, stride}, cos.data(), sin.data(), fwd.data() + qw);
-  EXPECT_LT(ref_error(to_float(slice_heads(fwd, tokens, stride, 0, qw)),
-                      ref::rope_forward(c.batch, c.seq, c.heads, c.d, c.theta, slice_heads(qkv, tokens, stride, 0, qw))),
-            kFp32Tolerance);
-  EXPECT_LT(ref_error(to_float(slice_heads(fwd, tokens, stride, qw, kw)),
-                      ref::rope_forward(c.batch, c.seq, c.kv_heads, c.d, c.theta,
-                                        slice_heads(qkv, tokens, stride, qw, kw))),
-            kFp32Tolerance);
+  EXPECT_LT(
+      ref_error(to_float(slice_heads(fwd, tokens, stride, 0, qw)),
+                ref::rope_forward(c.batch, c.seq, c.heads, c.d, c.theta, slice_heads(qkv, tokens, stride, 0, qw))),
+      kFp32Tolerance);
+  EXPECT_LT(
+      ref_error(to_float(slice_heads(fwd, tokens, stride, qw, kw)),
+                ref::rope_forward(c.batch, c.seq, c.kv_heads, c.d, c.theta, slice_heads(qkv, tokens, stride, qw, kw))),
+      kFp32Tolerance);
   // Values are untouched.
   EXPECT_EQ(slice_heads(fwd, tokens, stride, qw + kw, kw), slice_heads(qkv, tokens, stride, qw + kw, kw));
 
   FVec bwd = qkv;
   cpu::rope_backward({c.batch, c.seq, c.heads, c.d, stride}, cos.data(), sin.data(), bwd.data());
   cpu::rope_backward({c.batch, c.seq, c.kv_heads, c.d, stride}, cos.data(), sin.data(), bwd.data() + qw);
-  EXPECT_LT(ref_error(to_float(slice_heads(bwd, tokens, stride, 0, qw)),
-                      ref::rope_backward(c.batch, c.seq, c.heads, c.d, c.theta, slice_heads(qkv, tokens, stride, 0, qw))),
-            kFp32Tolerance);
-  EXPECT_LT(ref_error(to_float(slice_heads(bwd, tokens, stride, qw, kw)),
-                      ref::rope_backward(c.batch, c.seq, c.kv_heads, c.d, c.theta,
-                                         slice_heads(qkv, tokens, stride, qw, kw))),
-            kFp32Tolerance);
+  EXPECT_LT(
+      ref_error(to_float(slice_heads(bwd, tokens, stride, 0, qw)),
+                ref::rope_backward(c.batch, c.seq, c.heads, c.d, c.theta, slice_heads(qkv, tokens, stride, 0, qw))),
+      kFp32Tolerance);
+  EXPECT_LT(
+      ref_error(to_float(slice_heads(bwd, tokens, stride, qw, kw)),
+                ref::rope_backward(c.batch, c.seq, c.kv_heads, c.d, c.theta, slice_heads(qkv, tokens, stride, qw, kw))),
+      kFp32Tolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, RopeTest,
-                         ::testing::Values(RopeCase{4, 64, 4, 2, 16, 10000.0},     // tiny model (GQA)
-                                           RopeCase{2, 256, 8, 8, 64, 10000.0},    // larger, MHA
+                         ::testing::Values(RopeCase{4, 64, 4, 2, 16, 10000.0},      // tiny model (GQA)
+                                           RopeCase{2, 256, 8, 8, 64, 10000.0},     // larger, MHA
                                            RopeCase{1, 4096, 1, 1, 128, 500000.0},  // Llama 3 theta, long sequence
-                                           RopeCase{3, 5, 3, 1, 2, 10000.0}));     // odd counts, d = 2
+                                           RopeCase{3, 5, 3, 1, 2, 10000.0}));      // odd counts, d = 2
 
 TEST(RopeTest, TableRejectsOddHeadDim) {
   float c[4], s[4];

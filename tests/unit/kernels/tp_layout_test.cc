@@ -1,11 +1,12 @@
 // The fused-weight layouts under a column-parallel split: each rank's QKV rows are its heads of Q, K and V, and each
 // rank's SwiGLU fc1 rows give it matching gate and up halves.
+#include "dtrain/kernels/tp_layout.h"
+
 #include <gtest/gtest.h>
 
 #include "dtrain/common/error.h"
 #include "dtrain/kernels/activation.h"
 #include "dtrain/kernels/linear.h"
-#include "dtrain/kernels/tp_layout.h"
 #include "reference.h"
 
 namespace dtrain::kernels::testing {

@@ -45,8 +45,8 @@ struct AttentionShape {
   std::int64_t n_heads = 0;     // local query heads
   std::int64_t n_kv_heads = 0;  // local kv heads; divides n_heads
   std::int64_t head_dim = 0;
-  std::int64_t q_stride = 0;    // floats between consecutive tokens in q (and dq)
-  std::int64_t kv_stride = 0;   // floats between consecutive tokens in k, v (and dk, dv)
+  std::int64_t q_stride = 0;   // floats between consecutive tokens in q (and dq)
+  std::int64_t kv_stride = 0;  // floats between consecutive tokens in k, v (and dk, dv)
 };
 
 // Dropout on the attention probabilities (p == 0: none). Element (sample, head, i, j) of the probabilities has global
@@ -54,7 +54,7 @@ struct AttentionShape {
 // slices draw the masks of the unsharded run (dropout.h).
 struct AttentionDropout {
   float p = 0.0f;
-  DropoutKey key;                // site kAttentionProbs
+  DropoutKey key;  // site kAttentionProbs
   std::int64_t sample_begin = 0;
   std::int64_t head_begin = 0;   // global index of this rank's first query head
   std::int64_t total_heads = 0;  // query heads of the whole model

@@ -24,10 +24,10 @@ namespace dtrain::kernels {
 
 // Where in the model a dropout is (a layer has several).
 enum class DropoutSite : std::uint32_t {
-  kEmbedding = 0,         // after token (+ position) embedding
-  kAttentionProbs = 1,    // on the attention probabilities
-  kAttentionOutput = 2,   // after the attention output projection, fused with the residual add
-  kMlpOutput = 3,         // after the MLP's second linear, fused with the residual add
+  kEmbedding = 0,        // after token (+ position) embedding
+  kAttentionProbs = 1,   // on the attention probabilities
+  kAttentionOutput = 2,  // after the attention output projection, fused with the residual add
+  kMlpOutput = 3,        // after the MLP's second linear, fused with the residual add
 };
 
 struct DropoutKey {
@@ -67,8 +67,8 @@ float dropout_uniform(const DropoutKey& key, std::uint64_t element);
 // Where a hidden-state tensor [batch, seq, hidden] sits in the step's global batch: element (b, s, j) has global index
 // ((sample_begin + b) * seq_total + seq_begin + s) * hidden + j.
 struct HiddenLayout {
-  std::int64_t batch = 0;         // sequences in this micro-batch
-  std::int64_t seq = 0;           // tokens of each sequence held here (seq_total / tp with sequence parallelism)
+  std::int64_t batch = 0;  // sequences in this micro-batch
+  std::int64_t seq = 0;    // tokens of each sequence held here (seq_total / tp with sequence parallelism)
   std::int64_t hidden = 0;
   std::int64_t sample_begin = 0;  // global index of the first sequence in the step's global batch
   std::int64_t seq_begin = 0;     // first position held here (sequence parallelism), else 0

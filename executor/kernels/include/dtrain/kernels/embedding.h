@@ -34,8 +34,7 @@ void embedding_backward(std::int64_t tokens, std::int64_t hidden, const std::int
 
 // Learned positions, added in place: x[b, s, :] += pos[s, :] for a batch of `batch` sequences of `seq` tokens.
 // With sequence parallelism pass the table rows of this rank's sequence slice (pos + seq_begin * hidden).
-void position_embedding_forward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const float* pos,
-                                float* x);
+void position_embedding_forward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const float* pos, float* x);
 
 // dpos[s, :] += sum_b dx[b, s, :] (b in order).
 void position_embedding_backward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const float* dx,

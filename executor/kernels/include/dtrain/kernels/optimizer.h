@@ -25,7 +25,7 @@
 namespace dtrain::kernels {
 
 struct AdamWConfig {
-  double lr = 0;            // this step's learning rate
+  double lr = 0;  // this step's learning rate
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
