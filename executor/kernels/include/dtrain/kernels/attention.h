@@ -13,8 +13,8 @@
 // it (P = exp(S - lse)) and uses D[i] = dO[i] . O[i] (FlashAttention's "D = rowsum(dO o O)") for the softmax gradient:
 //   dV += dropout(P)^T dO,  dP = dO V^T (* dropout mask),  dS = P o (dP - D),  dQ = scale dS K,  dK += scale dS^T Q
 // Work is split over (sequence, kv head) pairs; each pair owns its dK and dV rows and the dQ of its query heads,
-// and sums in a fixed order, so results are bitwise repeatable and independent of the thread count. This is the same
-// algorithm as the GPU backend's fused kernel.
+// and sums in a fixed order, so results are bitwise repeatable and independent of the thread count. A GPU fused
+// kernel (issue 8) follows the same algorithm with its own tile sizes.
 //
 // Memory: no s x s matrix. Each pair copies its operands into dense panels (K^T, V, one head's Q; backward also V^T,
 // K, dO and the three gradients), about 3 seq * d floats forward and 8 seq * d backward, plus tiles; this scratch

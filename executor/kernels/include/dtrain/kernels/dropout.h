@@ -8,13 +8,13 @@
 // unsharded runs, and runs that cut the global batch into different micro-batches, draw identical masks (the
 // micro-batch enters through the global sample index).
 //
-// Generator: Philox4x32-10 (Salmon et al., SC'11, "Parallel random numbers: as easy as 1, 2, 3"), the generator of
-// cuRAND, PyTorch's CUDA dropout and JAX:
+// Generator: Philox4x32-10 (Salmon et al., SC'11, "Parallel random numbers: as easy as 1, 2, 3"), the counter-based
+// generator of cuRAND and of PyTorch's CUDA dropout:
 //   key     = (seed low 32 bits, seed high 32 bits)
 //   counter = (q low 32, q high 32, step, layer << 4 | site)   with q = element / 4
 //   element e uses word e % 4 of philox(counter, key), r; uniform u = (r >> 8) * 2^-24 in [0, 1)
 //   kept iff u >= p; kept values are scaled by 1 / (1 - p) (inverted dropout).
-// The GPU backend computes the same function, so CPU and GPU masks agree bit for bit.
+// This formula is the contract for every backend: a GPU implementation of it draws the CPU's masks bit for bit.
 #pragma once
 
 #include <array>

@@ -2,7 +2,7 @@
 // buffers in multi-tensor style: one call updates a list of (param, grad, m, v, numel) buffers.
 //
 // The update of step t (t = 1 for the first step; bias corrections use it), the order of PyTorch's
-// torch.optim.AdamW (single-tensor path), so that both give the same weights:
+// torch.optim.AdamW (single-tensor path), so that both give the same weights up to float rounding:
 //   g      = grad * grad_scale                          (grad_scale = the clip coefficient, 1 without clipping)
 //   param  = param * (1 - lr * weight_decay)            (only for buffers with decay = true)
 //   m      = beta1 * m + (1 - beta1) * g
