@@ -9,8 +9,6 @@ namespace {
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
-// Elements per parallel work item of the flat loops.
-constexpr std::int64_t kFlatGrain = 16384;
 
 DTRAIN_KERNEL_CLONES void gelu_forward_range(std::int64_t begin, std::int64_t end, const float* x, float* y) {
   for (std::int64_t i = begin; i < end; ++i) {
@@ -61,19 +59,19 @@ DTRAIN_KERNEL_CLONES void swiglu_backward_rows(std::int64_t begin, std::int64_t 
 }  // namespace
 
 void gelu_forward(std::int64_t n, const float* x, float* y) {
-  parallel_ranges(n, kFlatGrain, [&](std::int64_t b, std::int64_t e) { gelu_forward_range(b, e, x, y); });
+  parallel_ranges(n, 1, [&](std::int64_t b, std::int64_t e) { gelu_forward_range(b, e, x, y); });
 }
 
 void gelu_backward(std::int64_t n, const float* x, const float* dy, float* dx) {
-  parallel_ranges(n, kFlatGrain, [&](std::int64_t b, std::int64_t e) { gelu_backward_range(b, e, x, dy, dx); });
+  parallel_ranges(n, 1, [&](std::int64_t b, std::int64_t e) { gelu_backward_range(b, e, x, dy, dx); });
 }
 
 void swiglu_forward(std::int64_t tokens, std::int64_t ffn, const float* gate_up, float* y) {
-  parallel_ranges(tokens, 16, [&](std::int64_t b, std::int64_t e) { swiglu_forward_rows(b, e, ffn, gate_up, y); });
+  parallel_ranges(tokens, ffn, [&](std::int64_t b, std::int64_t e) { swiglu_forward_rows(b, e, ffn, gate_up, y); });
 }
 
 void swiglu_backward(std::int64_t tokens, std::int64_t ffn, const float* gate_up, const float* dy, float* dgate_up) {
-  parallel_ranges(tokens, 16,
+  parallel_ranges(tokens, ffn,
                   [&](std::int64_t b, std::int64_t e) { swiglu_backward_rows(b, e, ffn, gate_up, dy, dgate_up); });
 }
 

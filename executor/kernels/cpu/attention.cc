@@ -316,11 +316,12 @@ void attention_forward(const AttentionShape& shape, const float* q, const float*
                        float* lse, const AttentionDropout* dropout) {
   const Geometry g = check_shape(shape);
   const AttentionDropout* drop = active_dropout(dropout);
-  parallel_ranges(shape.batch * shape.n_kv_heads, 1, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t item = begin; item < end; ++item) {
-      forward_item(g, item / shape.n_kv_heads, item % shape.n_kv_heads, q, k, v, o, lse, drop);
-    }
-  });
+  parallel_ranges(shape.batch * shape.n_kv_heads, g.group * shape.seq * shape.seq * shape.head_dim,
+                  [&](std::int64_t begin, std::int64_t end) {
+                    for (std::int64_t item = begin; item < end; ++item) {
+                      forward_item(g, item / shape.n_kv_heads, item % shape.n_kv_heads, q, k, v, o, lse, drop);
+                    }
+                  });
 }
 
 void attention_backward(const AttentionShape& shape, const float* q, const float* k, const float* v, const float* o,
@@ -328,11 +329,13 @@ void attention_backward(const AttentionShape& shape, const float* q, const float
                         const AttentionDropout* dropout) {
   const Geometry g = check_shape(shape);
   const AttentionDropout* drop = active_dropout(dropout);
-  parallel_ranges(shape.batch * shape.n_kv_heads, 1, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t item = begin; item < end; ++item) {
-      backward_item(g, item / shape.n_kv_heads, item % shape.n_kv_heads, q, k, v, o, lse, dout, dq, dk, dv, drop);
-    }
-  });
+  parallel_ranges(shape.batch * shape.n_kv_heads, g.group * shape.seq * shape.seq * shape.head_dim,
+                  [&](std::int64_t begin, std::int64_t end) {
+                    for (std::int64_t item = begin; item < end; ++item) {
+                      backward_item(g, item / shape.n_kv_heads, item % shape.n_kv_heads, q, k, v, o, lse, dout, dq, dk,
+                                    dv, drop);
+                    }
+                  });
 }
 
 }  // namespace dtrain::kernels::cpu

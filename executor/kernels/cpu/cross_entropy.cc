@@ -49,12 +49,13 @@ DTRAIN_KERNEL_CLONES void backward_rows(std::int64_t begin, std::int64_t end, co
 }  // namespace
 
 void cross_entropy_max(std::int64_t tokens, const float* logits, VocabShard shard, float* max) {
-  parallel_ranges(tokens, 4, [&](std::int64_t b, std::int64_t e) { max_rows(b, e, shard.size(), logits, max); });
+  parallel_ranges(tokens, shard.size(),
+                  [&](std::int64_t b, std::int64_t e) { max_rows(b, e, shard.size(), logits, max); });
 }
 
 void cross_entropy_sum_exp(std::int64_t tokens, const float* logits, const std::int32_t* targets, VocabShard shard,
                            const float* max, float* sum_exp, float* target_logit) {
-  parallel_ranges(tokens, 4, [&](std::int64_t b, std::int64_t e) {
+  parallel_ranges(tokens, shard.size(), [&](std::int64_t b, std::int64_t e) {
     sum_exp_rows(b, e, logits, targets, shard, max, sum_exp, target_logit);
   });
 }
@@ -71,7 +72,7 @@ double cross_entropy_loss(std::int64_t tokens, const float* max, const float* su
 
 void cross_entropy_backward(std::int64_t tokens, const float* logits, const std::int32_t* targets, VocabShard shard,
                             const float* max, const float* sum_exp, const float* dloss, float* dlogits) {
-  parallel_ranges(tokens, 4, [&](std::int64_t b, std::int64_t e) {
+  parallel_ranges(tokens, shard.size(), [&](std::int64_t b, std::int64_t e) {
     backward_rows(b, e, logits, targets, shard, max, sum_exp, dloss, dlogits);
   });
 }

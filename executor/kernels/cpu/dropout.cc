@@ -11,7 +11,8 @@ namespace dtrain::kernels::cpu {
 
 namespace {
 
-constexpr std::int64_t kFlatGrain = 16384;
+// A dropout element costs about ten times a plain add (a quarter of a Philox block): work units per element.
+constexpr std::int64_t kPhiloxCost = 10;
 
 DTRAIN_KERNEL_CLONES void add_range(std::int64_t begin, std::int64_t end, const float* a, const float* b, float* out) {
   for (std::int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
@@ -48,7 +49,7 @@ void check_layout(const HiddenLayout& l, float p) {
 }  // namespace
 
 void residual_add(std::int64_t n, const float* a, const float* b, float* out) {
-  parallel_ranges(n, kFlatGrain, [&](std::int64_t s, std::int64_t e) { add_range(s, e, a, b, out); });
+  parallel_ranges(n, 1, [&](std::int64_t s, std::int64_t e) { add_range(s, e, a, b, out); });
 }
 
 void dropout_add_forward(const HiddenLayout& l, const float* x, const float* residual, float p, const DropoutKey& key,
@@ -64,7 +65,7 @@ void dropout_add_forward(const HiddenLayout& l, const float* x, const float* res
   }
   check_layout(l, p);
   check_dropout_key(key);
-  parallel_ranges(l.batch * l.seq, 16,
+  parallel_ranges(l.batch * l.seq, kPhiloxCost * l.hidden,
                   [&](std::int64_t b, std::int64_t e) { dropout_rows(b, e, l, x, residual, p, key, out); });
 }
 
@@ -76,7 +77,7 @@ void dropout_add_backward(const HiddenLayout& l, const float* dout, float p, con
   }
   check_layout(l, p);
   check_dropout_key(key);
-  parallel_ranges(l.batch * l.seq, 16,
+  parallel_ranges(l.batch * l.seq, kPhiloxCost * l.hidden,
                   [&](std::int64_t b, std::int64_t e) { dropout_rows(b, e, l, dout, nullptr, p, key, dx); });
 }
 

@@ -59,24 +59,25 @@ DTRAIN_KERNEL_CLONES void scatter_columns(std::int64_t c_begin, std::int64_t c_e
 
 void embedding_forward(std::int64_t tokens, std::int64_t hidden, const std::int32_t* ids, const float* table,
                        VocabShard shard, float* out) {
-  parallel_ranges(tokens, 64,
+  parallel_ranges(tokens, hidden,
                   [&](std::int64_t b, std::int64_t e) { lookup_rows(b, e, hidden, ids, table, shard, out); });
 }
 
 void embedding_backward(std::int64_t tokens, std::int64_t hidden, const std::int32_t* ids, const float* dout,
                         VocabShard shard, float* dtable) {
-  parallel_ranges(hidden, 64, [&](std::int64_t b, std::int64_t e) {
+  parallel_ranges(hidden, tokens, [&](std::int64_t b, std::int64_t e) {
     scatter_columns(b, e, tokens, hidden, ids, dout, shard, dtable);
   });
 }
 
 void position_embedding_forward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const float* pos, float* x) {
-  parallel_ranges(batch * seq, 64, [&](std::int64_t b, std::int64_t e) { add_positions(b, e, seq, hidden, pos, x); });
+  parallel_ranges(batch * seq, hidden,
+                  [&](std::int64_t b, std::int64_t e) { add_positions(b, e, seq, hidden, pos, x); });
 }
 
 void position_embedding_backward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const float* dx,
                                  float* dpos) {
-  parallel_ranges(seq, 16,
+  parallel_ranges(seq, batch * hidden,
                   [&](std::int64_t b, std::int64_t e) { position_grad_rows(b, e, batch, seq, hidden, dx, dpos); });
 }
 

@@ -42,7 +42,7 @@ void linear_forward(const LinearShape& s, const float* x, const float* weight, c
   if (s.tokens == 0 || s.out_features == 0) return;
   float beta = 0.0f;
   if (bias != nullptr) {
-    parallel_ranges(s.tokens, 64,
+    parallel_ranges(s.tokens, s.out_features,
                     [&](std::int64_t b, std::int64_t e) { fill_bias_rows(b, e, s.out_features, bias, y); });
     beta = 1.0f;
   }
@@ -74,7 +74,7 @@ void linear_backward_weight(const LinearShape& s, const float* dy, const float* 
                 blas_int(s.in_features));
   }
   if (dbias != nullptr) {
-    parallel_ranges(s.out_features, 256, [&](std::int64_t b, std::int64_t e) {
+    parallel_ranges(s.out_features, s.tokens, [&](std::int64_t b, std::int64_t e) {
       bias_grad_columns(b, e, s.tokens, s.out_features, dy, dbias);
     });
   }

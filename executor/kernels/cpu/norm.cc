@@ -130,10 +130,10 @@ void norm_backward(const NormShape& s, const float* x, const float* gamma, const
                         acc.data() + s.hidden);
     return;
   }
-  parallel_ranges(s.rows, 16, [&](std::int64_t b, std::int64_t e) {
+  parallel_ranges(s.rows, s.hidden, [&](std::int64_t b, std::int64_t e) {
     norm_backward_rows(b, e, s.hidden, x, gamma, mean, rstd, dy, dx);
   });
-  parallel_ranges(s.hidden, 256, [&](std::int64_t b, std::int64_t e) {
+  parallel_ranges(s.hidden, s.rows, [&](std::int64_t b, std::int64_t e) {
     norm_param_grad_columns(b, e, s.rows, s.hidden, x, mean, rstd, dy, dgamma, dbeta);
   });
 }
@@ -142,7 +142,7 @@ void norm_backward(const NormShape& s, const float* x, const float* gamma, const
 
 void layernorm_forward(const NormShape& s, const float* x, const float* gamma, const float* beta, float eps, float* y,
                        float* mean, float* rstd) {
-  parallel_ranges(s.rows, 16, [&](std::int64_t b, std::int64_t e) {
+  parallel_ranges(s.rows, s.hidden, [&](std::int64_t b, std::int64_t e) {
     norm_forward_rows(b, e, s.hidden, x, gamma, beta, eps, y, mean, rstd);
   });
 }
@@ -153,7 +153,7 @@ void layernorm_backward(const NormShape& s, const float* x, const float* gamma, 
 }
 
 void rmsnorm_forward(const NormShape& s, const float* x, const float* gamma, float eps, float* y, float* rstd) {
-  parallel_ranges(s.rows, 16, [&](std::int64_t b, std::int64_t e) {
+  parallel_ranges(s.rows, s.hidden, [&](std::int64_t b, std::int64_t e) {
     norm_forward_rows(b, e, s.hidden, x, gamma, nullptr, eps, y, nullptr, rstd);
   });
 }

@@ -12,7 +12,6 @@ namespace dtrain::kernels::cpu {
 
 namespace {
 
-constexpr std::int64_t kFlatGrain = 16384;
 // Elements per partial sum of the gradient norm: a constant, so the sum's order never depends on the thread count.
 constexpr std::int64_t kNormBlock = 4096;
 
@@ -75,7 +74,7 @@ void adamw_step(const AdamWConfig& cfg, const AdamWBuffer* buffers, std::int64_t
                        static_cast<float>(cfg.grad_scale)};
   for (std::int64_t b = 0; b < count; ++b) {
     const AdamWBuffer& buf = buffers[b];
-    parallel_ranges(buf.numel, kFlatGrain, [&](std::int64_t begin, std::int64_t end) {
+    parallel_ranges(buf.numel, 1, [&](std::int64_t begin, std::int64_t end) {
       adamw_range(begin, end, c, buf.decay, buf.param, buf.grad, buf.m, buf.v);
     });
   }
@@ -88,7 +87,7 @@ double grad_norm_squared(const GradBuffer* buffers, std::int64_t count) {
     const GradBuffer& buf = buffers[b];
     const std::int64_t blocks = (buf.numel + kNormBlock - 1) / kNormBlock;
     partial.assign(static_cast<std::size_t>(blocks), 0.0);
-    parallel_ranges(blocks, 4, [&](std::int64_t begin, std::int64_t end) {
+    parallel_ranges(blocks, kNormBlock, [&](std::int64_t begin, std::int64_t end) {
       for (std::int64_t k = begin; k < end; ++k) {
         const std::int64_t first = k * kNormBlock;
         partial[static_cast<std::size_t>(k)] =
@@ -101,7 +100,7 @@ double grad_norm_squared(const GradBuffer* buffers, std::int64_t count) {
 }
 
 void scale(std::int64_t n, float factor, float* x) {
-  parallel_ranges(n, kFlatGrain, [&](std::int64_t b, std::int64_t e) { scale_range(b, e, factor, x); });
+  parallel_ranges(n, 1, [&](std::int64_t b, std::int64_t e) { scale_range(b, e, factor, x); });
 }
 
 }  // namespace dtrain::kernels::cpu

@@ -12,13 +12,21 @@
 
 namespace dtrain::kernels::cpu {
 
-// Calls body(begin, end) over contiguous ranges covering [0, n), in parallel when kernel_threads() > 1 and there are
-// at least 2 * min_items_per_thread items. Each range holds whole items; body must only write outputs of its items.
+// Work (in elements touched) below which another thread is not worth waking: an OpenMP region costs microseconds,
+// and far more on a loaded machine where the woken thread waits for a core. PyTorch uses the same grain
+// (at::internal::GRAIN_SIZE).
+inline constexpr std::int64_t kGrainWork = 32768;
+
+// Calls body(begin, end) over contiguous ranges covering [0, n), with one range per thread of a team of at most
+// kernel_threads() threads, each given at least kGrainWork of work (work_per_item elements per item). Each range holds
+// whole items; body must only write outputs of its items.
 template <class Body>
-void parallel_ranges(std::int64_t n, std::int64_t min_items_per_thread, Body&& body) {
+void parallel_ranges(std::int64_t n, std::int64_t work_per_item, Body&& body) {
   if (n <= 0) return;
   const int threads = kernel_threads();
-  const std::int64_t useful = min_items_per_thread > 0 ? n / min_items_per_thread : n;
+  const std::int64_t work = n * (work_per_item > 0 ? work_per_item : 1);
+  std::int64_t useful = work / kGrainWork;
+  if (useful > n) useful = n;
   const int team = static_cast<int>(useful < threads ? (useful < 1 ? 1 : useful) : threads);
   if (team <= 1) {
     body(std::int64_t{0}, n);

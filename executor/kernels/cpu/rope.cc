@@ -34,7 +34,7 @@ void rotate(const RopeShape& s, const float* cos, const float* sin, float sign, 
   DTRAIN_CHECK(s.head_dim % 2 == 0, "rope: head_dim must be even");
   DTRAIN_CHECK(s.row_stride >= s.n_heads * s.head_dim, "rope: row_stride smaller than the heads it holds");
   if (s.seq <= 0) return;
-  parallel_ranges(s.batch * s.seq, 32,
+  parallel_ranges(s.batch * s.seq, s.n_heads * s.head_dim,
                   [&](std::int64_t b, std::int64_t e) { rotate_rows(b, e, s, cos, sin, sign, x); });
 }
 

@@ -49,14 +49,17 @@ void expect_repeatable(const std::string& name, const std::function<Outputs()>& 
 
 TEST(DeterminismTest, EveryOpRepeatsBitwise) {
   auto rng = make_rng(1100);
-  const std::int64_t batch = 4, seq = 96, hidden = 96, heads = 6, kv = 2, d = 16, ffn = 160, vocab = 300;
-  const std::int64_t T = batch * seq, qkv_w = (heads + 2 * kv) * d;
+  // Shapes large enough that every op gives each of 2 threads more than the kernels' parallel grain (32768 elements
+  // of work), so the threaded paths really run.
+  const std::int64_t batch = 4, seq = 256, hidden = 128, heads = 8, kv = 2, d = 16, ffn = 160, vocab = 300;
+  const std::int64_t T = batch * seq, qkv_w = (heads + 2 * kv) * d, flat = 200000;
   const FVec x = random_floats(rng, T * hidden), w = random_floats(rng, qkv_w * hidden), b = random_floats(rng, qkv_w);
-  const FVec dy_qkv = random_floats(rng, T * qkv_w), gamma = random_floats(rng, hidden),
-             beta = random_floats(rng, hidden);
+  const FVec dy_qkv = random_floats(rng, T * qkv_w), gamma = random_floats(rng, hidden);
+  const FVec beta = random_floats(rng, hidden);
   const FVec dy_h = random_floats(rng, T * hidden), qkv = random_floats(rng, T * qkv_w);
   const FVec dout = random_floats(rng, T * heads * d), gu = random_floats(rng, T * 2 * ffn);
   const FVec dy_f = random_floats(rng, T * ffn), logits = random_floats(rng, T * vocab, 3.0);
+  const FVec big = random_floats(rng, flat), big_grad = random_floats(rng, flat);
   const IVec ids = random_ids(rng, T, vocab);
   const FVec table = random_floats(rng, vocab / 2 * hidden), pos = random_floats(rng, seq * hidden);
 
@@ -134,9 +137,9 @@ TEST(DeterminismTest, EveryOpRepeatsBitwise) {
     return Outputs{max, e, z, loss, dlogits, FVec{static_cast<float>(mean)}};
   });
   expect_repeatable("adamw", [&] {
-    FVec p = w, m(w.size(), 0.0f), v(w.size(), 0.0f);
-    const AdamWBuffer buf{p.data(), b.data() /* any gradient */, m.data(), v.data(), qkv_w, true};
-    const GradBuffer gb{w.data(), static_cast<std::int64_t>(w.size())};
+    FVec p = big, m(flat, 0.0f), v(flat, 0.0f);
+    const AdamWBuffer buf{p.data(), big_grad.data(), m.data(), v.data(), flat, true};
+    const GradBuffer gb{big_grad.data(), flat};
     const double norm = cpu::grad_norm_squared(&gb, 1);
     cpu::adamw_step({1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0}, &buf, 1);
     return Outputs{p, m, v, FVec{static_cast<float>(norm)}};
