@@ -62,6 +62,7 @@ TEST_P(AttentionTest, MatchesFloat64Reference) {
   const auto g = ref::attention_backward(a, to_double(q), to_double(k), to_double(v), to_double(dout),
                                          with_dropout ? &drop_ref : nullptr);
   EXPECT_LT(ref_error(r.o, o_ref), kFp32Tolerance);
+  EXPECT_LT(ref_error(r.lse, ref::attention_lse(a, to_double(q), to_double(k))), kFp32Tolerance);
   EXPECT_LT(ref_error(r.dq, g.dq), kFp32Tolerance);
   EXPECT_LT(ref_error(r.dk, g.dk), kFp32Tolerance);
   EXPECT_LT(ref_error(r.dv, g.dv), kFp32Tolerance);

@@ -38,6 +38,8 @@ TEST_P(NormTest, LayerNormMatchesReference) {
     g.dbeta[j] += db0[j];
   }
   EXPECT_LT(ref_error(y, y_ref), kFp32Tolerance);
+  EXPECT_LT(ref_error(mean, ref::row_means(c.rows, c.hidden, to_double(x))), kFp32Tolerance);
+  EXPECT_LT(ref_error(rstd, ref::layernorm_rstd(c.rows, c.hidden, to_double(x), eps)), kFp32Tolerance);
   EXPECT_LT(ref_error(dx, g.dx), kFp32Tolerance);
   EXPECT_LT(ref_error(dg, g.dgamma), kFp32Tolerance);
   if (c.bias) {
@@ -60,6 +62,7 @@ TEST_P(NormTest, RmsNormMatchesReference) {
   auto g = ref::rmsnorm_backward(c.rows, c.hidden, to_double(x), to_double(gamma), eps, to_double(dy));
   for (std::int64_t j = 0; j < c.hidden; ++j) g.dgamma[j] += dg0[j];
   EXPECT_LT(ref_error(y, ref::rmsnorm_forward(c.rows, c.hidden, to_double(x), to_double(gamma), eps)), kFp32Tolerance);
+  EXPECT_LT(ref_error(rstd, ref::rmsnorm_rstd(c.rows, c.hidden, to_double(x), eps)), kFp32Tolerance);
   EXPECT_LT(ref_error(dx, g.dx), kFp32Tolerance);
   EXPECT_LT(ref_error(dg, g.dgamma), kFp32Tolerance);
 }

@@ -68,6 +68,10 @@ Vec layernorm_forward(std::int64_t rows, std::int64_t h, const Vec& x, const Vec
 NormGrads layernorm_backward(std::int64_t rows, std::int64_t h, const Vec& x, const Vec& gamma, double eps,
                              const Vec& dy);
 Vec rmsnorm_forward(std::int64_t rows, std::int64_t h, const Vec& x, const Vec& gamma, double eps);
+// The statistics forward saves: mean (LayerNorm) and rstd per row.
+Vec row_means(std::int64_t rows, std::int64_t h, const Vec& x);
+Vec layernorm_rstd(std::int64_t rows, std::int64_t h, const Vec& x, double eps);
+Vec rmsnorm_rstd(std::int64_t rows, std::int64_t h, const Vec& x, double eps);
 NormGrads rmsnorm_backward(std::int64_t rows, std::int64_t h, const Vec& x, const Vec& gamma, double eps,
                            const Vec& dy);
 
@@ -82,6 +86,8 @@ struct AttentionDropoutRef {
 // q [tokens, heads * d], k, v [tokens, kv_heads * d], o [tokens, heads * d], all contiguous. drop may be nullptr.
 Vec attention_forward(const AttentionDims& a, const Vec& q, const Vec& k, const Vec& v,
                       const AttentionDropoutRef* drop);
+// lse [batch, heads, seq]: log sum_j exp(S_ij) over the causal row.
+Vec attention_lse(const AttentionDims& a, const Vec& q, const Vec& k);
 struct AttentionGrads {
   Vec dq, dk, dv;
 };
