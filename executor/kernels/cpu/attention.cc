@@ -44,9 +44,9 @@ void scatter_rows(std::int64_t rows, std::int64_t d, const float* src, float* ds
   for (std::int64_t j = 0; j < rows; ++j) std::copy(src + j * d, src + (j + 1) * d, dst + j * stride);
 }
 
-// Leading dimension of a transposed [d, seq] buffer: seq rounded up to 16, plus 16, so that it is never a large
-// power of two (which would map a column's elements onto the same cache sets).
-std::int64_t padded_ld(std::int64_t seq) { return (seq + 15) / 16 * 16 + 16; }
+// Leading dimension of a transposed [d, seq] buffer: seq rounded up to 64 floats, plus 16. It is then 16 mod 64, never
+// a power of two: with a power-of-two row pitch the rows of a column would fall onto the same cache sets.
+std::int64_t padded_ld(std::int64_t seq) { return (seq + 63) / 64 * 64 + 16; }
 
 // Keys of row i0 + r that are visible in the chunk starting at j0 (causal): min(nk, i - j0 + 1), possibly <= 0.
 inline std::int64_t visible_keys(std::int64_t i, std::int64_t j0, std::int64_t nk) { return std::min(nk, i - j0 + 1); }
