@@ -994,6 +994,7 @@ StepMetrics Executor::run_step(std::int64_t step) { return impl_->run(step); }
 const ParamLayout& Executor::layout() const { return impl_->layout; }
 float* Executor::params() { return impl_->params.data(); }
 const float* Executor::params() const { return impl_->params.data(); }
+const float* Executor::grads() const { return impl_->grads.data(); }
 const std::vector<std::pair<std::int64_t, std::int64_t>>& Executor::owned() const { return impl_->owned_ranges; }
 float* Executor::exp_avg() { return impl_->m1.data(); }
 float* Executor::exp_avg_sq() { return impl_->m2.data(); }

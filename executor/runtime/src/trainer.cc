@@ -156,6 +156,7 @@ class Run {
     TrainResult result;
     result.plan_digest = plan_.digest;
     result.first_step = prepare_checkpoints();
+    result_step_ = result.first_step;
     check_data(result.first_step);
     if (world_.rank() == 0) {
       log::info("train", "plan {}: {}; data {}; steps {}..{}", plan_.digest.substr(0, 12), plan_.config.summary(),
@@ -175,6 +176,7 @@ class Run {
         trace.push_back(std::move(sl));
       }
       if (world_.rank() == 0 && metrics.is_open()) write_metrics(metrics, sm);
+      if (!o_.dump_gradients_dir.empty() && s == result.first_step) dump_gradients();
       bool stop = agree_on_stop();
       bool periodic = o_.checkpoint_every > 0 && (s + 1) % o_.checkpoint_every == 0;
       bool last = s + 1 == result.first_step + o_.steps;
@@ -367,6 +369,48 @@ class Run {
     }
     world_.barrier();
   }
+
+  // The gradients of the step just taken, stored like parameters (each element by one rank).
+  void dump_gradients() {
+    const std::string& dir = o_.dump_gradients_dir;
+    if (world_.rank() == 0) {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      if (ec) throw io_error(fmt::format("{}: cannot create: {}", dir, ec.message()));
+    }
+    world_.barrier();
+    const ParamLayout& layout = executor_->layout();
+    std::vector<StoredTensor> stored;
+    for (const auto& t : layout.tensors()) {
+      if (t.tied_copy || (t.tp_replicated && program_.tp_rank != 0)) continue;
+      StoredTensor st{t.name, "grad", t.full_rows, t.full_cols, {}, {}};
+      const float* g = executor_->grads() + t.offset;
+      if (program_.distributed_optimizer && program_.dp > 1) {
+        for (auto [b, e] : executor_->owned()) {
+          std::int64_t lo = std::max(b, t.offset), hi = std::min(e, t.offset + t.numel());
+          if (lo < hi) element_blocks(t, lo - t.offset, hi - t.offset, g, st);
+        }
+      } else if (program_.dp_rank == 0) {
+        element_blocks(t, 0, t.numel(), g, st);
+      }
+      if (!st.blocks.empty()) stored.push_back(std::move(st));
+    }
+    std::string file = fmt::format("rank-{:05d}.bin", world_.rank());
+    std::string sha = write_shard((fs::path(dir) / file).string(), stored);
+    world_.barrier();
+    if (world_.rank() == 0) {
+      nlohmann::json shards = nlohmann::json::array();
+      for (int r = 0; r < world_.size(); ++r) {
+        std::string f = fmt::format("rank-{:05d}.bin", r);
+        shards.push_back({{"file", f}, {"sha256", sha256_file_hex((fs::path(dir) / f).string())}});
+      }
+      nlohmann::json meta = {{"format", 1}, {"model_digest", model_.digest}, {"kind", "gradients"},
+                             {"step", result_step_ + 1}, {"shards", shards}};
+      std::ofstream(fs::path(dir) / "metadata.json") << meta.dump(2) << "\n";
+    }
+    world_.barrier();
+  }
+  std::int64_t result_step_ = 0;
 
   void write_trace(const std::vector<ir::Slice>& slices) {
     std::string part = fmt::format("{}.rank-{:05d}", o_.trace_path, world_.rank());

@@ -124,6 +124,8 @@ int main(int argc, char** argv) {
   train->add_option("--device", device, "cpu (the CUDA backend is built when nvcc is present)");
   train->add_option("--threads", threads, "Kernel threads per rank (default: cores / LOCAL_WORLD_SIZE)");
   train->add_option("--timeout-s", timeout_s, "Give up on a silent peer after this long");
+  train->add_option("--dump-gradients", o.dump_gradients_dir,
+                    "Write the first step's gradients to this directory (checkpoint shard format)");
   std::string input, output;
   auto* tokenize = app.add_subcommand("tokenize", "Byte-tokenize a text file into a token file (vocabulary 256)");
   tokenize->add_option("--input", input, "Text file")->required();

@@ -65,6 +65,8 @@ class Executor {
   // Parameters, gradients and Adam moments (moments only for the elements this rank updates; see owned()).
   float* params();
   const float* params() const;
+  // Gradients of the last step (reduced; with the distributed optimizer only the owned elements are complete).
+  const float* grads() const;
   // Adam moments for element ranges of the flat buffer that this rank updates (all of it without the distributed
   // optimizer; its shard of every bucket with it), as (begin, end) ranges in ascending order.
   const std::vector<std::pair<std::int64_t, std::int64_t>>& owned() const;

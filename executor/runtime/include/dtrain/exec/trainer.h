@@ -42,6 +42,9 @@ struct TrainOptions {
   std::string metrics_path;
   std::string trace_path;
   bool deterministic = false;
+  // After the first step of this run, write its gradients (before the optimizer used them) in the checkpoint shard
+  // format (kind "grad", metadata.json listing the shards): for comparisons with another implementation.
+  std::string dump_gradients_dir;
 };
 
 struct TrainResult {
