@@ -219,16 +219,25 @@ struct Executor::Impl {
     return layout.unit_range(in.chunk, in.layer, in.layer_end);
   }
 
+  // Time spent inside communication calls this step (for the metrics' comm_s).
+  double comm_seconds = 0;
+  template <typename Fn>
+  void timed(Fn&& fn) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    comm_seconds += seconds_between(t0, std::chrono::steady_clock::now());
+  }
+
   // ---- tensors along the flow ----
 
   void all_gather_rows(Tensor& t, std::int64_t cols) {
     Tensor full(static_cast<std::size_t>(T * cols));
-    comms.tp->all_gather(t.data(), full.data(), static_cast<std::size_t>(Tl * cols));
+    timed([&] { comms.tp->all_gather(t.data(), full.data(), static_cast<std::size_t>(Tl * cols)); });
     t.swap(full);
   }
   void reduce_scatter_rows(Tensor& t, std::int64_t cols) {
     Tensor part(static_cast<std::size_t>(Tl * cols));
-    comms.tp->reduce_scatter(t.data(), part.data(), static_cast<std::size_t>(Tl * cols), comm::ReduceOp::kSum);
+    timed([&] { comms.tp->reduce_scatter(t.data(), part.data(), static_cast<std::size_t>(Tl * cols), comm::ReduceOp::kSum); });
     t.swap(part);
   }
 
@@ -565,19 +574,19 @@ struct Executor::Impl {
       case What::kSavedInput: {
         const Tensor& shard = saved_input_for(in, st);
         st.gathered.resize(static_cast<std::size_t>(T * h));
-        comms.tp->all_gather(shard.data(), st.gathered.data(), shard.size());
+        timed([&] { comms.tp->all_gather(shard.data(), st.gathered.data(), shard.size()); });
         break;
       }
       case What::kLogitsMax:
-        comms.tp->all_reduce(st.head.max.data(), st.head.max.data(), st.head.max.size(), comm::ReduceOp::kMax);
+        timed([&] { comms.tp->all_reduce(st.head.max.data(), st.head.max.data(), st.head.max.size(), comm::ReduceOp::kMax); });
         break;
       case What::kLogitsSumExp:
-        comms.tp->all_reduce(st.head.sum_exp.data(), st.head.sum_exp.data(), st.head.sum_exp.size(),
-                             comm::ReduceOp::kSum);
+        timed([&] { comms.tp->all_reduce(st.head.sum_exp.data(), st.head.sum_exp.data(), st.head.sum_exp.size(),
+                             comm::ReduceOp::kSum); });
         break;
       case What::kTargetLogit:
-        comms.tp->all_reduce(st.head.target_logit.data(), st.head.target_logit.data(), st.head.target_logit.size(),
-                             comm::ReduceOp::kSum);
+        timed([&] { comms.tp->all_reduce(st.head.target_logit.data(), st.head.target_logit.data(), st.head.target_logit.size(),
+                             comm::ReduceOp::kSum); });
         break;
       default: throw internal_error(fmt::format("unexpected collective in a body: {}", ir::to_text(in)));
     }
@@ -764,7 +773,7 @@ struct Executor::Impl {
         ops.push_back(comm::P2POp::recv(dst.data(), dst.size(), peer, tag));
       }
     }
-    comms.pp->group(ops);
+    timed([&] { comms.pp->group(ops); });
     return end - pc;
   }
 
@@ -779,7 +788,7 @@ struct Executor::Impl {
       float pair[2] = {static_cast<float>(in.what == What::kGradNorm ? local_grad_norm_squared() : loss_sum), 0.0f};
       double exact = in.what == What::kGradNorm ? local_grad_norm_squared() : loss_sum;
       pair[1] = static_cast<float>(exact - static_cast<double>(pair[0]));
-      comms.world->all_reduce(pair, pair, 2, comm::ReduceOp::kSum);
+      timed([&] { comms.world->all_reduce(pair, pair, 2, comm::ReduceOp::kSum); });
       out = static_cast<double>(pair[0]) + static_cast<double>(pair[1]);
       if (in.what == What::kGradNorm) grad_norm_squared_total = out;
       else loss_total = out;
@@ -793,7 +802,7 @@ struct Executor::Impl {
       }
       for (const auto* t : parts) buf.insert(buf.end(), grads.data() + t->offset, grads.data() + t->offset + t->numel());
       check_count(in, static_cast<std::int64_t>(buf.size()));
-      comms.tp->all_reduce(buf.data(), buf.data(), buf.size(), comm::ReduceOp::kSum);
+      timed([&] { comms.tp->all_reduce(buf.data(), buf.data(), buf.size(), comm::ReduceOp::kSum); });
       std::size_t pos = 0;
       for (const auto* t : parts) {
         std::copy_n(buf.data() + pos, t->numel(), grads.data() + t->offset);
@@ -804,8 +813,8 @@ struct Executor::Impl {
     if (in.on == ir::CommGroup::kEmbedding) {
       auto [b, e] = layout.tied_range();
       check_count(in, e - b);
-      comms.embedding->all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(e - b),
-                                  comm::ReduceOp::kSum);
+      timed([&] { comms.embedding->all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(e - b),
+                                  comm::ReduceOp::kSum); });
       return;
     }
     if (in.on != ir::CommGroup::kDp) throw input_error("unexpected collective in the schedule");
@@ -813,7 +822,7 @@ struct Executor::Impl {
     check_count(in, e - b);
     std::int64_t n = e - b;
     if (in.op == Opcode::kAllReduce) {
-      comms.dp->all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(n), comm::ReduceOp::kSum);
+      timed([&] { comms.dp->all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(n), comm::ReduceOp::kSum); });
       return;
     }
     std::int64_t shard = shard_of_range.at(b);
@@ -823,12 +832,12 @@ struct Executor::Impl {
     std::int64_t mine_n = std::max<std::int64_t>(0, std::min(e, mine + shard) - mine);
     if (in.op == Opcode::kReduceScatter) {
       std::copy_n(flat + b, n, buf.data());
-      comms.dp->reduce_scatter(buf.data(), buf.data() + prog.dp_rank * shard, static_cast<std::size_t>(shard),
-                               comm::ReduceOp::kSum);
+      timed([&] { comms.dp->reduce_scatter(buf.data(), buf.data() + prog.dp_rank * shard, static_cast<std::size_t>(shard),
+                               comm::ReduceOp::kSum); });
       std::copy_n(buf.data() + prog.dp_rank * shard, mine_n, flat + mine);
     } else {  // all-gather of the updated parameters
       std::copy_n(flat + mine, mine_n, buf.data() + prog.dp_rank * shard);
-      comms.dp->all_gather(buf.data() + prog.dp_rank * shard, buf.data(), static_cast<std::size_t>(shard));
+      timed([&] { comms.dp->all_gather(buf.data() + prog.dp_rank * shard, buf.data(), static_cast<std::size_t>(shard)); });
       std::copy_n(buf.data(), n, flat + b);
     }
   }
@@ -916,6 +925,7 @@ struct Executor::Impl {
     loss_sum = 0;
     grad_norm_squared_total = 0;
     loss_total = 0;
+    comm_seconds = 0;
     slices.clear();
     std::fill(grads.begin(), grads.end(), 0.0f);
     plan_recompute_full = false;
@@ -981,6 +991,7 @@ struct Executor::Impl {
     out.grad_norm = grad_norm;
     out.lr = last_lr;
     out.seconds = seconds_between(step_start, std::chrono::steady_clock::now());
+    out.comm_seconds = comm_seconds;
     return out;
   }
 };

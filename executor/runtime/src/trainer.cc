@@ -224,7 +224,8 @@ class Run {
   void write_metrics(std::ofstream& out, const StepMetrics& sm) {
     double tokens = static_cast<double>(plan_.inputs.global_batch) * static_cast<double>(model_.model.seq_len);
     nlohmann::json j = {{"step", sm.step},         {"loss", sm.loss},         {"step_s", sm.seconds},
-                        {"tokens_per_s", tokens / sm.seconds}, {"grad_norm", sm.grad_norm}, {"lr", sm.lr}};
+                        {"tokens_per_s", tokens / sm.seconds}, {"grad_norm", sm.grad_norm}, {"lr", sm.lr},
+                        {"comm_s", sm.comm_seconds}};
     out << j.dump() << "\n";
     out.flush();
   }

@@ -30,6 +30,7 @@ struct StepMetrics {
   double grad_norm = 0;       // global gradient norm before clipping
   double lr = 0;              // learning rate used
   double seconds = 0;         // wall-clock time of the step on this rank
+  double comm_seconds = 0;    // of which inside communication calls (waiting for peers included)
 };
 
 struct ExecutorOptions {
