@@ -7,7 +7,9 @@
 //
 // Rank and world from RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (world size 1 when absent); with more than one
 // rank the Gloo rendezvous goes through the launcher's store (DTRAIN_STORE, DTRAIN_STORE_TOKEN) under DTRAIN_RUN_ID,
-// listening on DTRAIN_COMM_HOST (default 127.0.0.1).
+// listening on DTRAIN_COMM_HOST (default 127.0.0.1). With DTRAIN_STORE_HOST=1 (set by the Slurm plugin for the task
+// of global rank 0 when tasks are ranks, as PyTorch's rank 0 hosts its TCPStore at MASTER_ADDR:MASTER_PORT) this
+// rank hosts the store on DTRAIN_STORE's port itself.
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
@@ -25,6 +27,7 @@
 #include "dtrain/kernels/threads.h"
 #include "dtrain/store/client.h"
 #include "dtrain/store/gloo_store.h"
+#include "dtrain/store/server.h"
 
 namespace {
 
@@ -63,6 +66,7 @@ int run_train(const exec::TrainOptions& options, double timeout_s, int threads) 
   std::shared_ptr<store::Client> client;
   std::unique_ptr<store::GlooStore> gloo_store;
   std::unique_ptr<comm::InprocWorld> single;
+  std::unique_ptr<store::Server> hosted;
   if (world == 1) {
     comm::InprocOptions io;
     io.timeout = timeout;
@@ -73,6 +77,13 @@ int run_train(const exec::TrainOptions& options, double timeout_s, int threads) 
       throw input_error(fmt::format("WORLD_SIZE={} but DTRAIN_STORE is not set: start ranks with dtlaunch (or under "
                                     "Slurm with the dtrain plugin), which provides the rendezvous store",
                                     world));
+    }
+    if (env_string("DTRAIN_STORE_HOST", "0") == "1") {
+      if (rank != 0) throw input_error(fmt::format("DTRAIN_STORE_HOST=1 on rank {}: only rank 0 hosts the store", rank));
+      store::ServerOptions so;
+      so.port = store::Endpoint::from_environment().port;
+      hosted = std::make_unique<store::Server>(store::Secret::from_environment(), so);
+      log::info("rdzv", "hosting the rendezvous store on port {}", hosted->port());
     }
     store::ClientOptions co;
     co.timeout = timeout;
