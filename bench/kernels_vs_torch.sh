@@ -1,7 +1,7 @@
 #!/bin/bash
 # dtrain's CPU kernels against PyTorch 1.13 (eager, CPU), one transformer layer forward + backward and each op,
-# side by side in one table. Same shapes, same thread count (OpenBLAS, OpenMP and PyTorch's intra-op pool all set to
-# it), minimum over repetitions on both sides.
+# side by side in one table. Same shapes, same thread count (OpenBLAS, dtrain's pool, OpenMP and PyTorch's intra-op
+# pool all set to it), minimum over repetitions on both sides.
 #
 #   bench/kernels_vs_torch.sh [BUILD_DIR] [THREADS...]      defaults: build, threads 1
 #   REPS=50 bench/kernels_vs_torch.sh build 1 2
