@@ -1,7 +1,7 @@
 #!/bin/bash
 # dtrain's CPU kernels against PyTorch 1.13 (eager, CPU), one transformer layer forward + backward and each op,
-# side by side in one table. Same shapes, same thread count (OpenBLAS, OpenMP and PyTorch's intra-op pool all set to
-# it), minimum over repetitions on both sides.
+# side by side in one table. Same shapes, same thread count (OpenBLAS, dtrain's pool, OpenMP and PyTorch's intra-op
+# pool all set to it), minimum over repetitions on both sides.
 #
 #   bench/kernels_vs_torch.sh [BUILD_DIR] [THREADS...]      defaults: build, threads 1
 #   REPS=50 bench/kernels_vs_torch.sh build 1 2
@@ -9,7 +9,9 @@
 # Clock: with 1 thread both sides report process CPU time (on a shared machine, what the work costs without the time
 # spent waiting for a core); with more threads, wall time (CPU time would count spinning worker threads). CLOCK=wall
 # forces wall time everywhere. Both sides use the same OpenBLAS library, with whatever OPENBLAS_CORETYPE the
-# environment sets (printed in the header).
+# environment sets (printed in the header). With more than one thread, PyTorch's OpenMP workers spin between regions
+# by default and compete with OpenBLAS's spinning workers; OMP_WAIT_POLICY=passive in the environment gives PyTorch
+# the sleeping workers dtrain's pool has (it does not affect dtrain, which does not use OpenMP).
 #
 # Needs BUILD_DIR/bin/kernels_layer_bench (ninja -C BUILD_DIR kernels_layer_bench) and /usr/bin/python3 with torch
 # (Debian's python3-torch; the python3 first on PATH may lack it).

@@ -14,7 +14,9 @@
 #include <bit>
 #include <cstdint>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: the ifunc resolver runs while the dynamic loader relocates the program, before the TSan
+// runtime is initialised, and its instrumentation crashes there (the TSan build then runs the baseline code only).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define DTRAIN_KERNEL_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define DTRAIN_KERNEL_CLONES

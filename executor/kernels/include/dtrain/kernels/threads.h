@@ -1,8 +1,10 @@
 // Threads used by the CPU kernels.
 //
 // Two pools do the work: OpenBLAS's (the GEMMs of linear layers) and dtrain's own (norms, attention, activations,
-// cross entropy, the optimizer; OpenMP). When several ranks share a machine, give each rank
-// cores / ranks_per_machine threads (usually 1) so that they do not oversubscribe the cores.
+// cross entropy, the optimizer), whose idle workers sleep rather than spin so that the two pools can share cores.
+// When several ranks share a machine, give each rank cores / ranks_per_machine threads (usually 1) so that they do
+// not oversubscribe the cores. Ranks run as threads of one process (the in-process test backend) share dtrain's pool:
+// when it is busy, a caller does its work alone (with the same results).
 //
 // Results do not depend on the kernel thread count: dtrain's own loops split work into items with disjoint outputs
 // and combine partial sums in a fixed order. OpenBLAS splits a GEMM over rows and columns of the output, never over
