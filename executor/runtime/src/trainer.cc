@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -74,23 +76,40 @@ plan::Plan make_plan(const TrainOptions& o, const model::ModelDescription& model
   return plan::make_plan(*r.best, cm, so.fixed);
 }
 
-// Every rank shows the others its plan digest; any difference stops them all, naming both digests.
+// The node this rank runs on, for messages: SLURMD_NODENAME under Slurm (nodes of a test cluster share one host
+// name), else the host name.
+std::string node_name() {
+  const char* slurm = std::getenv("SLURMD_NODENAME");
+  if (slurm != nullptr && *slurm != '\0') return slurm;
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+// Every rank shows the others its plan digest and node; any difference stops them all, naming both digests and
+// the nodes (a node whose topology differs from the others plans differently, and is named here).
 void check_plan_digests(comm::Communicator& world, const std::string& digest) {
   static_assert(sizeof(float) == 4);
-  float mine[16] = {};
+  constexpr int kFloats = 32;  // 64 digest characters + 64 of node name
+  char mine_text[4 * kFloats] = {};
   std::string d = digest.substr(0, 64);
-  d.resize(64, '0');
-  for (int i = 0; i < 16; ++i) std::memcpy(&mine[i], d.data() + 4 * i, 4);
-  std::vector<float> all(static_cast<std::size_t>(16 * world.size()));
-  world.all_gather(mine, all.data(), 16);
+  std::memcpy(mine_text, d.data(), d.size());
+  std::string node = node_name().substr(0, 63);
+  std::memcpy(mine_text + 64, node.data(), node.size());
+  float mine[kFloats];
+  std::memcpy(mine, mine_text, sizeof mine);
+  std::vector<float> all(static_cast<std::size_t>(kFloats * world.size()));
+  world.all_gather(mine, all.data(), kFloats);
   for (int r = 0; r < world.size(); ++r) {
-    if (std::memcmp(all.data() + 16 * r, mine, sizeof(mine)) != 0) {
-      std::string theirs(64, '0');
-      std::memcpy(theirs.data(), all.data() + 16 * r, 64);
+    const char* theirs = reinterpret_cast<const char*>(all.data() + kFloats * r);
+    if (std::memcmp(theirs, mine_text, 64) != 0) {
+      std::string their_digest(theirs, strnlen(theirs, 64));
+      std::string their_node(theirs + 64, strnlen(theirs + 64, 64));
       throw Error(ErrorCategory::kInput, ExitCode::kPlanMismatch,
-                  fmt::format("plan digest mismatch at rendezvous: rank {} holds plan {}, rank {} holds plan {}; every "
-                              "rank must run the same plan (pass the same plan file, or --plan auto everywhere)",
-                              world.rank(), digest, r, theirs));
+                  fmt::format("plan digest mismatch at rendezvous: rank {} (node {}) holds plan {}, rank {} (node {}) "
+                              "holds plan {}; every rank must run the same plan (the same plan file, or --plan auto "
+                              "with the same inputs; a node whose topology differs from the others plans differently)",
+                              world.rank(), node, digest, r, their_node, their_digest));
     }
   }
 }
