@@ -17,7 +17,8 @@
 # Read from the environment (all optional):
 #   DTRAIN_SPANK_PLUGIN     plugin for plugstack.conf, written as `required PATH ARGS`. A path ending in .c is a
 #                           test fixture: the harness compiles it into the cluster directory first.
-#   DTRAIN_SPANK_ARGS       plugin arguments (key=value ...) appended to that line.
+#   DTRAIN_SPANK_ARGS       plugin arguments (key=value ...) appended to that line; @DIR@ becomes the cluster directory
+#                           and @JOB_PORTS@ the range LO-HI of ports reserved for this cluster's jobs.
 #   DTRAIN_NODE_ENV_n1..n4  whitespace-separated NAME=VALUE words added to that slurmd's environment (slurmstepd,
 #                           and so the plugin's remote side, inherits it), e.g. DTRAIN_NODE_ENV_n2="HWLOC_XMLFILE=/x.xml".
 #   DTRAIN_SLURM_CONF_EXTRA extra slurm.conf lines (newline-separated), appended last.
@@ -33,6 +34,7 @@
 #   SLURM_CONF              the cluster's slurm.conf (every Slurm command then talks to this cluster)
 #   DTRAIN_SLURM_DIR        the cluster directory (also the marker that identifies this cluster's processes)
 #   DTRAIN_SLURM_NODES      "n1 n2 n3 n4";  DTRAIN_SLURM_PARTITION  "debug"
+#   DTRAIN_SLURM_JOB_PORTS  LO-HI: ports reserved for this cluster's jobs (free when the cluster started)
 #   DTRAIN_SLURM_LIB        tests/slurm/lib.sh, helpers for test scripts (assertions, waiting for jobs and nodes)
 #   DTRAIN_SLURM_STARTUP_MS start-up time of the cluster in milliseconds
 # Inherited SLURM_*, SRUN_*, SBATCH_*, SALLOC_* variables (from an enclosing real Slurm job) are removed first.
@@ -46,6 +48,7 @@ PARTITION=debug
 PORT_LO=20000 # below the ephemeral range (32768-60999) so outgoing connections never take our ports
 PORT_HI=32000
 PORT_LOCK=/tmp # flock on the /tmp directory itself: serialises port choice between runs, leaves no lock file
+PORT_SLOT=32   # ports per cluster: BASE..BASE+4 for the daemons, BASE+8..BASE+31 for jobs (DTRAIN_SLURM_JOB_PORTS)
 
 DIR=""            # the cluster directory of this process
 OWN_CLUSTER=0     # 1 once this process created DIR (then it must stop it)
@@ -78,20 +81,21 @@ clean_slurm_env() {
 }
 
 # ---- ports -----------------------------------------------------------------------------------------------------
-# slurmctld takes BASE, slurmd nX takes BASE+X. Chosen under a lock, excluding ports in use (ss) and ports
-# reserved by other harness runs (their DIR/ports files), so concurrent runs never collide.
+# slurmctld takes BASE, slurmd nX takes BASE+X; BASE+8..BASE+31 are the jobs' (a SPANK plugin's port_range, through
+# @JOB_PORTS@ in DTRAIN_SPANK_ARGS). Chosen under a lock, excluding ports in use (ss) and ports reserved by other
+# harness runs (their DIR/ports files), so concurrent runs never collide.
 pick_ports() {
   local used base tries=0 ok p
   exec {lockfd}<"$PORT_LOCK"
   flock -w 30 "$lockfd" || { log "error: could not lock $PORT_LOCK"; return 1; }
   used=" $(ss -Htan | awk '{ n = split($4, a, ":"); print a[n] }' | tr '\n' ' ') "
   used+="$(cat /tmp/dtrain-slurm.*/ports 2>/dev/null | tr '\n' ' ' || true) "
-  local nslots=$(((PORT_HI - PORT_LO) / 8))
+  local nslots=$(((PORT_HI - PORT_LO) / PORT_SLOT))
   local slot=$((($$ * 7919 + RANDOM) % nslots))
   while :; do
-    base=$((PORT_LO + slot * 8))
+    base=$((PORT_LO + slot * PORT_SLOT))
     ok=1
-    for p in $(seq "$base" $((base + ${#NODES[@]}))); do
+    for p in $(seq "$base" $((base + PORT_SLOT - 1))); do
       [[ $used == *" $p "* ]] && { ok=0; break; }
     done
     ((ok)) && break
@@ -103,9 +107,10 @@ pick_ports() {
       return 1
     fi
   done
-  seq "$base" $((base + ${#NODES[@]})) >"$DIR/ports"
+  seq "$base" $((base + PORT_SLOT - 1)) >"$DIR/ports"
   exec {lockfd}>&-
   CTLD_PORT=$base
+  JOB_PORTS="$((base + 8))-$((base + PORT_SLOT - 1))"
 }
 
 # ---- configuration ---------------------------------------------------------------------------------------------
@@ -201,7 +206,11 @@ write_plugstack() {
     plugin=$so
   fi
   [[ -f $plugin ]] || { log "error: DTRAIN_SPANK_PLUGIN=$plugin: no such file"; return 1; }
-  printf 'required %s %s\n' "$plugin" "${DTRAIN_SPANK_ARGS:-}" >"$DIR/plugstack.conf"
+  # @DIR@: the cluster directory; @JOB_PORTS@: ports reserved for this cluster's jobs (LO-HI)
+  local args=${DTRAIN_SPANK_ARGS:-}
+  args=${args//@DIR@/$DIR}
+  args=${args//@JOB_PORTS@/$JOB_PORTS}
+  printf 'required %s %s\n' "$plugin" "$args" >"$DIR/plugstack.conf"
 }
 
 # ---- daemons ---------------------------------------------------------------------------------------------------
@@ -306,7 +315,7 @@ start_cluster() {
   pick_ports
   write_config
   export SLURM_CONF="$DIR/slurm.conf" DTRAIN_SLURM_DIR="$DIR" DTRAIN_SLURM_NODES="${NODES[*]}"
-  export DTRAIN_SLURM_PARTITION="$PARTITION" DTRAIN_SLURM_LIB="$HARNESS_HOME/lib.sh"
+  export DTRAIN_SLURM_PARTITION="$PARTITION" DTRAIN_SLURM_LIB="$HARNESS_HOME/lib.sh" DTRAIN_SLURM_JOB_PORTS="$JOB_PORTS"
   start_daemons
   export DTRAIN_SLURM_STARTUP_MS
 }
@@ -493,8 +502,8 @@ cmd_start() {
   trap 'exit 130' INT
   trap 'exit 143' TERM
   start_cluster start
-  printf 'export SLURM_CONF=%q DTRAIN_SLURM_DIR=%q DTRAIN_SLURM_NODES=%q DTRAIN_SLURM_PARTITION=%q DTRAIN_SLURM_LIB=%q\n' \
-    "$SLURM_CONF" "$DIR" "$DTRAIN_SLURM_NODES" "$PARTITION" "$DTRAIN_SLURM_LIB"
+  printf 'export SLURM_CONF=%q DTRAIN_SLURM_DIR=%q DTRAIN_SLURM_NODES=%q DTRAIN_SLURM_PARTITION=%q DTRAIN_SLURM_LIB=%q DTRAIN_SLURM_JOB_PORTS=%q\n' \
+    "$SLURM_CONF" "$DIR" "$DTRAIN_SLURM_NODES" "$PARTITION" "$DTRAIN_SLURM_LIB" "$JOB_PORTS"
   log "left running; stop with: $0 stop $DIR"
   OWN_CLUSTER=0 # from here on the cluster outlives this process
   trap - EXIT INT TERM
