@@ -4,16 +4,21 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <vector>
 
 #include "dtrain/common/digest.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
+#include "dtrain/common/strings.h"
 #include "dtrain/common/version.h"
 #include "dtrain/exec/checkpoint.h"
 #include "dtrain/ir/lower.h"
@@ -86,30 +91,102 @@ std::string node_name() {
   return buf;
 }
 
-// Every rank shows the others its plan digest and node; any difference stops them all, naming both digests and
-// the nodes (a node whose topology differs from the others plans differently, and is named here).
+// What a rank shows the others at rendezvous: its plan digest, its node, and the node's topology fingerprint and
+// summary when the Slurm plugin gave them (DTRAIN_TOPOLOGY_DIGEST, DTRAIN_TOPOLOGY; empty otherwise).
+struct RendezvousFacts {
+  static constexpr std::size_t kDigest = 0, kNode = 64, kTopoDigest = 128, kTopoSummary = 160, kBytes = 384;
+  static constexpr int kFloats = static_cast<int>(kBytes / sizeof(float));
+  char bytes[kBytes] = {};
+
+  void put(std::size_t at, std::size_t size, const std::string& text) {
+    std::memcpy(bytes + at, text.data(), std::min(text.size(), size - 1));
+  }
+  std::string get(std::size_t at, std::size_t size) const { return std::string(bytes + at, strnlen(bytes + at, size)); }
+  std::string digest() const { return get(kDigest, kNode - kDigest); }
+  std::string node() const { return get(kNode, kTopoDigest - kNode); }
+  std::string topo_digest() const { return get(kTopoDigest, kTopoSummary - kTopoDigest); }
+  std::string topo_summary() const { return get(kTopoSummary, kBytes - kTopoSummary); }
+};
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+// "0-3,6"
+std::string rank_ranges(const std::vector<int>& ranks) {
+  std::string s;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!s.empty()) s += ",";
+    s += j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]);
+    i = j + 1;
+  }
+  return s;
+}
+
+// Nodes whose topology fingerprint differs from the majority's are named, with both topologies: the plan and the
+// binding assume alike nodes, and a node with a GPU or NIC missing would otherwise fail later and obscurely.
+void check_topologies(const std::vector<RendezvousFacts>& all) {
+  std::map<std::string, std::vector<int>> ranks_of;  // topology digest -> ranks
+  for (std::size_t r = 0; r < all.size(); ++r) ranks_of[all[r].topo_digest()].push_back(static_cast<int>(r));
+  if (ranks_of.size() <= 1) return;
+  auto majority = std::max_element(ranks_of.begin(), ranks_of.end(), [](const auto& a, const auto& b) {
+    return a.second.size() < b.second.size() || (a.second.size() == b.second.size() && a.second[0] > b.second[0]);
+  });
+  auto describe = [&](const std::vector<int>& ranks) {
+    std::vector<std::string> nodes;
+    for (int r : ranks) {
+      std::string n = all[static_cast<std::size_t>(r)].node();
+      if (std::find(nodes.begin(), nodes.end(), n) == nodes.end()) nodes.push_back(n);
+    }
+    const RendezvousFacts& f = all[static_cast<std::size_t>(ranks[0])];
+    return fmt::format("node{} {} (rank{} {}) {} {} [topology {}]", nodes.size() == 1 ? "" : "s", join(nodes, ", "),
+                       ranks.size() == 1 ? "" : "s", rank_ranges(ranks), nodes.size() == 1 ? "has" : "have",
+                       f.topo_summary().empty() ? "no topology from the dtrain plugin" : f.topo_summary(),
+                       f.topo_digest().empty() ? "none" : f.topo_digest());
+  };
+  std::vector<std::string> odd;
+  for (const auto& [digest, ranks] : ranks_of) {
+    if (digest != majority->first) odd.push_back(describe(ranks));
+  }
+  throw Error(ErrorCategory::kTopology, ExitCode::kPlanMismatch,
+              fmt::format("node topology mismatch at rendezvous: {}; but {}. The plan and the binding assume alike "
+                          "nodes: leave the odd node{} out (srun --exclude) or fix it",
+                          join(odd, "; "), describe(majority->second), odd.size() == 1 ? "" : "s"));
+}
+
+// Every rank shows the others its plan digest, node and node topology; a topology that differs stops every rank
+// naming the odd node, then any difference of plans stops them all, naming both digests and the nodes (a node whose
+// topology differs from the others plans differently).
 void check_plan_digests(comm::Communicator& world, const std::string& digest) {
   static_assert(sizeof(float) == 4);
-  constexpr int kFloats = 32;  // 64 digest characters + 64 of node name
-  char mine_text[4 * kFloats] = {};
-  std::string d = digest.substr(0, 64);
-  std::memcpy(mine_text, d.data(), d.size());
-  std::string node = node_name().substr(0, 63);
-  std::memcpy(mine_text + 64, node.data(), node.size());
-  float mine[kFloats];
-  std::memcpy(mine, mine_text, sizeof mine);
-  std::vector<float> all(static_cast<std::size_t>(kFloats * world.size()));
-  world.all_gather(mine, all.data(), kFloats);
+  RendezvousFacts mine;
+  mine.put(RendezvousFacts::kDigest, RendezvousFacts::kNode, digest.substr(0, 63));
+  mine.put(RendezvousFacts::kNode, RendezvousFacts::kTopoDigest - RendezvousFacts::kNode, node_name());
+  mine.put(RendezvousFacts::kTopoDigest, RendezvousFacts::kTopoSummary - RendezvousFacts::kTopoDigest,
+           env_or_empty("DTRAIN_TOPOLOGY_DIGEST"));
+  mine.put(RendezvousFacts::kTopoSummary, RendezvousFacts::kBytes - RendezvousFacts::kTopoSummary,
+           env_or_empty("DTRAIN_TOPOLOGY"));
+  float mine_floats[RendezvousFacts::kFloats];
+  std::memcpy(mine_floats, mine.bytes, sizeof mine_floats);
+  std::vector<float> gathered(static_cast<std::size_t>(RendezvousFacts::kFloats * world.size()));
+  world.all_gather(mine_floats, gathered.data(), RendezvousFacts::kFloats);
+  std::vector<RendezvousFacts> all(static_cast<std::size_t>(world.size()));
   for (int r = 0; r < world.size(); ++r) {
-    const char* theirs = reinterpret_cast<const char*>(all.data() + kFloats * r);
-    if (std::memcmp(theirs, mine_text, 64) != 0) {
-      std::string their_digest(theirs, strnlen(theirs, 64));
-      std::string their_node(theirs + 64, strnlen(theirs + 64, 64));
+    std::memcpy(all[static_cast<std::size_t>(r)].bytes, gathered.data() + RendezvousFacts::kFloats * r,
+                RendezvousFacts::kBytes);
+  }
+  check_topologies(all);
+  for (int r = 0; r < world.size(); ++r) {
+    const RendezvousFacts& theirs = all[static_cast<std::size_t>(r)];
+    if (theirs.digest() != mine.digest()) {
       throw Error(ErrorCategory::kInput, ExitCode::kPlanMismatch,
                   fmt::format("plan digest mismatch at rendezvous: rank {} (node {}) holds plan {}, rank {} (node {}) "
                               "holds plan {}; every rank must run the same plan (the same plan file, or --plan auto "
                               "with the same inputs; a node whose topology differs from the others plans differently)",
-                              world.rank(), node, digest, r, their_node, their_digest));
+                              world.rank(), mine.node(), digest, r, theirs.node(), theirs.digest()));
     }
   }
 }

@@ -9,7 +9,9 @@
 // rank the Gloo rendezvous goes through the launcher's store (DTRAIN_STORE, DTRAIN_STORE_TOKEN) under DTRAIN_RUN_ID,
 // listening on DTRAIN_COMM_HOST (default 127.0.0.1). With DTRAIN_STORE_HOST=1 (set by the Slurm plugin for the task
 // of global rank 0 when tasks are ranks, as PyTorch's rank 0 hosts its TCPStore at MASTER_ADDR:MASTER_PORT) this
-// rank hosts the store on DTRAIN_STORE's port itself.
+// rank hosts the store on DTRAIN_STORE's port itself. Without --plan, a plan file named by DTRAIN_PLAN (what the
+// Slurm plugin sets in every task) is used, else auto. DTRAIN_PLUGIN_ERROR (set by the plugin when it could not
+// prepare the task) is reported and ends the rank with exit 2 before anything else.
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
@@ -51,6 +53,9 @@ std::string env_string(const char* name, const std::string& fallback) {
 void on_signal(int) { exec::set_stop_requested(); }
 
 int run_train(const exec::TrainOptions& options, double timeout_s, int threads) {
+  if (const char* plugin_error = std::getenv("DTRAIN_PLUGIN_ERROR"); plugin_error != nullptr && *plugin_error) {
+    throw input_error(fmt::format("the dtrain Slurm plugin could not prepare this task: {}", plugin_error));
+  }
   int rank = env_int("RANK", 0);
   int world = env_int("WORLD_SIZE", 1);
   int local_world = env_int("LOCAL_WORLD_SIZE", 1);
@@ -118,7 +123,9 @@ int main(int argc, char** argv) {
   std::string device = "cpu";
   auto* train = app.add_subcommand("train", "Train the model with a plan");
   train->add_option("--model", o.model_path, "Model description (model.toml)")->required();
-  train->add_option("--plan", o.plan, "A plan file, or 'auto' to plan on the spot for WORLD_SIZE ranks");
+  auto* plan_option = train->add_option(
+      "--plan", o.plan, "A plan file, or 'auto' to plan on the spot for WORLD_SIZE ranks (default: DTRAIN_PLAN when it "
+                        "names a plan file, as in a task of a dtrain Slurm step; else auto)");
   train->add_option("--cluster", o.cluster_path, "Cluster description for --plan auto (default: this machine's CPUs)");
   train->add_option("--fix", o.fixed, "Pinned dimensions for --plan auto, as in dtplan --fix");
   train->add_option("--data", o.data, "Token file (dtexec tokenize), or 'synthetic'");
@@ -153,6 +160,13 @@ int main(int argc, char** argv) {
       throw input_error(fmt::format("--device {}: this build runs the CPU backend (cpu)", device));
     }
     if (o.deterministic) threads = 1;
+    if (plan_option->count() == 0) {
+      // DTRAIN_PLAN is also the Slurm plugin's input twin (auto, off, tp=..): only a plan file is taken from it.
+      std::string env_plan = env_string("DTRAIN_PLAN", "");
+      if (!env_plan.empty() && env_plan != "auto" && env_plan != "off" && env_plan.find('=') == std::string::npos) {
+        o.plan = env_plan;
+      }
+    }
     return run_train(o, timeout_s, threads);
   } catch (const CLI::Success& e) {
     return app.exit(e);
