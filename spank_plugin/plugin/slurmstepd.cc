@@ -9,6 +9,7 @@
 // A problem never fails a callback (a failing remote callback of a batch job drains the node): the tasks get
 // DTRAIN_PLUGIN_ERROR, local task 0 of each node prints the message on its stderr, and slurmd's log has it.
 #include <fcntl.h>
+#include <sched.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -162,6 +163,35 @@ void prepare_step(spank_t sp, State& s, const UserRequest& request, uint32_t job
              e.master_port, master.how.c_str(), fingerprint.summary.c_str(), fingerprint.digest.c_str());
 }
 
+// The task's CPU affinity: the binding's CPUs that the task may use (Slurm's cgroup and CPU binding have already
+// shaped its affinity; a topology read from an XML may name CPUs this machine lacks). When none is left the task
+// keeps Slurm's affinity, with a warning on its stderr.
+void bind_task_cpus(spank_t sp, const State& s, topology::Binding binding, int local) {
+  if (binding.cpus.empty()) return;
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  std::vector<int> allowed;
+  if (::sched_getaffinity(0, sizeof mask, &mask) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &mask)) allowed.push_back(c);
+    }
+  }
+  std::vector<int> usable = usable_cpus(binding.cpus, allowed);
+  if (usable.empty()) {
+    if (local == 0) {
+      std::fprintf(stderr, "dtrain: warning: node %s: the binding's CPUs %s are not available to this task (%s); "
+                   "it keeps Slurm's CPU binding\n",
+                   s.node_name.c_str(), topology::format_cpu_list(binding.cpus).c_str(),
+                   topology::format_cpu_list(allowed).c_str());
+    }
+    spank_unsetenv(sp, "DTRAIN_CPUS");
+    return;
+  }
+  binding.cpus = usable;
+  topology::apply_cpu_affinity(binding);
+  spank_setenv(sp, "DTRAIN_CPUS", topology::format_cpu_list(usable).c_str(), 1);
+}
+
 }  // namespace
 
 int stepd_user_init(spank_t sp) {
@@ -205,7 +235,11 @@ int stepd_task_init(spank_t sp) {
       }
       spank_unsetenv(sp, kPluginErrorEnv);
       if (s.step.shape.style == LaunchStyle::kTaskPerRank && local < static_cast<int>(s.bindings.size())) {
-        topology::apply_cpu_affinity(s.bindings[static_cast<std::size_t>(local)]);
+        try {
+          bind_task_cpus(sp, s, s.bindings[static_cast<std::size_t>(local)], local);
+        } catch (const std::exception& e) {  // the task still runs, with Slurm's CPU binding
+          if (local == 0) std::fprintf(stderr, "dtrain: warning: node %s: %s\n", s.node_name.c_str(), e.what());
+        }
       }
       return 0;
     } catch (const std::exception& e) {

@@ -76,6 +76,15 @@ std::vector<topology::Binding> bind_ranks(const topology::NodeTopology& node, in
   return bindings;
 }
 
+std::vector<int> usable_cpus(const std::vector<int>& wanted, const std::vector<int>& allowed) {
+  std::set<int> allow(allowed.begin(), allowed.end());
+  std::set<int> out;
+  for (int c : wanted) {
+    if (allow.count(c)) out.insert(c);
+  }
+  return {out.begin(), out.end()};
+}
+
 EnvList task_environment(const StepEnvironment& s, int local_task) {
   const StepShape& shape = s.shape;
   bool per_rank = shape.style == LaunchStyle::kTaskPerRank;

@@ -79,7 +79,9 @@ PlanRequest parse_plan_request(std::string_view value, std::string_view source) 
     try {
       r.fixed = plan::parse_fixed(v);
     } catch (const Error& e) {
-      throw e.with_context(std::string(source));
+      std::string what = e.what();
+      if (starts_with(what, "--fix: ")) what = what.substr(7);  // the dimensions' own parser speaks of --fix
+      throw input_error(fmt::format("{}={}: {} (dimensions as in dtplan --fix)", source, v, what));
     }
     r.fixed_text = v;
   } else {

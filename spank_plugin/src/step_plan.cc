@@ -100,10 +100,10 @@ StepPlan make_step_plan(const UserRequest& request, const LoadedInputs& in,
   if (in.plan_file) {
     const plan::Plan& p = *in.plan_file;
     if (p.inputs.nodes != shape.nodes || p.inputs.gpus_per_node != shape.ranks_per_node) {
-      throw input_error(fmt::format("{} was made for {} nodes x {} GPUs ({} ranks), but this step runs {}: plan for "
-                                    "the step's shape, or run the step with that shape",
-                                    request.plan.path, p.inputs.nodes, p.inputs.gpus_per_node, p.inputs.gpus,
-                                    shape.describe()));
+      throw input_error(fmt::format("{} was made for {} node{} x {} GPUs ({} ranks), but this step runs {}: plan "
+                                    "for the step's shape, or run the step with that shape",
+                                    request.plan.path, p.inputs.nodes, p.inputs.nodes == 1 ? "" : "s",
+                                    p.inputs.gpus_per_node, p.inputs.gpus, shape.describe()));
     }
     s.plan = p;
     s.cost_model = std::make_shared<plan::CostModel>(p.model, p.cluster);

@@ -115,6 +115,12 @@ TEST(TaskEnvironment, LocalTaskOutOfRangeIsAnInternalError) {
   EXPECT_THROW(task_environment(s, -1), Error);
 }
 
+TEST(UsableCpus, TheBindingWithinTheTasksAffinity) {
+  EXPECT_EQ(usable_cpus({0, 1, 2, 3, 48, 49}, {0, 1, 48, 96}), (std::vector<int>{0, 1, 48}));
+  EXPECT_EQ(usable_cpus({8, 9}, {0, 1}), std::vector<int>{});
+  EXPECT_EQ(usable_cpus({}, {0, 1}), std::vector<int>{});
+}
+
 TEST(StepPort, SameOnEveryNodeInRangeAndDifferentPerStep) {
   int p = step_port(1234, 0, 30000, 30099);
   EXPECT_EQ(p, step_port(1234, 0, 30000, 30099));

@@ -18,7 +18,7 @@
 //                                                    between nodes at rendezvous)
 //   CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, NCCL_IB_HCA, OMP_NUM_THREADS, DTRAIN_CPUS
 //                                                    the binding (topology/binding.h); the task's CPU affinity is set
-//                                                    to DTRAIN_CPUS
+//                                                    to DTRAIN_CPUS, the binding's CPUs that Slurm lets it use
 // dtlaunch per node (the task starts the node's ranks; it binds them and sets their RANK itself):
 //   the same without RANK, LOCAL_RANK, the coordinates and the binding; WORLD_SIZE = nodes x ranks per node and
 //   LOCAL_WORLD_SIZE = ranks per node count dtlaunch's ranks; DTRAIN_STORE_HOST=0.
@@ -70,6 +70,10 @@ struct StepEnvironment {
 // (topology) when the node has fewer GPUs than ranks or the allocation names a GPU the topology lacks.
 std::vector<topology::Binding> bind_ranks(const topology::NodeTopology& node, int ranks, const std::string& slurm_step_gpus,
                 const std::string& slurm_visible_devices, StepEnvironment& step);
+
+// The CPUs of a binding that the task may use: `wanted` restricted to `allowed` (the task's own affinity, which
+// Slurm's cgroup and CPU binding shape), in ascending order. Empty when they do not meet.
+std::vector<int> usable_cpus(const std::vector<int>& wanted, const std::vector<int>& allowed);
 
 // The variables of local task `local_task` in a fixed order. Throws dtrain::Error (internal) when local_task is
 // outside the node's ranks (task per rank) or not 0 (dtlaunch per node).
