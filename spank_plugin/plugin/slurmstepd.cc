@@ -80,10 +80,12 @@ std::string write_plan_file(const std::string& plan_dir, uint32_t job, uint32_t 
   return dir;
 }
 
-void prepare_step(spank_t sp, State& s, const UserRequest& request, uint32_t job, uint32_t step_id) {
+void prepare_step(spank_t sp, State& s, const UserRequest& request, const std::optional<std::string>& token,
+                  uint32_t job, uint32_t step_id) {
   EnvLookup env = job_environment(sp);
-  if (!env(store::kTokenEnv)) {
-    throw input_error("DTRAIN_STORE_TOKEN is missing from the job's environment (srun's side of the plugin sets it)");
+  if (!token || token->empty()) {
+    throw input_error(fmt::format("{} is missing from the job's environment (srun's side of the plugin sets it)",
+                                  kHandoffTokenEnv));
   }
   int nodes = static_cast<int>(item_u32(sp, S_JOB_NNODES, "node count"));
   int node_index = static_cast<int>(item_u32(sp, S_JOB_NODEID, "node id"));
@@ -141,6 +143,7 @@ void prepare_step(spank_t sp, State& s, const UserRequest& request, uint32_t job
   e.node_index = node_index;
   e.master_addr = master.address;
   e.master_port = step_port(job, step_id, s.args.port_min, s.args.port_max);
+  e.store_token = *token;
   e.comm_host = self.address;
   e.run_id = step_run_id(job, step_id);
   e.plan_digest = plan.plan.digest;
@@ -209,12 +212,21 @@ int stepd_user_init(spank_t sp) {
     s.active = true;
     s.error = e.what();
   }
-  if (!request && !s.active) return 0;  // not a dtrain step
+  if (!request && !s.active) {
+    if (!s.flags.plan || *s.flags.plan == "off") return 0;  // not a dtrain step
+    // The option reached this node but srun handed nothing over: its side of the plugin did not run.
+    s.active = true;
+    s.error = fmt::format("--dtrain-plan={} reached the node, but srun handed over no request: is spank_dtrain.so in "
+                          "the plugstack.conf of the host that ran srun?",
+                          *s.flags.plan);
+  }
   s.active = true;
+  // Before prepare_step reads them (it copies what it needs): the tasks never see the hand-off.
+  std::optional<std::string> token = env(kHandoffTokenEnv);
   for (const auto& name : handoff_variables()) spank_unsetenv(sp, name.c_str());
   if (!s.error.empty()) return 0;  // plugstack.conf arguments or the hand-off were bad: the tasks are told
   try {
-    prepare_step(sp, s, *request, job, step_id);
+    prepare_step(sp, s, *request, token, job, step_id);
   } catch (const std::exception& e) {
     s.error = e.what();
     slurm_error("dtrain: step %u.%u on %s: %s", job, step_id, s.node_name.empty() ? "?" : s.node_name.c_str(),

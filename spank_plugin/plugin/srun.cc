@@ -4,7 +4,8 @@
 //   local_user_init  the step's shape (node and task counts, dtlaunch or not) and, when a cluster description is at
 //                    hand (--dtrain-cluster, or the administrator's cluster=), the plan itself: a model that no
 //                    layout fits fails here. --dtrain-explain prints the plan report. Then the job's store secret
-//                    and the resolved request go into srun's environment, which Slurm merges into every task's.
+//                    and the resolved request go into srun's environment, which Slurm merges into every task's
+//                    (SLURM_* names: even under --export=NONE).
 #include <cstdio>
 
 #include "dtrain/store/auth.h"
@@ -54,9 +55,10 @@ int srun_local_user_init(spank_t sp) {
               "each node plans from its own topology when the step starts; in the job, `dtplan explain --plan "
               "\"$DTRAIN_PLAN\"` shows that plan");
   }
-  // The job's secret for the rendezvous store: made here, inherited by every task through srun's environment.
+  // The job's secret for the rendezvous store: made here, handed to every node through srun's environment (the
+  // nodes give it to the tasks as DTRAIN_STORE_TOKEN).
   store::Secret secret = store::Secret::generate();
-  set_client_env(store::kTokenEnv, std::string(secret.reveal()));
+  set_client_env(kHandoffTokenEnv, std::string(secret.reveal()));
   for (const auto& [name, value] : handoff_environment(request)) set_client_env(name, value);
   return 0;
 }

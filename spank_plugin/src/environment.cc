@@ -15,7 +15,7 @@ namespace dtrain::spank {
 const std::vector<std::string>& contract_variables() {
   static const std::vector<std::string> names = {
       "RANK",          "WORLD_SIZE",       "LOCAL_RANK",       "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-      "MASTER_PORT",   "DTRAIN_STORE",     "DTRAIN_STORE_HOST", "DTRAIN_RUN_ID",   "DTRAIN_COMM_HOST",
+      "MASTER_PORT",   "DTRAIN_STORE",     "DTRAIN_STORE_TOKEN",     "DTRAIN_STORE_HOST", "DTRAIN_RUN_ID",   "DTRAIN_COMM_HOST",
       "DTRAIN_PLAN",   "DTRAIN_PLAN_DIGEST", "DTRAIN_TP_SIZE",  "DTRAIN_PP_SIZE",   "DTRAIN_DP_SIZE",
       "DTRAIN_TP_RANK", "DTRAIN_PP_RANK",  "DTRAIN_DP_RANK",   "DTRAIN_MEGATRON_ARGS", "DTRAIN_NODE_RANK",
       "DTRAIN_NNODES", "DTRAIN_TOPOLOGY",  "DTRAIN_TOPOLOGY_DIGEST", "DTRAIN_CPUS", "CUDA_VISIBLE_DEVICES",
@@ -103,6 +103,7 @@ EnvList task_environment(const StepEnvironment& s, int local_task) {
   put("MASTER_ADDR", s.master_addr);
   put("MASTER_PORT", std::to_string(s.master_port));
   put("DTRAIN_STORE", host_port(s.master_addr, s.master_port));
+  put("DTRAIN_STORE_TOKEN", s.store_token);
   put("DTRAIN_STORE_HOST", per_rank && rank == 0 ? "1" : "0");
   put("DTRAIN_RUN_ID", s.run_id);
   put("DTRAIN_COMM_HOST", s.comm_host);

@@ -13,10 +13,10 @@ namespace dtrain::spank {
 
 namespace {
 
-constexpr const char* kHandoffPlan = "DTRAIN_SPANK_PLAN";
-constexpr const char* kHandoffModel = "DTRAIN_SPANK_MODEL";
-constexpr const char* kHandoffCluster = "DTRAIN_SPANK_CLUSTER";
-constexpr const char* kHandoffVersion = "DTRAIN_SPANK_VERSION";
+constexpr const char* kHandoffPlan = "SLURM_SPANK_DTRAIN_PLAN";
+constexpr const char* kHandoffModel = "SLURM_SPANK_DTRAIN_MODEL";
+constexpr const char* kHandoffCluster = "SLURM_SPANK_DTRAIN_CLUSTER";
+constexpr const char* kHandoffVersion = "SLURM_SPANK_DTRAIN_VERSION";
 
 // A flag's value, or its environment twin's, with where it came from ("--dtrain-plan=x" / "DTRAIN_PLAN=x").
 std::optional<std::pair<std::string, std::string>> pick(const std::optional<std::string>& flag, const char* flag_name,
@@ -145,7 +145,8 @@ std::map<std::string, std::string> handoff_environment(const UserRequest& reques
 }
 
 const std::vector<std::string>& handoff_variables() {
-  static const std::vector<std::string> names = {kHandoffPlan, kHandoffModel, kHandoffCluster, kHandoffVersion};
+  static const std::vector<std::string> names = {kHandoffPlan, kHandoffModel, kHandoffCluster, kHandoffVersion,
+                                                 kHandoffTokenEnv};
   return names;
 }
 

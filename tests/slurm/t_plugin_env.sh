@@ -7,6 +7,7 @@
 #     only, one token and one run id, and DTRAIN_{TP,PP,DP}_{SIZE,RANK} equal to the placement in the plan file the
 #     plugin wrote on each node (the same plan, digest and bytes, on both nodes);
 #   - pinned dimensions through the environment twin (DTRAIN_PLAN=tp=2,pp=2), a flag winning over its twin,
+#     srun --export=NONE,
 #     --dtrain-explain printing the plan report before the step, a job of an ordinary user (plan file owned by the
 #     user), the per-step plan directory removed after the step, the version in slurmd's log;
 #   - dtplan doctor against this cluster's configuration.
@@ -87,6 +88,11 @@ expect_eq "$(awk '{print $4, $15, $16, $17}' "$work/fixed.out" | sort | tr '\n' 
 out=$(DTRAIN_PLAN=bogus DTRAIN_MODEL=/nonexistent.toml srun_t -N1 --dtrain-plan=tp=1 --dtrain-model="$tiny" \
   bash -c 'echo "$WORLD_SIZE $DTRAIN_TP_SIZE"')
 expect_eq "$out" "1 1" "flags over DTRAIN_PLAN/DTRAIN_MODEL"
+
+# srun --export=NONE: the hand-off (SLURM_SPANK_DTRAIN_*) still reaches the nodes; the tasks never see it
+out=$(srun_t -N2 --export=NONE --dtrain-plan=auto --dtrain-model="$tiny" \
+  /bin/bash -c 'echo "$WORLD_SIZE ${#DTRAIN_STORE_TOKEN} ${DTRAIN_PLUGIN_ERROR-none} $(env | grep -c ^SLURM_SPANK_DTRAIN_)"' | sort -u)
+expect_eq "$out" "2 64 none 0" "contract under srun --export=NONE (world size, token length, error, hand-off left)"
 
 # --dtrain-explain: the report reaches srun's user before the step, for the plan the tasks get
 err=$(srun_t -N2 --dtrain-plan=auto --dtrain-model="$tiny" --dtrain-explain bash -c 'echo "$DTRAIN_PLAN_DIGEST" >&2' 2>&1)

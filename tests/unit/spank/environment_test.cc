@@ -31,6 +31,7 @@ StepEnvironment sample_step() {
   s.node_index = 1;
   s.master_addr = "10.0.0.1";
   s.master_port = 29517;
+  s.store_token = std::string(64, 'a');
   s.comm_host = "10.0.0.2";
   s.run_id = step_run_id(42, 3);
   s.plan_path = "/tmp/dtrain-42.3-n2-abc/plan.toml";
@@ -59,6 +60,7 @@ TEST(TaskEnvironment, TaskPerRankContract) {
   EXPECT_EQ(env.at("MASTER_ADDR"), "10.0.0.1");
   EXPECT_EQ(env.at("MASTER_PORT"), "29517");
   EXPECT_EQ(env.at("DTRAIN_STORE"), "10.0.0.1:29517");
+  EXPECT_EQ(env.at("DTRAIN_STORE_TOKEN"), std::string(64, 'a'));
   EXPECT_EQ(env.at("DTRAIN_STORE_HOST"), "0");
   EXPECT_EQ(env.at("DTRAIN_RUN_ID"), "slurm-42.3");
   EXPECT_EQ(env.at("DTRAIN_COMM_HOST"), "10.0.0.2");

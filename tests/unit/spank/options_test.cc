@@ -84,7 +84,8 @@ TEST(Handoff, RoundTripsEveryMode) {
   for (const char* plan : {"auto", "tp=2,pp=2", "/plans/p.toml"}) {
     UserRequest r = resolve_request({}, map_environment({{"DTRAIN_PLAN", plan}, {"DTRAIN_MODEL", "/m.toml"}}), "/");
     std::map<std::string, std::string> env = handoff_environment(r);
-    EXPECT_EQ(env.size(), handoff_variables().size());
+    EXPECT_EQ(env.size() + 1, handoff_variables().size());  // all but the token, which srun adds itself
+    for (const auto& [name, value] : env) EXPECT_EQ(name.rfind("SLURM_", 0), 0u) << name;  // survive --export=NONE
     std::optional<UserRequest> back = request_from_handoff(map_environment(env));
     ASSERT_TRUE(back.has_value());
     EXPECT_EQ(back->plan.mode, r.plan.mode) << plan;
@@ -97,9 +98,9 @@ TEST(Handoff, RoundTripsEveryMode) {
 }
 
 TEST(Handoff, MalformedOrOtherVersionIsRefused) {
-  EXPECT_THROW(request_from_handoff(map_environment({{"DTRAIN_SPANK_PLAN", "bogus"}})), Error);
+  EXPECT_THROW(request_from_handoff(map_environment({{"SLURM_SPANK_DTRAIN_PLAN", "bogus"}})), Error);
   try {
-    request_from_handoff(map_environment({{"DTRAIN_SPANK_PLAN", "auto"}, {"DTRAIN_SPANK_VERSION", "0.0.1"}}));
+    request_from_handoff(map_environment({{"SLURM_SPANK_DTRAIN_PLAN", "auto"}, {"SLURM_SPANK_DTRAIN_VERSION", "0.0.1"}}));
     FAIL();
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("version 0.0.1"));

@@ -6,7 +6,7 @@
 //   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE   block order: RANK = node_index * ranks_per_node + LOCAL_RANK
 //                                                    (equal to SLURM_PROCID under Slurm's default distribution)
 //   MASTER_ADDR, MASTER_PORT                         node 0 of the step; the port from job and step id (port_range)
-//   DTRAIN_STORE=MASTER_ADDR:MASTER_PORT, DTRAIN_STORE_TOKEN (srun's, inherited), DTRAIN_STORE_HOST=1 on RANK 0
+//   DTRAIN_STORE=MASTER_ADDR:MASTER_PORT, DTRAIN_STORE_TOKEN (made by srun), DTRAIN_STORE_HOST=1 on RANK 0
 //                                                    (rank 0 hosts the store there, as PyTorch's rank 0 hosts its
 //                                                    TCPStore), 0 elsewhere
 //   DTRAIN_RUN_ID, DTRAIN_COMM_HOST                  store key prefix of this step; this node's address for Gloo
@@ -47,6 +47,7 @@ struct StepEnvironment {
   int node_index = 0;
   std::string master_addr;
   int master_port = 0;
+  std::string store_token;  // srun's secret for the job's store
   std::string comm_host;
   std::string run_id;
   std::string plan_path;

@@ -13,8 +13,9 @@
 // DTRAIN_PLAN in every task's environment to the plan file it wrote: inside a task, DTRAIN_PLAN is the plan.
 //
 // srun hands its resolved request to slurmstepd through the internal variables of handoff_environment() (srun's
-// environment is merged into the tasks' environment after local_user_init); the remote side reads them back with
-// request_from_handoff() and removes them from the tasks' environment.
+// environment is merged into the tasks' environment after local_user_init; their SLURM_ prefix keeps them there
+// even under srun --export=NONE); the remote side reads them back with request_from_handoff() and removes them from
+// the tasks' environment.
 #pragma once
 
 #include <functional>
@@ -80,16 +81,19 @@ UserRequest resolve_request(const OptionFlags& flags, const EnvLookup& env, cons
 std::string absolute_path(const std::string& path, const std::string& cwd);
 
 // The internal variables that carry a resolved request from srun to slurmstepd:
-//   DTRAIN_SPANK_PLAN    = auto | fixed:<dims> | file:<path>
-//   DTRAIN_SPANK_MODEL   = <path> (may be empty)
-//   DTRAIN_SPANK_CLUSTER = <path> (may be empty)
-//   DTRAIN_SPANK_VERSION = dtrain version of the srun side
-// An inactive request (plan off) hands nothing over.
+//   SLURM_SPANK_DTRAIN_PLAN    = auto | fixed:<dims> | file:<path>
+//   SLURM_SPANK_DTRAIN_MODEL   = <path> (may be empty)
+//   SLURM_SPANK_DTRAIN_CLUSTER = <path> (may be empty)
+//   SLURM_SPANK_DTRAIN_VERSION = dtrain version of the srun side
+// and kHandoffTokenEnv, the job's store secret srun made (the tasks get it as DTRAIN_STORE_TOKEN). Slurm passes
+// SLURM_* variables of srun's environment to the tasks whatever --export says. An inactive request (plan off) hands
+// nothing over.
+inline constexpr const char* kHandoffTokenEnv = "SLURM_SPANK_DTRAIN_TOKEN";
 std::map<std::string, std::string> handoff_environment(const UserRequest& request);
-// Names of those variables (removed from the tasks' environment by the remote side, and from srun's when the
-// request is off, so that a stale hand-off from an enclosing step is never acted on).
+// Names of those variables, the token's included (removed from the tasks' environment by the remote side, and from
+// srun's when the request is off, so that a stale hand-off from an enclosing step is never acted on).
 const std::vector<std::string>& handoff_variables();
-// Reads a hand-off back; nullopt when DTRAIN_SPANK_PLAN is unset (srun did not activate the plugin). Throws
+// Reads a hand-off back; nullopt when SLURM_SPANK_DTRAIN_PLAN is unset (srun did not activate the plugin). Throws
 // dtrain::Error (input) when the hand-off is malformed.
 std::optional<UserRequest> request_from_handoff(const EnvLookup& env);
 
