@@ -7,7 +7,7 @@
 #     only, one token and one run id, and DTRAIN_{TP,PP,DP}_{SIZE,RANK} equal to the placement in the plan file the
 #     plugin wrote on each node (the same plan, digest and bytes, on both nodes);
 #   - pinned dimensions through the environment twin (DTRAIN_PLAN=tp=2,pp=2), a flag winning over its twin,
-#     srun --export=NONE,
+#     srun --export=NONE, the dtlaunch-per-node variant of the contract,
 #     --dtrain-explain printing the plan report before the step, a job of an ordinary user (plan file owned by the
 #     user), the per-step plan directory removed after the step, the version in slurmd's log;
 #   - dtplan doctor against this cluster's configuration.
@@ -88,6 +88,15 @@ expect_eq "$(awk '{print $4, $15, $16, $17}' "$work/fixed.out" | sort | tr '\n' 
 out=$(DTRAIN_PLAN=bogus DTRAIN_MODEL=/nonexistent.toml srun_t -N1 --dtrain-plan=tp=1 --dtrain-model="$tiny" \
   bash -c 'echo "$WORLD_SIZE $DTRAIN_TP_SIZE"')
 expect_eq "$out" "1 1" "flags over DTRAIN_PLAN/DTRAIN_MODEL"
+
+# dtlaunch per node (recognised by the program's name; a stand-in prints what the real one would inherit): the world
+# counts dtlaunch's ranks, no rank of its own, no binding, and the store is dtlaunch's, not a task's
+printf '#!/bin/sh\necho "$SLURMD_NODENAME ${RANK-none} $WORLD_SIZE $LOCAL_WORLD_SIZE $DTRAIN_STORE_HOST ${CUDA_VISIBLE_DEVICES-none} ${DTRAIN_CPUS-none} $DTRAIN_NODE_RANK $(basename "$(dirname "$DTRAIN_PLAN")" | cut -d- -f1)"\n' \
+  >"$work/dtlaunch"
+chmod +x "$work/dtlaunch"
+out=$(task_lines -N2 -w 'n[1-2]' --ntasks-per-node=1 --dtrain-plan=auto --dtrain-model="$tiny" \
+  -- "$work/dtlaunch" --max-restarts 1 --nproc-per-node=2 -- dtexec train)
+expect_eq "$out" $'n1 none 4 2 0 none none 0 dtrain\nn2 none 4 2 0 none none 1 dtrain' "dtlaunch per node: environment"
 
 # srun --export=NONE: the hand-off (SLURM_SPANK_DTRAIN_*) still reaches the nodes; the tasks never see it
 out=$(srun_t -N2 --export=NONE --dtrain-plan=auto --dtrain-model="$tiny" \
