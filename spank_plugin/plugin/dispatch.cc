@@ -108,7 +108,8 @@ DTRAIN_SPANK_EXPORT int slurm_spank_init_post_opt(spank_t sp, int, char**) {
 }
 
 DTRAIN_SPANK_EXPORT int slurm_spank_local_user_init(spank_t sp, int, char**) {
-  return guarded("local_user_init", [&](spank_context_t ctx) { return ctx == S_CTX_LOCAL ? srun_local_user_init(sp) : 0; });
+  return guarded("local_user_init",
+                 [&](spank_context_t ctx) { return ctx == S_CTX_LOCAL ? srun_local_user_init(sp) : 0; });
 }
 
 DTRAIN_SPANK_EXPORT int slurm_spank_user_init(spank_t sp, int, char**) {

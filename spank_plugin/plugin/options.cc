@@ -14,11 +14,20 @@ int on_option(int val, const char* optarg, int /*remote*/) {
   OptionFlags& f = state().flags;
   std::string value = optarg != nullptr ? optarg : "";
   switch (val) {
-    case kPlan: f.plan = value; break;
-    case kModel: f.model = value; break;
-    case kCluster: f.cluster = value; break;
-    case kExplain: f.explain = true; break;
-    default: return -1;
+    case kPlan:
+      f.plan = value;
+      break;
+    case kModel:
+      f.model = value;
+      break;
+    case kCluster:
+      f.cluster = value;
+      break;
+    case kExplain:
+      f.explain = true;
+      break;
+    default:
+      return -1;
   }
   return 0;
 }

@@ -32,12 +32,12 @@ struct State {
   std::optional<LoadedInputs> inputs;
 
   // slurmstepd
-  bool active = false;       // this step is a dtrain step (srun handed a request over)
-  std::string error;         // why the plugin could not prepare this node's tasks (DTRAIN_PLUGIN_ERROR)
+  bool active = false;  // this step is a dtrain step (srun handed a request over)
+  std::string error;    // why the plugin could not prepare this node's tasks (DTRAIN_PLUGIN_ERROR)
   std::string node_name;
   StepEnvironment step;
   std::vector<topology::Binding> bindings;  // task per rank: one per local rank
-  std::string plan_dir;      // the per-step directory holding the plan file, removed at the step's end
+  std::string plan_dir;                     // the per-step directory holding the plan file, removed at the step's end
 };
 
 State& state();

@@ -9,8 +9,8 @@
 // A problem never fails a callback (a failing remote callback of a batch job drains the node): the tasks get
 // DTRAIN_PLUGIN_ERROR, local task 0 of each node prints the message on its stderr, and slurmd's log has it.
 #include <fcntl.h>
-#include <sched.h>
 #include <fmt/format.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -67,9 +67,10 @@ std::string write_plan_file(const std::string& plan_dir, uint32_t job, uint32_t 
   std::vector<char> path(tmpl.begin(), tmpl.end());
   path.push_back('\0');
   if (::mkdtemp(path.data()) == nullptr) {
-    throw io_error(fmt::format("cannot create a directory for the plan in {} ({}): plan_dir= in plugstack.conf "
-                               "must be writable by job users",
-                               plan_dir, std::strerror(errno)));
+    throw io_error(
+        fmt::format("cannot create a directory for the plan in {} ({}): plan_dir= in plugstack.conf "
+                    "must be writable by job users",
+                    plan_dir, std::strerror(errno)));
   }
   std::string dir(path.data());
   std::string file = dir + "/" + kPlanFileName;
@@ -84,8 +85,8 @@ void prepare_step(spank_t sp, State& s, const UserRequest& request, const std::o
                   uint32_t job, uint32_t step_id) {
   EnvLookup env = job_environment(sp);
   if (!token || token->empty()) {
-    throw input_error(fmt::format("{} is missing from the job's environment (srun's side of the plugin sets it)",
-                                  kHandoffTokenEnv));
+    throw input_error(
+        fmt::format("{} is missing from the job's environment (srun's side of the plugin sets it)", kHandoffTokenEnv));
   }
   int nodes = static_cast<int>(item_u32(sp, S_JOB_NNODES, "node count"));
   int node_index = static_cast<int>(item_u32(sp, S_JOB_NODEID, "node id"));
@@ -104,9 +105,10 @@ void prepare_step(spank_t sp, State& s, const UserRequest& request, const std::o
   }
   s.node_name = hosts[static_cast<std::size_t>(node_index)];
   if (local_tasks != expected_local) {
-    throw input_error(fmt::format("node {} runs {} tasks of this step, but the plan needs {} per node ({}): use "
-                                  "--ntasks-per-node",
-                                  s.node_name, local_tasks, expected_local, shape.describe()));
+    throw input_error(
+        fmt::format("node {} runs {} tasks of this step, but the plan needs {} per node ({}): use "
+                    "--ntasks-per-node",
+                    s.node_name, local_tasks, expected_local, shape.describe()));
   }
 
   // The node's topology: the administrator's XML, else hwloc (which honours HWLOC_XMLFILE in slurmd's environment).
@@ -132,11 +134,18 @@ void prepare_step(spank_t sp, State& s, const UserRequest& request, const std::o
   }
   NodeAddress master = node_address(hosts.front(), conf ? &*conf : nullptr, system_resolve);
   if (master.loopback_by_name && nodes > 1) {
-    throw input_error(fmt::format("node 0 of the step, {}, {}: every node would reach itself, not node 0. Give "
-                                  "{} its address as NodeAddr in slurm.conf, or fix the resolver (/etc/hosts)",
-                                  hosts.front(), master.how, hosts.front()));
+    throw input_error(
+        fmt::format("node 0 of the step, {}, {}: every node would reach itself, not node 0. Give "
+                    "{} its address as NodeAddr in slurm.conf, or fix the resolver (/etc/hosts)",
+                    hosts.front(), master.how, hosts.front()));
   }
   NodeAddress self = node_address(s.node_name, conf ? &*conf : nullptr, system_resolve);
+  if (self.loopback_by_name && nodes > 1) {
+    throw input_error(
+        fmt::format("this node, {}, {}: its ranks would listen where no other node reaches them. Give "
+                    "it its address as NodeAddr in slurm.conf, or fix the resolver (/etc/hosts)",
+                    s.node_name, self.how));
+  }
 
   StepEnvironment& e = s.step;
   e.shape = shape;
@@ -159,11 +168,12 @@ void prepare_step(spank_t sp, State& s, const UserRequest& request, const std::o
   s.plan_dir = write_plan_file(s.args.plan_dir, job, step_id, s.node_name, plan.text);
   e.plan_path = s.plan_dir + "/" + kPlanFileName;
 
-  slurm_info("dtrain %s: step %u.%u on %s (node %d of %d, %s): plan %s (%s), MASTER_ADDR %s:%d (%s), topology %s "
-             "[%s]",
-             kVersion, job, step_id, s.node_name.c_str(), node_index, nodes, shape.describe().c_str(),
-             plan.plan.digest.substr(0, 12).c_str(), plan.plan.config.summary().c_str(), e.master_addr.c_str(),
-             e.master_port, master.how.c_str(), fingerprint.summary.c_str(), fingerprint.digest.c_str());
+  slurm_info(
+      "dtrain %s: step %u.%u on %s (node %d of %d, %s): plan %s (%s), MASTER_ADDR %s:%d (%s), topology %s "
+      "[%s]",
+      kVersion, job, step_id, s.node_name.c_str(), node_index, nodes, shape.describe().c_str(),
+      plan.plan.digest.substr(0, 12).c_str(), plan.plan.config.summary().c_str(), e.master_addr.c_str(), e.master_port,
+      master.how.c_str(), fingerprint.summary.c_str(), fingerprint.digest.c_str());
 }
 
 // The task's CPU affinity: the binding's CPUs that the task may use (Slurm's cgroup and CPU binding have already
@@ -182,7 +192,8 @@ void bind_task_cpus(spank_t sp, const State& s, topology::Binding binding, int l
   std::vector<int> usable = usable_cpus(binding.cpus, allowed);
   if (usable.empty()) {
     if (local == 0) {
-      std::fprintf(stderr, "dtrain: warning: node %s: the binding's CPUs %s are not available to this task (%s); "
+      std::fprintf(stderr,
+                   "dtrain: warning: node %s: the binding's CPUs %s are not available to this task (%s); "
                    "it keeps Slurm's CPU binding\n",
                    s.node_name.c_str(), topology::format_cpu_list(binding.cpus).c_str(),
                    topology::format_cpu_list(allowed).c_str());
@@ -200,7 +211,8 @@ void bind_task_cpus(spank_t sp, const State& s, topology::Binding binding, int l
 int stepd_user_init(spank_t sp) {
   State& s = state();
   uint32_t job = 0, step_id = 0;
-  if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS || spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS) {
+  if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
+      spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS) {
     return 0;
   }
   if (step_id == kBatchStep || step_id == kExternStep || step_id == kInteractiveStep) return 0;
@@ -216,9 +228,10 @@ int stepd_user_init(spank_t sp) {
     if (!s.flags.plan || *s.flags.plan == "off") return 0;  // not a dtrain step
     // The option reached this node but srun handed nothing over: its side of the plugin did not run.
     s.active = true;
-    s.error = fmt::format("--dtrain-plan={} reached the node, but srun handed over no request: is spank_dtrain.so in "
-                          "the plugstack.conf of the host that ran srun?",
-                          *s.flags.plan);
+    s.error = fmt::format(
+        "--dtrain-plan={} reached the node, but srun handed over no request: is spank_dtrain.so in "
+        "the plugstack.conf of the host that ran srun?",
+        *s.flags.plan);
   }
   s.active = true;
   // Before prepare_step reads them (it copies what it needs): the tasks never see the hand-off.

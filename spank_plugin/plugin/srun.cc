@@ -40,8 +40,8 @@ int srun_local_user_init(spank_t sp) {
       spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS) {
     throw std::runtime_error("srun did not say the step's node and task counts");
   }
-  StepShape shape = step_shape(static_cast<int>(nodes), static_cast<int>(tasks),
-                               std::vector<std::string>(argv, argv + argc));
+  StepShape shape =
+      step_shape(static_cast<int>(nodes), static_cast<int>(tasks), std::vector<std::string>(argv, argv + argc));
   const LoadedInputs& in = *s.inputs;
   if (in.plan_file || in.cluster) {
     std::optional<topology::ClusterSpec> cluster;
@@ -51,9 +51,10 @@ int srun_local_user_init(spank_t sp) {
                   plan.plan.config.summary().c_str());
     if (request.explain) std::fputs(explain_step_plan(plan).c_str(), stderr);
   } else if (request.explain) {
-    tell_user("--dtrain-explain: no cluster description here (--dtrain-cluster, or cluster= in plugstack.conf), so "
-              "each node plans from its own topology when the step starts; in the job, `dtplan explain --plan "
-              "\"$DTRAIN_PLAN\"` shows that plan");
+    tell_user(
+        "--dtrain-explain: no cluster description here (--dtrain-cluster, or cluster= in plugstack.conf), so "
+        "each node plans from its own topology when the step starts; in the job, `dtplan explain --plan "
+        "\"$DTRAIN_PLAN\"` shows that plan");
   }
   // The job's secret for the rendezvous store: made here, handed to every node through srun's environment (the
   // nodes give it to the tasks as DTRAIN_STORE_TOKEN).

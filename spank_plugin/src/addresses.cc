@@ -57,11 +57,11 @@ NodeAddress node_address(const std::string& node, const SlurmConf* conf, const R
     return {*addr, fmt::format("NodeAddr {} of {} in {}", entry->address, node, entry->where), false};
   }
   if (by_name) return {*by_name, fmt::format("{} resolves to {} (loopback)", node, *by_name), true};
-  std::string conf_says = conf == nullptr ? "no slurm.conf could be read"
+  std::string conf_says = conf == nullptr    ? "no slurm.conf could be read"
                           : entry == nullptr ? fmt::format("{} has no NodeName line for it", conf->path)
                                              : fmt::format("{} gives it no NodeAddr", entry->where);
-  throw input_error(fmt::format("cannot find an address for node {}: the name does not resolve and {}", node,
-                                conf_says));
+  throw input_error(
+      fmt::format("cannot find an address for node {}: the name does not resolve and {}", node, conf_says));
 }
 
 }  // namespace dtrain::spank

@@ -69,9 +69,12 @@ std::string resolve_plugin(const std::string& plugin, const SlurmConf* conf) {
 
 std::string_view to_string(CheckStatus s) {
   switch (s) {
-    case CheckStatus::kOk: return "ok";
-    case CheckStatus::kWarn: return "warn";
-    case CheckStatus::kFail: return "fail";
+    case CheckStatus::kOk:
+      return "ok";
+    case CheckStatus::kWarn:
+      return "warn";
+    case CheckStatus::kFail:
+      return "fail";
   }
   return "?";
 }
@@ -200,8 +203,8 @@ DoctorReport run_doctor(const DoctorOptions& o) {
   } else {
     try {
       args = parse_plugin_args(found.entry->args);
-      if (!o.plugin.empty() && std::filesystem::weakly_canonical(found.resolved_plugin) !=
-                                   std::filesystem::weakly_canonical(o.plugin)) {
+      if (!o.plugin.empty() &&
+          std::filesystem::weakly_canonical(found.resolved_plugin) != std::filesystem::weakly_canonical(o.plugin)) {
         add("plugstack", CheckStatus::kWarn,
             fmt::format("{} loads {}, not the plugin checked here ({})", found.entry->where, found.resolved_plugin,
                         o.plugin),
@@ -277,8 +280,9 @@ std::string doctor_text(const DoctorReport& r) {
     fails += c.status == CheckStatus::kFail;
     warns += c.status == CheckStatus::kWarn;
   }
-  s += fails == 0 ? fmt::format("dtrain's Slurm integration looks usable ({} warning{}).\n", warns, warns == 1 ? "" : "s")
-                  : fmt::format("{} check{} failed: fix them as said above.\n", fails, fails == 1 ? "" : "s");
+  s += fails == 0
+           ? fmt::format("dtrain's Slurm integration looks usable ({} warning{}).\n", warns, warns == 1 ? "" : "s")
+           : fmt::format("{} check{} failed: fix them as said above.\n", fails, fails == 1 ? "" : "s");
   return s;
 }
 

@@ -13,13 +13,35 @@
 namespace dtrain::spank {
 
 const std::vector<std::string>& contract_variables() {
-  static const std::vector<std::string> names = {
-      "RANK",          "WORLD_SIZE",       "LOCAL_RANK",       "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-      "MASTER_PORT",   "DTRAIN_STORE",     "DTRAIN_STORE_TOKEN",     "DTRAIN_STORE_HOST", "DTRAIN_RUN_ID",   "DTRAIN_COMM_HOST",
-      "DTRAIN_PLAN",   "DTRAIN_PLAN_DIGEST", "DTRAIN_TP_SIZE",  "DTRAIN_PP_SIZE",   "DTRAIN_DP_SIZE",
-      "DTRAIN_TP_RANK", "DTRAIN_PP_RANK",  "DTRAIN_DP_RANK",   "DTRAIN_MEGATRON_ARGS", "DTRAIN_NODE_RANK",
-      "DTRAIN_NNODES", "DTRAIN_TOPOLOGY",  "DTRAIN_TOPOLOGY_DIGEST", "DTRAIN_CPUS", "CUDA_VISIBLE_DEVICES",
-      "CUDA_DEVICE_ORDER", "NCCL_IB_HCA",  "OMP_NUM_THREADS"};
+  static const std::vector<std::string> names = {"RANK",
+                                                 "WORLD_SIZE",
+                                                 "LOCAL_RANK",
+                                                 "LOCAL_WORLD_SIZE",
+                                                 "MASTER_ADDR",
+                                                 "MASTER_PORT",
+                                                 "DTRAIN_STORE",
+                                                 "DTRAIN_STORE_TOKEN",
+                                                 "DTRAIN_STORE_HOST",
+                                                 "DTRAIN_RUN_ID",
+                                                 "DTRAIN_COMM_HOST",
+                                                 "DTRAIN_PLAN",
+                                                 "DTRAIN_PLAN_DIGEST",
+                                                 "DTRAIN_TP_SIZE",
+                                                 "DTRAIN_PP_SIZE",
+                                                 "DTRAIN_DP_SIZE",
+                                                 "DTRAIN_TP_RANK",
+                                                 "DTRAIN_PP_RANK",
+                                                 "DTRAIN_DP_RANK",
+                                                 "DTRAIN_MEGATRON_ARGS",
+                                                 "DTRAIN_NODE_RANK",
+                                                 "DTRAIN_NNODES",
+                                                 "DTRAIN_TOPOLOGY",
+                                                 "DTRAIN_TOPOLOGY_DIGEST",
+                                                 "DTRAIN_CPUS",
+                                                 "CUDA_VISIBLE_DEVICES",
+                                                 "CUDA_DEVICE_ORDER",
+                                                 "NCCL_IB_HCA",
+                                                 "OMP_NUM_THREADS"};
   return names;
 }
 
@@ -43,8 +65,9 @@ std::string step_run_id(std::uint32_t job_id, std::uint32_t step_id) {
   return fmt::format("slurm-{}.{}", job_id, step_id);
 }
 
-std::vector<topology::Binding> bind_ranks(const topology::NodeTopology& node, int ranks, const std::string& slurm_step_gpus,
-                const std::string& slurm_visible_devices, StepEnvironment& step) {
+std::vector<topology::Binding> bind_ranks(const topology::NodeTopology& node, int ranks,
+                                          const std::string& slurm_step_gpus, const std::string& slurm_visible_devices,
+                                          StepEnvironment& step) {
   topology::BindOptions options;
   std::vector<std::string> visible;
   if (!trim(slurm_step_gpus).empty() && !node.gpus.empty()) {

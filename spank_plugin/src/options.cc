@@ -54,10 +54,14 @@ EnvLookup map_environment(const std::map<std::string, std::string>& env) {
 
 std::string_view to_string(PlanMode mode) {
   switch (mode) {
-    case PlanMode::kOff: return "off";
-    case PlanMode::kAuto: return "auto";
-    case PlanMode::kFixed: return "fixed";
-    case PlanMode::kFile: return "file";
+    case PlanMode::kOff:
+      return "off";
+    case PlanMode::kAuto:
+      return "auto";
+    case PlanMode::kFixed:
+      return "fixed";
+    case PlanMode::kFile:
+      return "file";
   }
   return "?";
 }
@@ -66,9 +70,10 @@ PlanRequest parse_plan_request(std::string_view value, std::string_view source) 
   std::string v(trim(value));
   PlanRequest r;
   if (v.empty()) {
-    throw input_error(fmt::format("{}: empty value (expected auto, off, a plan file, or dimensions such as "
-                                  "tp=2,pp=1 as in dtplan --fix)",
-                                  source));
+    throw input_error(
+        fmt::format("{}: empty value (expected auto, off, a plan file, or dimensions such as "
+                    "tp=2,pp=1 as in dtplan --fix)",
+                    source));
   }
   if (v == "auto") {
     r.mode = PlanMode::kAuto;
@@ -133,10 +138,17 @@ std::map<std::string, std::string> handoff_environment(const UserRequest& reques
   std::map<std::string, std::string> env;
   if (!request.active()) return env;
   switch (request.plan.mode) {
-    case PlanMode::kAuto: env[kHandoffPlan] = "auto"; break;
-    case PlanMode::kFixed: env[kHandoffPlan] = "fixed:" + request.plan.fixed_text; break;
-    case PlanMode::kFile: env[kHandoffPlan] = "file:" + request.plan.path; break;
-    case PlanMode::kOff: break;
+    case PlanMode::kAuto:
+      env[kHandoffPlan] = "auto";
+      break;
+    case PlanMode::kFixed:
+      env[kHandoffPlan] = "fixed:" + request.plan.fixed_text;
+      break;
+    case PlanMode::kFile:
+      env[kHandoffPlan] = "file:" + request.plan.path;
+      break;
+    case PlanMode::kOff:
+      break;
   }
   env[kHandoffModel] = request.model;
   env[kHandoffCluster] = request.cluster;
@@ -172,9 +184,10 @@ std::optional<UserRequest> request_from_handoff(const EnvLookup& env) {
   r.cluster_source = "srun's --dtrain-cluster";
   auto version = env(kHandoffVersion);
   if (version && *version != kVersion) {
-    throw input_error(fmt::format("srun's dtrain plugin is version {}, this node's is {}: install the same "
-                                  "spank_dtrain.so on the submit hosts and the compute nodes",
-                                  *version, kVersion));
+    throw input_error(
+        fmt::format("srun's dtrain plugin is version {}, this node's is {}: install the same "
+                    "spank_dtrain.so on the submit hosts and the compute nodes",
+                    *version, kVersion));
   }
   return r;
 }

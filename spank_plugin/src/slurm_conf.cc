@@ -119,8 +119,7 @@ void parse_conf_into(std::string_view text, const std::string& path, SlurmConf& 
   }
 }
 
-void parse_plugstack_into(std::string_view text, const std::string& path, std::vector<PlugstackEntry>& out,
-                          int depth) {
+void parse_plugstack_into(std::string_view text, const std::string& path, std::vector<PlugstackEntry>& out, int depth) {
   if (depth > kMaxIncludeDepth) throw input_error(fmt::format("{}: include nested too deeply", path));
   int lineno = 0;
   for (const std::string& raw : split(text, '\n')) {

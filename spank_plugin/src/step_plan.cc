@@ -26,16 +26,18 @@ LoadedInputs load_inputs(const UserRequest& request, const PluginArgs& args) {
   LoadedInputs in;
   if (!request.active()) {
     if (request.explain) {
-      throw input_error(fmt::format("{} needs --dtrain-plan (auto, a plan file or dimensions)", request.explain_source));
+      throw input_error(
+          fmt::format("{} needs --dtrain-plan (auto, a plan file or dimensions)", request.explain_source));
     }
     return in;
   }
   const PlanRequest& p = request.plan;
   if (p.mode == PlanMode::kFile) {
     if (!is_regular_file(p.path)) {
-      throw input_error(fmt::format("{}: unknown value: not auto, off, dimensions such as tp=2,pp=1 (the keys of "
-                                    "dtplan --fix), or an existing plan file (no file {})",
-                                    request.plan_source, p.path));
+      throw input_error(
+          fmt::format("{}: unknown value: not auto, off, dimensions such as tp=2,pp=1 (the keys of "
+                      "dtplan --fix), or an existing plan file (no file {})",
+                      request.plan_source, p.path));
     }
     try {
       in.plan_file = plan::load_plan(p.path);
@@ -100,10 +102,11 @@ StepPlan make_step_plan(const UserRequest& request, const LoadedInputs& in,
   if (in.plan_file) {
     const plan::Plan& p = *in.plan_file;
     if (p.inputs.nodes != shape.nodes || p.inputs.gpus_per_node != shape.ranks_per_node) {
-      throw input_error(fmt::format("{} was made for {} node{} x {} GPUs ({} ranks), but this step runs {}: plan "
-                                    "for the step's shape, or run the step with that shape",
-                                    request.plan.path, p.inputs.nodes, p.inputs.nodes == 1 ? "" : "s",
-                                    p.inputs.gpus_per_node, p.inputs.gpus, shape.describe()));
+      throw input_error(
+          fmt::format("{} was made for {} node{} x {} GPUs ({} ranks), but this step runs {}: plan "
+                      "for the step's shape, or run the step with that shape",
+                      request.plan.path, p.inputs.nodes, p.inputs.nodes == 1 ? "" : "s", p.inputs.gpus_per_node,
+                      p.inputs.gpus, shape.describe()));
     }
     s.plan = p;
     s.cost_model = std::make_shared<plan::CostModel>(p.model, p.cluster);

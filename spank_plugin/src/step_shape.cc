@@ -66,8 +66,9 @@ int dtlaunch_ranks_per_node(const std::vector<std::string>& argv) {
     }
     return static_cast<int>(*k);
   }
-  throw input_error("the step runs dtlaunch without --nproc-per-node K: the plan needs the ranks per node "
-                    "(dtlaunch --nproc-per-node K -- COMMAND)");
+  throw input_error(
+      "the step runs dtlaunch without --nproc-per-node K: the plan needs the ranks per node "
+      "(dtlaunch --nproc-per-node K -- COMMAND)");
 }
 
 StepShape step_shape(int nodes, int tasks, const std::vector<std::string>& argv) {
@@ -78,18 +79,20 @@ StepShape step_shape(int nodes, int tasks, const std::vector<std::string>& argv)
   int per_node = dtlaunch_ranks_per_node(argv);
   if (per_node > 0) {
     if (tasks != nodes) {
-      throw input_error(fmt::format("dtlaunch starts the ranks of its node itself, so it runs once per node, but "
-                                    "this step has {} tasks on {} nodes: use srun --ntasks-per-node=1",
-                                    tasks, nodes));
+      throw input_error(
+          fmt::format("dtlaunch starts the ranks of its node itself, so it runs once per node, but "
+                      "this step has {} tasks on {} nodes: use srun --ntasks-per-node=1",
+                      tasks, nodes));
     }
     s.style = LaunchStyle::kNodeLauncher;
     s.ranks_per_node = per_node;
     return s;
   }
   if (tasks % nodes != 0) {
-    throw input_error(fmt::format("{} tasks on {} nodes: every node must run the same number of ranks for the plan "
-                                  "(use --ntasks-per-node)",
-                                  tasks, nodes));
+    throw input_error(
+        fmt::format("{} tasks on {} nodes: every node must run the same number of ranks for the plan "
+                    "(use --ntasks-per-node)",
+                    tasks, nodes));
   }
   s.style = LaunchStyle::kTaskPerRank;
   s.ranks_per_node = tasks / nodes;

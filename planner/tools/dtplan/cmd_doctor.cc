@@ -1,6 +1,7 @@
 // dtplan doctor: checks dtrain's Slurm integration on this node (the SPANK plugin, its plugstack.conf line, the
 // running Slurm's version, what hwloc sees) and says what to fix. Exit 0 when nothing failed, 1 otherwise; --json
-// prints the same report as JSON. The checks are dtrain::spank::run_doctor (spank_plugin/include/dtrain/spank/doctor.h).
+// prints the same report as JSON. The checks are dtrain::spank::run_doctor
+// (spank_plugin/include/dtrain/spank/doctor.h).
 #include <sys/stat.h>
 
 #include <iostream>
@@ -29,7 +30,8 @@ void setup_doctor(CLI::App& app) {
   auto* sub = app.add_subcommand("doctor", "Check dtrain's Slurm integration on this node and say what to fix");
   sub->add_option("--plugin", o->doctor.plugin,
                   "The plugin to check (default: the one plugstack.conf names, else the installed one)");
-  sub->add_option("--slurm-conf", o->doctor.slurm_conf, "slurm.conf (default: $SLURM_CONF, else /etc/slurm/slurm.conf)");
+  sub->add_option("--slurm-conf", o->doctor.slurm_conf,
+                  "slurm.conf (default: $SLURM_CONF, else /etc/slurm/slurm.conf)");
   sub->add_option("--srun", o->doctor.srun, "srun to ask for the running Slurm's version (default: srun on PATH)");
   sub->add_option("--xml", o->doctor.topology_xml, "Check this hwloc XML instead of this machine's topology");
   sub->add_flag("--json", o->json, "Print the report as JSON");

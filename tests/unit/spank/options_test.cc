@@ -100,7 +100,8 @@ TEST(Handoff, RoundTripsEveryMode) {
 TEST(Handoff, MalformedOrOtherVersionIsRefused) {
   EXPECT_THROW(request_from_handoff(map_environment({{"SLURM_SPANK_DTRAIN_PLAN", "bogus"}})), Error);
   try {
-    request_from_handoff(map_environment({{"SLURM_SPANK_DTRAIN_PLAN", "auto"}, {"SLURM_SPANK_DTRAIN_VERSION", "0.0.1"}}));
+    request_from_handoff(
+        map_environment({{"SLURM_SPANK_DTRAIN_PLAN", "auto"}, {"SLURM_SPANK_DTRAIN_VERSION", "0.0.1"}}));
     FAIL();
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("version 0.0.1"));

@@ -29,8 +29,8 @@ TEST(PluginArgs, DefaultsWithoutArguments) {
 }
 
 TEST(PluginArgs, ParsesEveryKey) {
-  PluginArgs a = parse_plugin_args({"cluster=/etc/dtrain/c.toml", "topology_xml=/etc/dtrain/%n.xml",
-                                    "port_range=40000-40099", "plan_dir=/var/tmp"});
+  PluginArgs a = parse_plugin_args(
+      {"cluster=/etc/dtrain/c.toml", "topology_xml=/etc/dtrain/%n.xml", "port_range=40000-40099", "plan_dir=/var/tmp"});
   EXPECT_EQ(a.cluster, "/etc/dtrain/c.toml");
   EXPECT_EQ(a.topology_xml, "/etc/dtrain/%n.xml");
   EXPECT_EQ(a.port_min, 40000);

@@ -129,7 +129,8 @@ TEST_F(StepPlanTest, NoLayoutFitsIsAPlanErrorNamingTheStep) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.exit_code(), ExitCode::kNoFeasiblePlan);
-    EXPECT_THAT(e.what(), HasSubstr("no layout fits this step (2 nodes x 1 rank (task per rank), cluster 'local-cpu')"));
+    EXPECT_THAT(e.what(),
+                HasSubstr("no layout fits this step (2 nodes x 1 rank (task per rank), cluster 'local-cpu')"));
     EXPECT_THAT(e.what(), HasSubstr("llama3-8b"));
   }
 }

@@ -26,8 +26,8 @@ std::optional<std::string> system_resolve(const std::string& name);
 bool is_loopback(const std::string& numeric_address);
 
 struct NodeAddress {
-  std::string address;  // numeric
-  std::string how;      // "n1 resolves to 10.0.0.1", "NodeAddr of n1 in /etc/slurm/slurm.conf:12"
+  std::string address;            // numeric
+  std::string how;                // "n1 resolves to 10.0.0.1", "NodeAddr of n1 in /etc/slurm/slurm.conf:12"
   bool loopback_by_name = false;  // case 3: only the resolver's loopback answer, no NodeAddr
 };
 

@@ -31,17 +31,17 @@ struct DoctorCheck {
 };
 
 struct DoctorOptions {
-  std::string plugin;           // the plugin to check; "" = the one plugstack.conf names, else default_plugin
-  std::string default_plugin;   // where `ninja install` puts it
-  std::string slurm_conf;       // "" = $SLURM_CONF, else /etc/slurm/slurm.conf
-  std::string srun = "srun";    // the program asked for the running version
-  std::string topology_xml;     // "" = this machine (hwloc; HWLOC_XMLFILE is honoured)
+  std::string plugin;          // the plugin to check; "" = the one plugstack.conf names, else default_plugin
+  std::string default_plugin;  // where `ninja install` puts it
+  std::string slurm_conf;      // "" = $SLURM_CONF, else /etc/slurm/slurm.conf
+  std::string srun = "srun";   // the program asked for the running version
+  std::string topology_xml;    // "" = this machine (hwloc; HWLOC_XMLFILE is honoured)
 };
 
 struct DoctorReport {
   std::vector<DoctorCheck> checks;
-  std::string slurm_version;       // "22.05.8", "" when unknown
-  std::string plugin_path;         // the plugin checked
+  std::string slurm_version;         // "22.05.8", "" when unknown
+  std::string plugin_path;           // the plugin checked
   std::string plugin_slurm_version;  // the Slurm release the plugin was built for
   std::string plugin_dtrain_version;
   bool ok() const;  // no check failed

@@ -69,8 +69,9 @@ struct StepEnvironment {
 // in the allocation), which stays right when Slurm's device cgroup renumbers the GPUs. Returns the bindings (for
 // the CPU affinity). Throws dtrain::Error
 // (topology) when the node has fewer GPUs than ranks or the allocation names a GPU the topology lacks.
-std::vector<topology::Binding> bind_ranks(const topology::NodeTopology& node, int ranks, const std::string& slurm_step_gpus,
-                const std::string& slurm_visible_devices, StepEnvironment& step);
+std::vector<topology::Binding> bind_ranks(const topology::NodeTopology& node, int ranks,
+                                          const std::string& slurm_step_gpus, const std::string& slurm_visible_devices,
+                                          StepEnvironment& step);
 
 // The CPUs of a binding that the task may use: `wanted` restricted to `allowed` (the task's own affinity, which
 // Slurm's cgroup and CPU binding shape), in ascending order. Empty when they do not meet.

@@ -40,7 +40,7 @@ std::string_view to_string(PlanMode mode);  // "off", "auto", "fixed", "file"
 
 struct PlanRequest {
   PlanMode mode = PlanMode::kOff;
-  plan::FixedDims fixed;  // kFixed: the pinned dimensions
+  plan::FixedDims fixed;   // kFixed: the pinned dimensions
   std::string fixed_text;  // kFixed: as given ("tp=2,pp=1")
   std::string path;        // kFile: the plan file (absolute once resolved)
 };
