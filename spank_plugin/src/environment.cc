@@ -57,7 +57,7 @@ int step_port(std::uint32_t job_id, std::uint32_t step_id, int port_min, int por
     h ^= c;
     h *= 1099511628211ull;
   }
-  auto span = static_cast<std::uint64_t>(port_max - port_min + 1);
+  std::uint64_t span = static_cast<std::uint64_t>(port_max) - static_cast<std::uint64_t>(port_min) + 1;
   return port_min + static_cast<int>(h % span);
 }
 
