@@ -106,7 +106,13 @@ std::string absolute_path(const std::string& path, const std::string& cwd) {
 
 UserRequest resolve_request(const OptionFlags& flags, const EnvLookup& env, const std::string& cwd) {
   UserRequest r;
-  if (auto plan = pick(flags.plan, "--dtrain-plan", env, "DTRAIN_PLAN")) {
+  // Inside a task of a dtrain step (the plugin set DTRAIN_PLAN_DIGEST there), DTRAIN_PLAN is the plan the plugin
+  // wrote for that step, not a request: an srun started in the task plans only when given --dtrain-plan.
+  EnvLookup twins = env;
+  if (env("DTRAIN_PLAN_DIGEST")) {
+    twins = [env](const std::string& name) { return name == "DTRAIN_PLAN" ? std::nullopt : env(name); };
+  }
+  if (auto plan = pick(flags.plan, "--dtrain-plan", twins, "DTRAIN_PLAN")) {
     std::string source = plan->second.substr(0, plan->second.find('='));
     r.plan = parse_plan_request(plan->first, source);
     r.plan_source = plan->second;

@@ -70,6 +70,14 @@ TEST(ResolveRequest, EnvironmentAloneActivatesAndPlanFilesBecomeAbsolute) {
   EXPECT_EQ(r.explain_source, "DTRAIN_EXPLAIN=yes");
 }
 
+TEST(ResolveRequest, InsideADtrainTaskDtrainPlanIsTheOutputNotARequest) {
+  auto env = map_environment({{"DTRAIN_PLAN", "/tmp/dtrain-1.0-n1-x/plan.toml"}, {"DTRAIN_PLAN_DIGEST", "ab"}});
+  EXPECT_FALSE(resolve_request({}, env, "/").active());
+  OptionFlags flags;
+  flags.plan = "auto";
+  EXPECT_EQ(resolve_request(flags, env, "/").plan.mode, PlanMode::kAuto);
+}
+
 TEST(ResolveRequest, NothingGivenIsOff) {
   UserRequest r = resolve_request({}, map_environment({}), "/");
   EXPECT_FALSE(r.active());

@@ -10,7 +10,8 @@
 // Precedence: a flag wins over its environment twin, which wins over the administrator's plugstack.conf default
 // (cluster= only), which wins over the built-in default (plugin off; cluster from the node's topology). The twins
 // are read where srun, sbatch or salloc runs (the client); slurmstepd never reads them. The plugin SETS
-// DTRAIN_PLAN in every task's environment to the plan file it wrote: inside a task, DTRAIN_PLAN is the plan.
+// DTRAIN_PLAN in every task's environment to the plan file it wrote: inside a task, DTRAIN_PLAN is the plan, and an
+// srun started there (DTRAIN_PLAN_DIGEST set) does not take it as a request.
 //
 // srun hands its resolved request to slurmstepd through the internal variables of handoff_environment() (srun's
 // environment is merged into the tasks' environment after local_user_init; their SLURM_ prefix keeps them there
