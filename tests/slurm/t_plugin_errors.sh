@@ -4,9 +4,10 @@
 #   --dtrain-plan=bogus (and DTRAIN_PLAN=bogus), a missing model file, a malformed one (file:line), a model that no
 #   layout fits on the allocation, a plan file made for another model or another shape, tasks not spread evenly,
 #   dtlaunch with several tasks per node, and sbatch with a bad --dtrain-plan (refused at submission).
-# A problem only a node can see (here n4's hwloc XML is missing: NODE_ENV n4=HWLOC_XMLFILE=/nonexistent/n4.xml)
-# never fails a remote callback: in a batch job (where a failing remote callback would drain the node) the tasks on
-# n4 get DTRAIN_PLUGIN_ERROR, dtexec reports it and exits 2, slurmd's log has it, and n4 stays in service.
+# A problem only a node can see never fails a remote callback. Here the administrator's topology_xml=@DIR@/topo/%n.xml
+# names an hwloc XML per node, and n4's is missing: in a batch job (where a failing remote callback would drain the
+# node) the tasks on n4 get DTRAIN_PLUGIN_ERROR, dtexec reports it and exits 2, slurmd's log has it, and n4 stays in
+# service; on n1 the XML it names is the node's topology.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$DTRAIN_SLURM_LIB"
@@ -61,7 +62,14 @@ expect_eq "$(squeue -h | wc -l)" 0 "jobs queued after the refused sbatch"
 nodes_idle 10 || fail "a node is not idle after the refused steps"
 expect_eq "$(sinfo -h -R)" "" "drained or down nodes after the refused steps"
 
-# A node-side problem in a batch job: n4 cannot read its topology (HWLOC_XMLFILE=/nonexistent/n4.xml in its slurmd).
+# topology_xml=@DIR@/topo/%n.xml: n1's is an AWS p4d, n4 has none
+mkdir -p "$DTRAIN_SLURM_DIR/topo"
+ln -s "$repo/tests/data/topologies/aws-p4d.24xlarge.xml" "$DTRAIN_SLURM_DIR/topo/n1.xml"
+out=$(srun_t -N1 -w n1 --dtrain-plan=auto --dtrain-model="$tiny" bash -c 'echo "$CUDA_VISIBLE_DEVICES $DTRAIN_TOPOLOGY"')
+expect_eq "$out" "0 8 x A100-SXM4-40GB (NVLink 12 x 25 GB/s), 6 NVSwitches, 4 NICs (efa), 2 NUMA nodes, 48 cores" \
+  "n1's topology from topology_xml=@DIR@/topo/%n.xml"
+
+# A node-side problem in a batch job: n4 cannot read its topology (no @DIR@/topo/n4.xml).
 cat >"$work/job.sh" <<JOB
 #!/bin/bash
 #SBATCH -N1 -w n4
@@ -74,7 +82,7 @@ id=$(sbatch --parsable -o "$work/job.out" "$work/job.sh")
 state=$(wait_job "$id" 30) || true
 out=$(cat "$work/job.out")
 expect_contains "$out" "plugin error: node n4: " "DTRAIN_PLUGIN_ERROR in the task"
-expect_contains "$out" "/nonexistent/n4.xml" "the plugin's message names the missing XML"
+expect_contains "$out" "$DTRAIN_SLURM_DIR/topo/n4.xml" "the plugin's message names the missing XML"
 expect_contains "$out" "dtrain: node n4: " "the message on the task's stderr"
 expect_contains "$out" "the dtrain Slurm plugin could not prepare this task: node n4: " "dtexec's report"
 expect_contains "$out" "dtexec exit 2" "dtexec's exit status"
