@@ -1,7 +1,12 @@
 // The option table of spank_dtrain.so. Registered with spank_option_register() in every context (a static
 // spank_options[] table is not seen by sbatch and salloc). The callbacks only record the raw values: in slurmstepd
 // they run as root (and twice: "Slurm can call us twice with the same value"), and nothing the user controls is
-// parsed as root. srun/sbatch/salloc resolve and check them in init_post_opt.
+// parsed as root. srun/sbatch/salloc resolve them over their environment twins and check them in init_post_opt
+// (resolve_and_check_client_request).
+#include <unistd.h>
+
+#include <climits>
+
 #include "plugin.h"
 
 namespace dtrain::spank::plugin {
@@ -68,14 +73,6 @@ int register_options(spank_t sp) {
   }
   return 0;
 }
-
-}  // namespace dtrain::spank::plugin
-
-#include <unistd.h>
-
-#include <climits>
-
-namespace dtrain::spank::plugin {
 
 void resolve_and_check_client_request() {
   State& s = state();
