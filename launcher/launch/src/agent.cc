@@ -641,7 +641,9 @@ struct Agent::Impl {
                               {"exit_code", d.exit_code},
                               {"reason", d.reason}});
     if (d.verdict == "restart") {
-      log::warn(kSubsys, "restarting the job from its newest checkpoint: restart {} of {} (DTRAIN_RESTART={})",
+      log::warn(kSubsys,
+                "restarting the job from its newest checkpoint once every rank has stopped: restart {} of {} "
+                "(DTRAIN_RESTART={})",
                 d.restarts, job.options.max_restarts, attempt + 1);
     } else if (d.verdict == "exhausted") {
       log::error(kSubsys, "the job failed after using all {} of its restarts (--max-restarts {}); last failure: {}",
@@ -935,7 +937,7 @@ struct Agent::Impl {
         publish_end(EndRecord{
             "failure", job.node_rank, r.rank,
             fmt::format("rank {} on node {} (pid {}) sent no heartbeat for {} (--heartbeat-timeout {}): it is "
-                        "stopped, hung outside Python/C++ control, or starved of CPU",
+                        "stopped (SIGSTOP, a debugger), stuck in the kernel, or starved of CPU",
                         r.rank, job.node_rank, r.pid, format_seconds(silent),
                         format_seconds(job.options.heartbeat_timeout_s)),
             0, false});

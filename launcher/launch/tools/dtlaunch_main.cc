@@ -58,13 +58,22 @@ int main(int argc, char** argv) {
   bool no_bind = false;
   app.add_flag("--no-bind", no_bind, "Do not bind ranks to CPUs, GPUs and NICs");
   app.add_flag("--cpu-only", o.cpu_only, "Bind CPU ranks even on a node with GPUs");
-  app.add_option("command", o.command, "The rank's command, after --");
+  app.footer("COMMAND: the rank's program and its arguments, after '--' (or after the first word that is not an option)");
+  // Everything after the first "--" is the rank's command, untouched; without "--", the command starts at the first
+  // word that is not one of dtlaunch's options.
   app.prefix_command();
+  int own_argc = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--") {
+      own_argc = i;
+      break;
+    }
+  }
   try {
     log::init("dtlaunch", log::Level::kInfo);
-    app.parse(argc, argv);
-    for (const std::string& extra : app.remaining()) o.command.push_back(extra);
-    if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
+    app.parse(own_argc, argv);
+    o.command = app.remaining();
+    for (int i = own_argc + 1; i < argc; ++i) o.command.emplace_back(argv[i]);
     if (*nnodes_opt) o.nnodes = nnodes;
     if (*node_rank_opt) o.node_rank = node_rank;
     if (*rdzv_opt) o.rdzv = rdzv;
