@@ -9,7 +9,8 @@
 //   --heartbeat              heartbeats through dtrain::launch::Heartbeat (DTRAIN_HEARTBEAT_FD)
 //   --steps N --step-ms MS   N training steps of MS milliseconds, progress reported after each
 //   --resume                 start after the step in DIR/ckpt.rank<R>
-//   --fail R:A:S:MODE        rank R (or *), attempt A (or *), at step S: MODE = exit=CODE | kill | stop | hang | segv
+//   --fail R:A:S:MODE        rank R (or *), attempt A (or *), at step S: MODE = exit=CODE | kill | stop | hang | segv |
+//                            signal=N (sanitizers catch SIGSEGV themselves: tests use signal=6)
 //   --exit CODE              exit code after the last step (default 0)
 //   --on-term CODE|ignore    on SIGTERM: exit with CODE at the next step boundary (default 10, like dtexec), or ignore
 //   --print-lines N          N lines to stdout and N to stderr, each written in several pieces
@@ -262,6 +263,7 @@ int main(int argc, char** argv) {
       if (f.mode == "kill") ::raise(SIGKILL);
       if (f.mode == "stop") ::raise(SIGSTOP);
       if (f.mode == "segv") ::raise(SIGSEGV);
+      if (f.mode.rfind("signal=", 0) == 0) ::kill(::getpid(), std::atoi(f.mode.c_str() + 7));
       if (f.mode == "hang") {
         for (;;) {
           std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -196,11 +196,11 @@ TEST_F(LaunchTest, NonZeroExitRestarts) {
 }
 
 TEST_F(LaunchTest, RestartsExhaustedExitsNine) {
-  auto p = launch({"--nproc", "2", "--max-restarts", "2"}, {"--steps", "5", "--step-ms", "10", "--fail", "1:*:2:segv"});
+  auto p = launch({"--nproc", "2", "--max-restarts", "2"}, {"--steps", "5", "--step-ms", "10", "--fail", "1:*:2:signal=6"});
   EXPECT_EQ(p->wait(), 9) << p->err();
   EXPECT_THAT(p->err(), HasSubstr("the job failed after using all 2 of its restarts (--max-restarts 2); last failure: "
                                   "rank 1 on node 0"));
-  EXPECT_THAT(p->err(), HasSubstr("SIGSEGV"));
+  EXPECT_THAT(p->err(), HasSubstr("killed by signal 6 (SIGABRT)"));
   for (int attempt = 0; attempt <= 2; ++attempt) EXPECT_TRUE(has_rank_file(1, attempt)) << attempt;
   EXPECT_FALSE(has_rank_file(1, 3));
   auto decisions = events_named("decision");

@@ -679,10 +679,13 @@ struct Agent::Impl {
 
   // --- ranks ------------------------------------------------------------------------------------------------------
 
+  // Forks every rank first and then waits for their execs, so that the execs run in parallel.
   void spawn_ranks() {
     const std::string run_id = fmt::format("{}-{}", job_nonce, attempt);
     ranks.clear();
     ranks.resize(job.nproc_per_node);
+    std::vector<std::optional<StartingRank>> starting(ranks.size());
+    std::vector<std::string> errors(ranks.size());
     for (int local = 0; local < job.nproc_per_node; ++local) {
       RankState& r = ranks[local];
       r.local_rank = local;
@@ -715,12 +718,10 @@ struct Agent::Impl {
       spec.stdout_fd = out[1];
       spec.stderr_fd = err[1];
       spec.heartbeat_fd = hb[1];
-      pid_t pid = -1;
-      std::string spawn_error;
       try {
-        pid = spawn_rank(spec);
+        starting[local] = start_rank(spec);
       } catch (const Error& e) {
-        spawn_error = e.what();
+        errors[local] = e.what();
       }
       ::close(out[1]);
       ::close(err[1]);
@@ -734,21 +735,31 @@ struct Agent::Impl {
       r.lines[1] = std::make_unique<LineBuffer>([prefix](std::string_view l) { write_prefixed_line(2, prefix, l); });
       r.lines[2] = std::make_unique<LineBuffer>([this, local](std::string_view l) { on_heartbeat_line(local, l); },
                                                 kMaxHeartbeatLineBytes);
+    }
+    for (int local = 0; local < job.nproc_per_node; ++local) {
+      RankState& r = ranks[local];
+      if (starting[local]) {
+        try {
+          r.pid = finish_start(*starting[local]);
+          r.running = true;
+        } catch (const Error& e) {
+          errors[local] = e.what();
+        }
+      }
       r.started = Clock::now();
       r.last_heard = r.started;
-      if (pid < 0) {
-        for (int& fd : r.fds) {
-          ::close(fd);
-          fd = -1;
-        }
-        r.exit_text = spawn_error;
-        publish_end(EndRecord{"failure", job.node_rank, r.rank,
-                              fmt::format("rank {} on node {} could not start: {}", r.rank, job.node_rank, spawn_error),
-                              0, false});
-        return;
+    }
+    for (int local = 0; local < job.nproc_per_node; ++local) {
+      RankState& r = ranks[local];
+      if (r.running) continue;
+      for (int& fd : r.fds) {
+        ::close(fd);
+        fd = -1;
       }
-      r.pid = pid;
-      r.running = true;
+      r.exit_text = errors[local];
+      publish_end(EndRecord{"failure", job.node_rank, r.rank,
+                            fmt::format("rank {} on node {} could not start: {}", r.rank, job.node_rank, errors[local]),
+                            0, false});
     }
   }
 
@@ -1040,9 +1051,8 @@ struct Agent::Impl {
         }
       }
       reap();  // a SIGCHLD that arrived during a store call was read above or is still in the pipe: harmless
-      if (!all_alive_logged && std::all_of(ranks.begin(), ranks.end(), [](const RankState& r) {
-            return r.heartbeat_armed || !r.running;
-          })) {
+      if (!all_alive_logged &&
+          std::all_of(ranks.begin(), ranks.end(), [](const RankState& r) { return r.heartbeat_armed; })) {
         all_alive_logged = true;
         events.write("ranks_alive", {{"attempt", attempt}, {"seconds", seconds_since(t0)}});
       }

@@ -55,7 +55,7 @@ const char* step_text(int step) {
 
 }  // namespace
 
-pid_t spawn_rank(const SpawnSpec& spec) {
+StartingRank start_rank(const SpawnSpec& spec) {
   // Prepare every buffer before fork.
   std::vector<char*> argv;
   for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
@@ -127,21 +127,31 @@ pid_t spawn_rank(const SpawnSpec& spec) {
     ::close(report[0]);
     throw io_error(fmt::format("cannot start '{}': fork: {}", spec.executable, std::strerror(fork_errno)));
   }
+  return StartingRank{pid, report[0], spec.executable};
+}
+
+pid_t finish_start(StartingRank& starting) {
   ChildFailure failure{};
   ssize_t n;
   do {
-    n = ::read(report[0], &failure, sizeof failure);
+    n = ::read(starting.report_fd, &failure, sizeof failure);
   } while (n < 0 && errno == EINTR);
-  ::close(report[0]);
+  ::close(starting.report_fd);
+  starting.report_fd = -1;
   if (n == static_cast<ssize_t>(sizeof failure)) {
     int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    while (::waitpid(starting.pid, &status, 0) < 0 && errno == EINTR) {
     }
     std::string why = failure.err != 0 ? std::strerror(failure.err) : "";
-    throw io_error(fmt::format("cannot start '{}': {}{}{}", spec.executable, step_text(failure.step),
+    throw io_error(fmt::format("cannot start '{}': {}{}{}", starting.executable, step_text(failure.step),
                                why.empty() ? "" : ": ", why));
   }
-  return pid;
+  return starting.pid;
+}
+
+pid_t spawn_rank(const SpawnSpec& spec) {
+  StartingRank starting = start_rank(spec);
+  return finish_start(starting);
 }
 
 std::string resolve_executable(const std::string& program, const std::string& path) {

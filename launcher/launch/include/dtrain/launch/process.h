@@ -29,9 +29,21 @@ struct SpawnSpec {
   int heartbeat_fd = -1;
 };
 
-// Forks and execs. Returns the child's pid, which is also its process group id. Throws dtrain::Error (io) when fork
-// fails or the child cannot exec (the message names the program and errno, for example "No such file or
+// A forked child on its way to exec.
+struct StartingRank {
+  pid_t pid = -1;
+  int report_fd = -1;  // reads end-of-file once the child has exec'ed, or its failure
+  std::string executable;
+};
+
+// Forks; the child sets itself up and execs. Throws dtrain::Error (io) when fork fails. Starting many ranks with
+// start_rank first and finish_start afterwards lets their execs run in parallel.
+StartingRank start_rank(const SpawnSpec& spec);
+// Waits until the child has exec'ed and returns its pid, which is also its process group id. Throws dtrain::Error
+// (io) when it could not (the message names the program, the step and errno, for example "exec: No such file or
 // directory"); the failed child has then been reaped.
+pid_t finish_start(StartingRank& starting);
+// start_rank and finish_start.
 pid_t spawn_rank(const SpawnSpec& spec);
 
 // The path to execute for `program`: itself when it contains '/', else the first executable file of that name in
