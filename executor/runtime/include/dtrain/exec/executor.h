@@ -1,0 +1,86 @@
+// The interpreter: runs one rank's program, one training step at a time, on the CPU backend (fp32 kernels from
+// dtrain::kernels, collectives from a dtrain::comm::Communicator).
+//
+// It executes the schedule instruction by instruction and each FWD/BWD through its stage body: a "current tensor"
+// flows through the body's COMPUTE ops (each calls a kernel and keeps what its backward needs), and the body's
+// tensor-parallel collectives transform it (all-gather: sequence shard -> full; reduce-scatter: partial sums ->
+// reduced shard; all-reduce: in place). SEND/RECV move a chunk's output or input gradient; consecutive ones of one
+// group go to the communicator as one group. Data-parallel buckets are contiguous ranges of the flat gradient buffer
+// (dtrain/exec/params.h); the optimizer step applies AdamW with the global gradient norm and the learning-rate
+// schedule. Every error names the rank, the pc and the instruction.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/exec/data.h"
+#include "dtrain/exec/params.h"
+#include "dtrain/ir/program.h"
+#include "dtrain/ir/simulate.h"
+#include "dtrain/model/model_spec.h"
+
+namespace dtrain::exec {
+
+struct StepMetrics {
+  std::int64_t step = 0;      // 1-based index of the step just taken
+  double loss = 0;            // mean loss over the global batch (every rank knows it after the step)
+  double grad_norm = 0;       // global gradient norm before clipping
+  double lr = 0;              // learning rate used
+  double seconds = 0;         // wall-clock time of the step on this rank
+  double comm_seconds = 0;    // of which inside communication calls (waiting for peers included)
+};
+
+struct ExecutorOptions {
+  std::uint64_t seed = 1;
+  std::int64_t global_batch = 0;  // sequences per step (the plan's)
+  bool record_trace = false;
+};
+
+// The communicators of one rank: the world and the groups its program names (split from the world).
+struct Communicators {
+  comm::Communicator* world = nullptr;
+  std::unique_ptr<comm::Communicator> tp, pp, dp, embedding;
+};
+
+// Splits the world into the program's tp, pp, dp and embedding groups. Collective over the world: every rank calls
+// it, in the same order relative to other world collectives. Throws dtrain::Error (comm).
+Communicators split_communicators(comm::Communicator& world, const ir::Program& program);
+
+class Executor {
+ public:
+  // Initialises the parameters from options.seed (the same model in every layout). The data source must outlive the
+  // executor. Throws dtrain::Error (input) when the program does not fit the model.
+  Executor(const model::ModelDescription& model, const ir::Program& program, Communicators& comms,
+           const DataSource& data, const ExecutorOptions& options);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Runs the program once: step `step` (0-based; micro-batches read samples [step*B, (step+1)*B)).
+  StepMetrics run_step(std::int64_t step);
+
+  const ParamLayout& layout() const;
+  // Parameters, gradients and Adam moments (moments only for the elements this rank updates; see owned()).
+  float* params();
+  const float* params() const;
+  // Gradients of the last step (reduced; with the distributed optimizer only the owned elements are complete).
+  const float* grads() const;
+  // Adam moments for element ranges of the flat buffer that this rank updates (all of it without the distributed
+  // optimizer; its shard of every bucket with it), as (begin, end) ranges in ascending order.
+  const std::vector<std::pair<std::int64_t, std::int64_t>>& owned() const;
+  float* exp_avg();     // owned elements only, concatenated in `owned()` order
+  float* exp_avg_sq();
+  std::int64_t owned_size() const;
+
+  // Slices recorded during the last step (record_trace): the same form as the simulator's.
+  const std::vector<ir::Slice>& trace() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dtrain::exec

@@ -1,0 +1,64 @@
+// Training on one rank, start to end: plan, rendezvous checks, lowering, data, checkpoints, the step loop, metrics.
+//
+// The world communicator is the caller's (dtexec connects Gloo through the launcher's store; tests run ranks as
+// threads over the in-process backend), so this is the same code under every launcher. What happens, in order:
+//   1. the plan: loaded from a file, or made on the spot (`auto`) from the model and a cluster description with the
+//      world size as GPU count — deterministic, so every rank makes the same one;
+//   2. every rank shows its plan digest to the others (an all-gather): a mismatch stops every rank with exit 5,
+//      naming both digests; a plan made for another model stops with exit 5 naming the model digests;
+//   3. the rank lowers its own program (the code of `dtplan lower`) and splits the tp, pp, dp groups;
+//   4. the data must hold (first step + steps) x global batch samples, else exit 6 before any step;
+//   5. with a checkpoint directory: a directory holding another model's checkpoints stops with exit 7 (nothing is
+//      touched); one holding this model's checkpoints needs --resume (which continues from the newest complete
+//      one whose checksums match);
+//   6. each step: run the program, global rank 0 appends a JSON line to the metrics file, every K steps a
+//      checkpoint; SIGTERM/SIGINT (set_stop_requested) finishes the step, writes a checkpoint and returns kPreempted.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/common/error.h"
+#include "dtrain/exec/executor.h"
+
+namespace dtrain::exec {
+
+struct TrainOptions {
+  std::string model_path;
+  std::string plan = "auto";        // "auto" or a plan.toml
+  std::string cluster_path;         // for plan auto; empty: this machine's CPU ranks (examples/clusters/local-cpu.toml)
+  std::vector<std::string> fixed;   // --fix for plan auto
+  std::string data = "synthetic";   // "synthetic" or a token file
+  int epochs = 1;
+  std::int64_t steps = 1;
+  std::uint64_t seed = 1;
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;  // 0: only at preemption and at the end (when a directory is given)
+  int keep_checkpoints = 2;
+  bool resume = false;
+  std::string metrics_path;
+  std::string trace_path;
+  bool deterministic = false;
+  // After the first step of this run, write its gradients (before the optimizer used them) in the checkpoint shard
+  // format (kind "grad", metadata.json listing the shards): for comparisons with another implementation.
+  std::string dump_gradients_dir;
+};
+
+struct TrainResult {
+  ExitCode exit_code = ExitCode::kOk;
+  std::int64_t first_step = 0;          // 0-based step the run started from (after a resume: the checkpoint's)
+  std::vector<StepMetrics> steps;       // every step this run took
+  std::string plan_digest;
+};
+
+// Runs training on this rank. Throws dtrain::Error with the exit code of the failure.
+TrainResult train(const TrainOptions& options, comm::Communicator& world);
+
+// Called from a signal handler: the loop finishes the current step on every rank, checkpoints and stops.
+void set_stop_requested();
+bool stop_requested();
+
+}  // namespace dtrain::exec

@@ -1,0 +1,239 @@
+#include "dtrain/exec/checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "dtrain/common/digest.h"
+#include "dtrain/common/error.h"
+#include "dtrain/common/log.h"
+
+namespace dtrain::exec {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[8] = {'D', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
+
+Error checkpoint_error(const std::string& message) {
+  return Error(ErrorCategory::kIo, ExitCode::kCheckpointMismatch, message);
+}
+
+void put_u32(std::string& s, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void put_u64(std::string& s, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+std::uint64_t get_u64(const char* p) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+void write_file_synced(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw io_error(fmt::format("{}: cannot be written", path.string()));
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.flush();
+  if (!out) throw io_error(fmt::format("{}: write failed (disk full?)", path.string()));
+}
+
+}  // namespace
+
+std::string step_directory(const std::string& root, std::int64_t step) {
+  return (fs::path(root) / fmt::format("step-{:08d}", step)).string();
+}
+
+std::string temporary_directory(const std::string& root, std::int64_t step) {
+  return (fs::path(root) / fmt::format("step-{:08d}.tmp", step)).string();
+}
+
+std::string write_shard(const std::string& path, const std::vector<StoredTensor>& tensors) {
+  nlohmann::json index = nlohmann::json::array();
+  std::int64_t offset = 0;
+  for (const auto& t : tensors) {
+    nlohmann::json blocks = nlohmann::json::array();
+    for (const auto& b : t.blocks) {
+      blocks.push_back({b.full_row, b.rows, b.full_col, b.cols, offset});
+      offset += b.rows * b.cols;
+    }
+    index.push_back({{"name", t.name}, {"kind", t.kind}, {"full", {t.full_rows, t.full_cols}}, {"blocks", blocks}});
+  }
+  std::string head(kMagic, 8);
+  std::string index_text = index.dump();
+  put_u32(head, 1);
+  put_u32(head, 0);
+  put_u64(head, index_text.size());
+  std::string bytes = head + index_text;
+  for (const auto& t : tensors) {
+    bytes.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * sizeof(float));
+  }
+  std::string tmp = path + ".partial";
+  write_file_synced(tmp, bytes);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw io_error(fmt::format("{}: cannot be renamed into place: {}", path, ec.message()));
+  return sha256_hex(bytes);
+}
+
+void commit_checkpoint(const std::string& root, std::int64_t step, nlohmann::json meta,
+                       const std::vector<ShardInfo>& shards, int keep) {
+  fs::path tmp = temporary_directory(root, step);
+  fs::path final_dir = step_directory(root, step);
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& s : shards) list.push_back({{"file", s.file}, {"sha256", s.sha256}, {"bytes", s.bytes}});
+  meta["shards"] = list;
+  meta["step"] = step;
+  meta["format"] = 1;
+  write_file_synced(tmp / "metadata.json", meta.dump(2) + "\n");
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) fs::remove_all(final_dir, ec);  // a checkpoint of this same step, replaced whole
+  fs::rename(tmp, final_dir, ec);
+  if (ec) throw io_error(fmt::format("{}: cannot be renamed into place: {}", final_dir.string(), ec.message()));
+  // Keep the newest `keep` complete checkpoints (at least 2: the newest may be the one being written next time).
+  std::vector<std::pair<std::int64_t, fs::path>> complete;
+  for (const auto& e : fs::directory_iterator(root)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || name.find('.') != std::string::npos) continue;
+    if (!fs::exists(e.path() / "metadata.json")) continue;
+    complete.emplace_back(std::stoll(name.substr(5)), e.path());
+  }
+  std::sort(complete.rbegin(), complete.rend());
+  for (std::size_t i = static_cast<std::size_t>(std::max(keep, 2)); i < complete.size(); ++i) {
+    fs::remove_all(complete[i].second, ec);
+  }
+}
+
+std::optional<CheckpointChoice> find_checkpoint(const std::string& root, const std::string& expected_model_digest) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return std::nullopt;
+  std::vector<std::pair<std::int64_t, fs::path>> candidates;
+  for (const auto& e : fs::directory_iterator(root)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || name.find('.') != std::string::npos) continue;
+    if (!fs::exists(e.path() / "metadata.json")) continue;
+    try {
+      candidates.emplace_back(std::stoll(name.substr(5)), e.path());
+    } catch (const std::exception&) {
+      continue;
+    }
+  }
+  std::sort(candidates.rbegin(), candidates.rend());
+  for (const auto& [step, dir] : candidates) {
+    nlohmann::json meta;
+    try {
+      std::ifstream in(dir / "metadata.json");
+      meta = nlohmann::json::parse(in);
+    } catch (const std::exception& e) {
+      log::warn("ckpt", "{}: unreadable metadata ({}); trying an older checkpoint", dir.string(), e.what());
+      continue;
+    }
+    std::string digest = meta.value("model_digest", "");
+    if (digest != expected_model_digest) {
+      throw checkpoint_error(fmt::format(
+          "{}: the checkpoint was made for model '{}' (digest {}), but this run trains digest {}; use another "
+          "--checkpoint-dir (nothing was overwritten)",
+          dir.string(), meta.value("model", "?"), digest, expected_model_digest));
+    }
+    bool ok = true;
+    for (const auto& s : meta["shards"]) {
+      fs::path file = dir / s["file"].get<std::string>();
+      std::string actual;
+      try {
+        actual = sha256_file_hex(file.string());
+      } catch (const Error&) {
+        actual = "(unreadable)";
+      }
+      if (actual != s["sha256"].get<std::string>()) {
+        log::warn("ckpt", "{}: checksum mismatch (expected {}, found {}): the checkpoint of step {} is corrupt; "
+                          "using an older one",
+                  file.string(), s["sha256"].get<std::string>(), actual, step);
+        ok = false;
+        break;
+      }
+    }
+    if (ok) return CheckpointChoice{dir.string(), step, meta};
+  }
+  return std::nullopt;
+}
+
+CheckpointReader::CheckpointReader(const std::string& directory) : directory_(directory) {
+  std::ifstream meta_in(fs::path(directory) / "metadata.json");
+  if (!meta_in) throw checkpoint_error(fmt::format("{}: no metadata.json", directory));
+  nlohmann::json meta = nlohmann::json::parse(meta_in);
+  for (const auto& s : meta["shards"]) {
+    std::string file = (fs::path(directory) / s["file"].get<std::string>()).string();
+    std::ifstream in(file, std::ios::binary);
+    char head[24];
+    if (!in.read(head, 24) || std::memcmp(head, kMagic, 8) != 0) {
+      throw checkpoint_error(fmt::format("{}: not a dtrain checkpoint shard", file));
+    }
+    std::uint64_t index_size = get_u64(head + 16);
+    std::string index_text(index_size, '\0');
+    if (!in.read(index_text.data(), static_cast<std::streamsize>(index_size))) {
+      throw checkpoint_error(fmt::format("{}: truncated shard index", file));
+    }
+    std::size_t shard = files_.size();
+    files_.push_back(file);
+    data_start_.push_back(static_cast<std::int64_t>(24 + index_size));
+    for (const auto& t : nlohmann::json::parse(index_text)) {
+      auto key = std::make_pair(t["name"].get<std::string>(), t["kind"].get<std::string>());
+      for (const auto& b : t["blocks"]) {
+        Entry e;
+        e.shard = shard;
+        e.full_rows = t["full"][0];
+        e.full_cols = t["full"][1];
+        e.block = Block{b[0], b[1], b[2], b[3], 0};
+        e.offset = b[4];
+        index_[key].push_back(e);
+      }
+    }
+  }
+}
+
+bool CheckpointReader::has(const std::string& name, const std::string& kind) const {
+  return index_.count({name, kind}) > 0;
+}
+
+std::int64_t CheckpointReader::fill(const TensorSpec& spec, const std::string& kind, float* out) const {
+  auto it = index_.find({spec.name, kind});
+  if (it == index_.end()) return 0;
+  std::int64_t found = 0;
+  std::vector<std::ifstream> streams(files_.size());
+  std::vector<float> row;
+  for (const auto& e : it->second) {
+    if (e.full_rows != spec.full_rows || e.full_cols != spec.full_cols) {
+      throw checkpoint_error(fmt::format("{}: tensor {} is {}x{} in the checkpoint, {}x{} in this model", directory_,
+                                         spec.name, e.full_rows, e.full_cols, spec.full_rows, spec.full_cols));
+    }
+    for (const auto& want : spec.blocks) {
+      // Intersection of the stored block and the wanted block, in full coordinates.
+      std::int64_t r0 = std::max(e.block.full_row, want.full_row);
+      std::int64_t r1 = std::min(e.block.full_row + e.block.rows, want.full_row + want.rows);
+      std::int64_t c0 = std::max(e.block.full_col, want.full_col);
+      std::int64_t c1 = std::min(e.block.full_col + e.block.cols, want.full_col + want.cols);
+      if (r0 >= r1 || c0 >= c1) continue;
+      auto& in = streams[e.shard];
+      if (!in.is_open()) in.open(files_[e.shard], std::ios::binary);
+      row.resize(static_cast<std::size_t>(c1 - c0));
+      for (std::int64_t r = r0; r < r1; ++r) {
+        std::int64_t src = e.offset + (r - e.block.full_row) * e.block.cols + (c0 - e.block.full_col);
+        in.seekg(data_start_[e.shard] + src * static_cast<std::int64_t>(sizeof(float)));
+        if (!in.read(reinterpret_cast<char*>(row.data()), static_cast<std::streamsize>(row.size() * sizeof(float)))) {
+          throw checkpoint_error(fmt::format("{}: truncated data of {}", files_[e.shard], spec.name));
+        }
+        std::int64_t dst = (want.local_row + r - want.full_row) * spec.local_cols + (c0 - want.full_col);
+        std::memcpy(out + dst, row.data(), row.size() * sizeof(float));
+        found += c1 - c0;
+      }
+    }
+  }
+  return found;
+}
+
+}  // namespace dtrain::exec

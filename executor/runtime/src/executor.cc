@@ -1,0 +1,1015 @@
+#include "dtrain/exec/executor.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "dtrain/common/error.h"
+#include "dtrain/common/log.h"
+#include "dtrain/kernels/activation.h"
+#include "dtrain/kernels/attention.h"
+#include "dtrain/kernels/cross_entropy.h"
+#include "dtrain/kernels/dropout.h"
+#include "dtrain/kernels/embedding.h"
+#include "dtrain/kernels/linear.h"
+#include "dtrain/kernels/lr_schedule.h"
+#include "dtrain/kernels/norm.h"
+#include "dtrain/kernels/optimizer.h"
+#include "dtrain/kernels/rope.h"
+
+namespace dtrain::exec {
+
+namespace k = dtrain::kernels;
+namespace kc = dtrain::kernels::cpu;
+using ir::Instr;
+using ir::Opcode;
+using ir::What;
+using Tensor = std::vector<float>;
+
+// ---------------------------------------------------------------------------------------------------------------
+// Communicators
+
+Communicators split_communicators(comm::Communicator& world, const ir::Program& p) {
+  Communicators c;
+  c.world = &world;
+  auto split = [&](const std::vector<std::int32_t>& group, const char* name) -> std::unique_ptr<comm::Communicator> {
+    if (group.empty()) return world.split(comm::kNoColor, 0, name);
+    auto it = std::find(group.begin(), group.end(), p.rank);
+    if (it == group.end()) throw internal_error(fmt::format("rank {} is not in its {} group", p.rank, name));
+    // Groups are named by their first member; the key orders the members as the program lists them.
+    return world.split(group.front(), static_cast<int>(it - group.begin()), fmt::format("{}{}", name, group.front()));
+  };
+  c.tp = split(p.tp_group, "tp");
+  c.pp = split(p.pp_group, "pp");
+  c.dp = split(p.dp_group, "dp");
+  c.embedding = split(p.embedding_group, "embedding");
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// State kept between the passes of one (chunk, micro-batch)
+
+namespace {
+
+struct LayerState {
+  Tensor x, n1a, n1b, y1;   // attention norm: input, statistics (mean/rstd or rstd), output
+  Tensor qkv, o, lse;       // attention: q|k|v after rope, output, log-sum-exp
+  Tensor x2, n2a, n2b, y2;  // MLP norm
+  Tensor a, g;              // fc1 output, activation output
+  Tensor res_grad;          // backward: gradient along the residual path
+  std::map<std::string, Tensor> dy;  // zero-bubble: output gradients of linear layers, for their weight gradients
+};
+
+struct HeadState {
+  Tensor x, na, nb, y, yg;  // final norm input, statistics, output (y: as held; yg: gathered, without SP)
+  Tensor logits, max, sum_exp, target_logit;
+  Tensor dy_logits;
+};
+
+struct ChunkState {
+  std::vector<LayerState> layers;
+  HeadState head;
+  std::vector<std::int32_t> ids, targets;
+  Tensor input;     // received activation
+  Tensor grad_out;  // gradient of the chunk's output (received)
+  Tensor cur;       // the tensor flowing through the body
+  Tensor rcur;      // the forward tensor while recomputing a layer
+  Tensor gathered;  // a saved input re-gathered for a weight gradient
+  int units_done = 0;
+  bool weights_done = false;
+};
+
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+struct Executor::Impl {
+  Impl(const model::ModelDescription& model, const ir::Program& program, Communicators& communicators, const DataSource& source,
+       const ExecutorOptions& options)
+      : md(model), m(model.model), prog(program), comms(communicators), data(source), opt(options),
+        layout(model.model, program) {
+    if (m.dropout > 0 && prog.sequence_parallel && prog.tp > 1) {
+      throw input_error("the CPU executor runs dropout without sequence parallelism only (set dropout = 0 or "
+                        "sequence_parallel=false)");
+    }
+    if (data.vocab() > m.vocab) {
+      throw input_error(fmt::format("the data's vocabulary ({}) is larger than the model's (vocab = {})", data.vocab(),
+                                    m.vocab));
+    }
+    T = static_cast<std::int64_t>(prog.micro_batch) * m.seq_len;
+    sp = prog.sequence_parallel && prog.tp > 1;
+    Tl = sp ? T / prog.tp : T;
+    h = m.hidden;
+    d = m.head_dim();
+    Hl = m.heads / prog.tp;
+    KVl = m.kv_heads / prog.tp;
+    fl = m.ffn_hidden / prog.tp;
+    qkv_cols = (Hl + 2 * KVl) * d;
+    fc1_cols = m.activation == model::ActivationKind::kSwiGlu ? 2 * fl : fl;
+    auto [vb, ve] = vocab_range(m.vocab, prog.tp_rank, prog.tp);
+    vocab = k::VocabShard{vb, ve};
+    params.assign(static_cast<std::size_t>(layout.size()), 0.0f);
+    grads.assign(params.size(), 0.0f);
+    layout.initialise(opt.seed, params.data());
+    if (m.position == model::PositionKind::kRope) {
+      rope_cos.resize(static_cast<std::size_t>(m.seq_len * d / 2));
+      rope_sin.resize(rope_cos.size());
+      k::rope_table(m.rope_theta, m.seq_len, d, rope_cos.data(), rope_sin.data());
+    }
+    plan_owned_ranges();
+    std::int64_t n = 0;
+    for (auto [b, e] : owned_ranges) n += e - b;
+    m1.assign(static_cast<std::size_t>(n), 0.0f);
+    m2.assign(static_cast<std::size_t>(n), 0.0f);
+    sched.lr = md.training.lr;
+    sched.min_lr = md.training.min_lr;
+    sched.warmup_steps = md.training.warmup_steps;
+    sched.decay_steps = std::max(md.training.decay_steps, md.training.warmup_steps);
+    k::validate(sched);
+  }
+
+  // ---- layout helpers ----
+  const model::ModelDescription& md;
+  const model::ModelSpec& m;
+  const ir::Program& prog;
+  Communicators& comms;
+  const DataSource& data;
+  ExecutorOptions opt;
+  ParamLayout layout;
+  Tensor params, grads, m1, m2;
+  std::vector<std::pair<std::int64_t, std::int64_t>> owned_ranges;
+  // distributed optimizer: shard size of each bucket (by the flat range's begin)
+  std::map<std::int64_t, std::int64_t> shard_of_range;
+  k::LrSchedule sched;
+  std::int64_t T = 0, Tl = 0, h = 0, d = 0, Hl = 0, KVl = 0, fl = 0, qkv_cols = 0, fc1_cols = 0;
+  bool sp = false;
+  k::VocabShard vocab;
+  Tensor rope_cos, rope_sin;
+  std::map<std::pair<int, int>, ChunkState> states;
+  std::map<std::tuple<int, int, int>, Tensor> outgoing;  // (what, chunk, mb) -> tensor to send
+  std::int64_t step = 0;
+  double loss_sum = 0;
+  double grad_norm = 0;
+  std::vector<ir::Slice> slices;
+  std::chrono::steady_clock::time_point step_start;
+
+  float* P(const std::string& name) { return params.data() + layout.at(name).offset; }
+  float* G(const std::string& name) { return grads.data() + layout.at(name).offset; }
+  float* P_opt(const std::string& name) {
+    const TensorSpec* t = layout.find(name);
+    return t == nullptr ? nullptr : params.data() + t->offset;
+  }
+  float* G_opt(const std::string& name) {
+    const TensorSpec* t = layout.find(name);
+    return t == nullptr ? nullptr : grads.data() + t->offset;
+  }
+  static std::string L(int layer, const char* name) { return fmt::format("layers.{}.{}", layer, name); }
+  const float* vocab_weight() {
+    return m.tied_embeddings ? P("embed.tokens.weight") : P("head.logits.weight");
+  }
+  float* vocab_weight_grad() {
+    return m.tied_embeddings ? G("embed.tokens.weight") : G("head.logits.weight");
+  }
+  std::int64_t sample_base(int mb) const {
+    return step * opt.global_batch +
+           static_cast<std::int64_t>(prog.dp_rank) * (opt.global_batch / prog.dp) +
+           static_cast<std::int64_t>(mb) * prog.micro_batch;
+  }
+  // Token index (in the micro-batch, 0..T) of the first token held here (sequence-parallel shard).
+  std::int64_t token_offset(std::int64_t rows) const { return rows == T ? 0 : prog.tp_rank * Tl; }
+  // Calls fn(sample_in_microbatch, first_position, length, row) for each piece of one sequence in rows [0, n) that
+  // start at micro-batch token `offset`.
+  template <typename Fn>
+  void for_each_sequence_piece(std::int64_t offset, std::int64_t n, Fn&& fn) const {
+    std::int64_t t = offset;
+    while (t < offset + n) {
+      std::int64_t sample = t / m.seq_len, pos = t % m.seq_len;
+      std::int64_t len = std::min(m.seq_len - pos, offset + n - t);
+      fn(sample, pos, len, t - offset);
+      t += len;
+    }
+  }
+
+  // Without the distributed optimizer this rank updates every element; with it, its shard of every bucket.
+  void plan_owned_ranges() {
+    if (!prog.distributed_optimizer || prog.dp == 1) {
+      owned_ranges = {{0, layout.size()}};
+      return;
+    }
+    for (const auto& in : prog.schedule) {
+      if (in.op != Opcode::kReduceScatter || in.on != ir::CommGroup::kDp) continue;
+      auto range = bucket_range(in);
+      std::int64_t n = range.second - range.first;
+      std::int64_t shard = (n + prog.dp - 1) / prog.dp;
+      shard_of_range[range.first] = shard;
+      std::int64_t b = range.first + prog.dp_rank * shard, e = std::min(range.second, b + shard);
+      if (b < e) owned_ranges.emplace_back(b, e);
+    }
+    std::sort(owned_ranges.begin(), owned_ranges.end());
+  }
+
+  std::pair<std::int64_t, std::int64_t> bucket_range(const Instr& in) const {
+    if (in.what == What::kEmbeddingGrad || in.what == What::kEmbeddingParams) return layout.tied_range();
+    return layout.unit_range(in.chunk, in.layer, in.layer_end);
+  }
+
+  // Time spent inside communication calls this step (for the metrics' comm_s).
+  double comm_seconds = 0;
+  template <typename Fn>
+  void timed(Fn&& fn) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    comm_seconds += seconds_between(t0, std::chrono::steady_clock::now());
+  }
+
+  // ---- tensors along the flow ----
+
+  void all_gather_rows(Tensor& t, std::int64_t cols) {
+    Tensor full(static_cast<std::size_t>(T * cols));
+    timed([&] { comms.tp->all_gather(t.data(), full.data(), static_cast<std::size_t>(Tl * cols)); });
+    t.swap(full);
+  }
+  void reduce_scatter_rows(Tensor& t, std::int64_t cols) {
+    Tensor part(static_cast<std::size_t>(Tl * cols));
+    timed([&] { comms.tp->reduce_scatter(t.data(), part.data(), static_cast<std::size_t>(Tl * cols), comm::ReduceOp::kSum); });
+    t.swap(part);
+  }
+
+  void norm_forward(const std::string& prefix, const Tensor& x, Tensor& y, Tensor& a, Tensor& b) {
+    std::int64_t rows = static_cast<std::int64_t>(x.size()) / h;
+    y.resize(x.size());
+    k::NormShape shape{rows, h};
+    if (m.norm == model::NormKind::kLayerNorm) {
+      a.resize(static_cast<std::size_t>(rows));
+      b.resize(static_cast<std::size_t>(rows));
+      kc::layernorm_forward(shape, x.data(), P(prefix + ".weight"), P(prefix + ".bias"),
+                            static_cast<float>(m.norm_eps), y.data(), a.data(), b.data());
+    } else {
+      b.resize(static_cast<std::size_t>(rows));
+      kc::rmsnorm_forward(shape, x.data(), P(prefix + ".weight"), static_cast<float>(m.norm_eps), y.data(),
+                          b.data());
+    }
+  }
+  void norm_backward(const std::string& prefix, const Tensor& x, const Tensor& a, const Tensor& b, Tensor& dy) {
+    std::int64_t rows = static_cast<std::int64_t>(x.size()) / h;
+    Tensor dx(x.size());
+    k::NormShape shape{rows, h};
+    if (m.norm == model::NormKind::kLayerNorm) {
+      kc::layernorm_backward(shape, x.data(), P(prefix + ".weight"), a.data(), b.data(), dy.data(), dx.data(),
+                             G(prefix + ".weight"), G(prefix + ".bias"));
+    } else {
+      kc::rmsnorm_backward(shape, x.data(), P(prefix + ".weight"), b.data(), dy.data(), dx.data(),
+                           G(prefix + ".weight"));
+    }
+    dy.swap(dx);
+  }
+
+  // out = residual + dropout(branch + bias), on the rows held here.
+  void residual_forward(const Tensor& residual, Tensor& branch, const float* bias, int layer, k::DropoutSite site) {
+    std::int64_t rows = static_cast<std::int64_t>(branch.size()) / h;
+    if (bias != nullptr) {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t j = 0; j < h; ++j) branch[static_cast<std::size_t>(r * h + j)] += bias[j];
+      }
+    }
+    if (m.dropout > 0) {
+      k::HiddenLayout hl{prog.micro_batch, m.seq_len, h, sample_base(current_mb) - step * opt.global_batch, 0,
+                         m.seq_len};
+      k::DropoutKey key{opt.seed, static_cast<std::uint64_t>(step), static_cast<std::uint32_t>(layer), site};
+      Tensor out(branch.size());
+      kc::dropout_add_forward(hl, branch.data(), residual.data(), static_cast<float>(m.dropout), key, out.data());
+      branch.swap(out);
+    } else {
+      kc::residual_add(static_cast<std::int64_t>(branch.size()), branch.data(), residual.data(), branch.data());
+    }
+  }
+  // Gradient through out = residual + dropout(branch + bias): keeps dout for the residual path, returns the branch's.
+  void residual_backward(Tensor& dout, Tensor& res_grad, float* dbias, int layer, k::DropoutSite site) {
+    res_grad = dout;
+    if (m.dropout > 0) {
+      k::HiddenLayout hl{prog.micro_batch, m.seq_len, h, sample_base(current_mb) - step * opt.global_batch, 0,
+                         m.seq_len};
+      k::DropoutKey key{opt.seed, static_cast<std::uint64_t>(step), static_cast<std::uint32_t>(layer), site};
+      kc::dropout_add_backward(hl, dout.data(), static_cast<float>(m.dropout), key, dout.data());
+    }
+    if (dbias != nullptr) {
+      std::int64_t rows = static_cast<std::int64_t>(dout.size()) / h;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t j = 0; j < h; ++j) dbias[j] += dout[static_cast<std::size_t>(r * h + j)];
+      }
+    }
+  }
+
+  int current_mb = 0;
+
+  // ---- body ops ----
+
+  void forward_op(const Instr& in, ChunkState& st, Tensor& cur, bool recompute) {
+    const std::string& op = in.name;
+    const int l = in.layer;
+    if (op == "embed.tokens") {
+      cur.assign(static_cast<std::size_t>(T * h), 0.0f);
+      kc::embedding_forward(T, h, st.ids.data(), P("embed.tokens.weight"), vocab, cur.data());
+      return;
+    }
+    if (op == "embed.positions") {
+      std::int64_t rows = static_cast<std::int64_t>(cur.size()) / h;
+      const float* pos = P("embed.positions.weight");
+      for_each_sequence_piece(token_offset(rows), rows, [&](std::int64_t, std::int64_t p0, std::int64_t len, std::int64_t row) {
+        kc::position_embedding_forward(1, len, h, pos + p0 * h, cur.data() + row * h);
+      });
+      if (m.dropout > 0) {
+        k::HiddenLayout hl{prog.micro_batch, m.seq_len, h, sample_base(current_mb) - step * opt.global_batch, 0,
+                           m.seq_len};
+        k::DropoutKey key{opt.seed, static_cast<std::uint64_t>(step), 0, k::DropoutSite::kEmbedding};
+        Tensor zeros(cur.size(), 0.0f), out(cur.size());
+        kc::dropout_add_forward(hl, cur.data(), zeros.data(), static_cast<float>(m.dropout), key, out.data());
+        cur.swap(out);
+      }
+      return;
+    }
+    if (op == "head.norm") {
+      HeadState& hs = st.head;
+      hs.x = cur;
+      norm_forward("head.norm", hs.x, hs.y, hs.na, hs.nb);
+      cur = hs.y;
+      return;
+    }
+    if (op == "head.logits") {
+      HeadState& hs = st.head;
+      if (!sp) hs.yg = cur;
+      hs.logits.resize(static_cast<std::size_t>(T * (vocab.end - vocab.begin)));
+      kc::linear_forward({T, h, vocab.end - vocab.begin}, cur.data(), vocab_weight(), nullptr, hs.logits.data());
+      return;
+    }
+    if (op == "head.cross_entropy") {
+      HeadState& hs = st.head;
+      auto tokens = static_cast<std::size_t>(T);
+      if (in.index <= 0) {
+        hs.max.resize(tokens);
+        kc::cross_entropy_max(T, hs.logits.data(), vocab, hs.max.data());
+      }
+      if (in.index < 0 || in.index == 1) {
+        hs.sum_exp.resize(tokens);
+        hs.target_logit.resize(tokens);
+        kc::cross_entropy_sum_exp(T, hs.logits.data(), st.targets.data(), vocab, hs.max.data(), hs.sum_exp.data(),
+                                  hs.target_logit.data());
+      }
+      if (in.index < 0 || in.index == 2) {
+        Tensor loss(tokens);
+        kc::cross_entropy_loss(T, hs.max.data(), hs.sum_exp.data(), hs.target_logit.data(), loss.data());
+        if (prog.tp_rank == 0) {
+          double sum = 0;
+          for (float v : loss) sum += v;
+          loss_sum += sum / (static_cast<double>(opt.global_batch) * static_cast<double>(m.seq_len));
+        }
+      }
+      return;
+    }
+    LayerState& ls = st.layers[static_cast<std::size_t>(l - chunk_first(in, st))];
+    if (op == "attn.norm") {
+      ls.x = cur;
+      norm_forward(L(l, "attn.norm"), ls.x, ls.y1, ls.n1a, ls.n1b);
+      cur = ls.y1;
+    } else if (op == "attn.qkv") {
+      Tensor y(static_cast<std::size_t>(T * qkv_cols));
+      kc::linear_forward({T, h, qkv_cols}, cur.data(), P(L(l, "attn.qkv.weight")), P_opt(L(l, "attn.qkv.bias")),
+                         y.data());
+      if (!sp) ls.y1 = cur;  // the gathered input, kept for the weight gradient
+      cur.swap(y);
+    } else if (op == "attn.rope") {
+      kc::rope_forward({prog.micro_batch, m.seq_len, Hl, d, qkv_cols}, rope_cos.data(), rope_sin.data(), cur.data());
+      kc::rope_forward({prog.micro_batch, m.seq_len, KVl, d, qkv_cols}, rope_cos.data(), rope_sin.data(),
+                       cur.data() + Hl * d);
+    } else if (op == "attn.core") {
+      const Tensor& qkv = recompute ? ls.qkv : cur;
+      if (!recompute) ls.qkv = cur;
+      ls.o.resize(static_cast<std::size_t>(T * Hl * d));
+      ls.lse.resize(static_cast<std::size_t>(prog.micro_batch * Hl * m.seq_len));
+      k::AttentionShape shape{prog.micro_batch, m.seq_len, Hl, KVl, d, qkv_cols, qkv_cols};
+      k::AttentionDropout drop;
+      k::AttentionDropout* dp = attention_dropout(drop, l);
+      kc::attention_forward(shape, qkv.data(), qkv.data() + Hl * d, qkv.data() + (Hl + KVl) * d, ls.o.data(),
+                            ls.lse.data(), dp);
+      if (!recompute) cur = ls.o;
+    } else if (op == "attn.proj") {
+      Tensor y(static_cast<std::size_t>(T * h));
+      kc::linear_forward({T, Hl * d, h}, cur.data(), P(L(l, "attn.proj.weight")), nullptr, y.data());
+      cur.swap(y);
+    } else if (op == "attn.residual") {
+      residual_forward(ls.x, cur, P_opt(L(l, "attn.proj.bias")), l, k::DropoutSite::kAttentionOutput);
+    } else if (op == "mlp.norm") {
+      ls.x2 = cur;
+      norm_forward(L(l, "mlp.norm"), ls.x2, ls.y2, ls.n2a, ls.n2b);
+      cur = ls.y2;
+    } else if (op == "mlp.fc1") {
+      Tensor y(static_cast<std::size_t>(T * fc1_cols));
+      kc::linear_forward({T, h, fc1_cols}, cur.data(), P(L(l, "mlp.fc1.weight")), P_opt(L(l, "mlp.fc1.bias")),
+                         y.data());
+      if (!sp) ls.y2 = cur;
+      cur.swap(y);
+      ls.a = cur;
+    } else if (op == "mlp.act") {
+      Tensor y(static_cast<std::size_t>(T * fl));
+      if (m.activation == model::ActivationKind::kSwiGlu) kc::swiglu_forward(T, fl, cur.data(), y.data());
+      else kc::gelu_forward(T * fl, cur.data(), y.data());
+      cur.swap(y);
+      ls.g = cur;
+    } else if (op == "mlp.fc2") {
+      Tensor y(static_cast<std::size_t>(T * h));
+      kc::linear_forward({T, fl, h}, cur.data(), P(L(l, "mlp.fc2.weight")), nullptr, y.data());
+      cur.swap(y);
+    } else if (op == "mlp.residual") {
+      residual_forward(ls.x2, cur, P_opt(L(l, "mlp.fc2.bias")), l, k::DropoutSite::kMlpOutput);
+    } else {
+      throw internal_error(fmt::format("unknown op '{}'", op));
+    }
+  }
+
+  k::AttentionDropout* attention_dropout(k::AttentionDropout& drop, int layer) {
+    if (m.dropout <= 0) return nullptr;
+    drop.p = static_cast<float>(m.dropout);
+    drop.key = {opt.seed, static_cast<std::uint64_t>(step), static_cast<std::uint32_t>(layer),
+                k::DropoutSite::kAttentionProbs};
+    drop.sample_begin = sample_base(current_mb) - step * opt.global_batch;
+    drop.head_begin = prog.tp_rank * Hl;
+    drop.total_heads = m.heads;
+    return &drop;
+  }
+
+  int chunk_first(const Instr& /*in*/, const ChunkState& /*st*/) const { return current_first_layer; }
+  int current_first_layer = 0;
+
+  // A linear layer's backward: input gradient (pass bwd / bwd_i) and weight gradient (bwd / bwd_w).
+  void linear_backward(const Instr& in, LayerState* ls, ChunkState& st, Tensor& cur, std::int64_t in_features,
+                       std::int64_t out_features, const float* w, float* dw, float* db, const Tensor& saved_input) {
+    bool input_grad = in.pass == ir::Pass::kBackward || in.pass == ir::Pass::kBackwardInput;
+    bool weight_grad = in.pass == ir::Pass::kBackward || in.pass == ir::Pass::kBackwardWeight;
+    k::LinearShape shape{T, in_features, out_features};
+    const Tensor* dy = &cur;
+    Tensor* stash = nullptr;
+    if (ls != nullptr) stash = &ls->dy[in.name];
+    else stash = &st.head.dy_logits;
+    if (in.pass == ir::Pass::kBackwardWeight) dy = stash;
+    if (weight_grad) {
+      const Tensor& x = sp && !st.gathered.empty() && uses_gathered(in.name) ? st.gathered : saved_input;
+      kc::linear_backward_weight(shape, dy->data(), x.data(), dw, db);
+      if (uses_gathered(in.name)) st.gathered.clear();
+    }
+    if (in.pass == ir::Pass::kBackwardInput) *stash = cur;
+    if (input_grad) {
+      Tensor dx(static_cast<std::size_t>(T * in_features));
+      kc::linear_backward_input(shape, cur.data(), w, dx.data());
+      cur.swap(dx);
+    }
+    if (in.pass == ir::Pass::kBackwardWeight) stash->clear();
+  }
+  static bool uses_gathered(const std::string& name) {
+    return name == "attn.qkv" || name == "mlp.fc1" || name == "head.logits";
+  }
+
+  void backward_op(const Instr& in, ChunkState& st, Tensor& cur) {
+    const std::string& op = in.name;
+    const int l = in.layer;
+    if (op == "head.cross_entropy") {
+      HeadState& hs = st.head;
+      float dl = static_cast<float>(1.0 / (static_cast<double>(opt.global_batch) * static_cast<double>(m.seq_len)));
+      Tensor dloss(static_cast<std::size_t>(T), dl);
+      cur.resize(hs.logits.size());
+      kc::cross_entropy_backward(T, hs.logits.data(), st.targets.data(), vocab, hs.max.data(), hs.sum_exp.data(),
+                                 dloss.data(), cur.data());
+      return;
+    }
+    if (op == "head.logits") {
+      HeadState& hs = st.head;
+      linear_backward(in, nullptr, st, cur, h, vocab.end - vocab.begin, vocab_weight(), vocab_weight_grad(), nullptr,
+                      sp ? hs.y : hs.yg);
+      if (in.pass != ir::Pass::kBackwardWeight) hs.logits.clear();
+      return;
+    }
+    if (op == "head.norm") {
+      norm_backward("head.norm", st.head.x, st.head.na, st.head.nb, cur);
+      return;
+    }
+    if (op == "embed.positions") {
+      std::int64_t rows = static_cast<std::int64_t>(cur.size()) / h;
+      if (m.dropout > 0) {
+        k::HiddenLayout hl{prog.micro_batch, m.seq_len, h, sample_base(current_mb) - step * opt.global_batch, 0,
+                           m.seq_len};
+        k::DropoutKey key{opt.seed, static_cast<std::uint64_t>(step), 0, k::DropoutSite::kEmbedding};
+        kc::dropout_add_backward(hl, cur.data(), static_cast<float>(m.dropout), key, cur.data());
+      }
+      float* dpos = G("embed.positions.weight");
+      for_each_sequence_piece(token_offset(rows), rows, [&](std::int64_t, std::int64_t p0, std::int64_t len, std::int64_t row) {
+        kc::position_embedding_backward(1, len, h, cur.data() + row * h, dpos + p0 * h);
+      });
+      return;
+    }
+    if (op == "embed.tokens") {
+      kc::embedding_backward(T, h, st.ids.data(), cur.data(), vocab, G("embed.tokens.weight"));
+      return;
+    }
+    LayerState& ls = st.layers[static_cast<std::size_t>(l - current_first_layer)];
+    if (op == "mlp.residual") {
+      residual_backward(cur, ls.res_grad, G_opt(L(l, "mlp.fc2.bias")), l, k::DropoutSite::kMlpOutput);
+    } else if (op == "mlp.fc2") {
+      linear_backward(in, &ls, st, cur, fl, h, P(L(l, "mlp.fc2.weight")), G(L(l, "mlp.fc2.weight")), nullptr, ls.g);
+    } else if (op == "mlp.act") {
+      Tensor dx(ls.a.size());
+      if (m.activation == model::ActivationKind::kSwiGlu) kc::swiglu_backward(T, fl, ls.a.data(), cur.data(), dx.data());
+      else kc::gelu_backward(T * fl, ls.a.data(), cur.data(), dx.data());
+      cur.swap(dx);
+    } else if (op == "mlp.fc1") {
+      linear_backward(in, &ls, st, cur, h, fc1_cols, P(L(l, "mlp.fc1.weight")), G(L(l, "mlp.fc1.weight")),
+                      G_opt(L(l, "mlp.fc1.bias")), ls.y2);
+    } else if (op == "mlp.norm") {
+      norm_backward(L(l, "mlp.norm"), ls.x2, ls.n2a, ls.n2b, cur);
+      kc::residual_add(static_cast<std::int64_t>(cur.size()), cur.data(), ls.res_grad.data(), cur.data());
+    } else if (op == "attn.residual") {
+      residual_backward(cur, ls.res_grad, G_opt(L(l, "attn.proj.bias")), l, k::DropoutSite::kAttentionOutput);
+    } else if (op == "attn.proj") {
+      linear_backward(in, &ls, st, cur, Hl * d, h, P(L(l, "attn.proj.weight")), G(L(l, "attn.proj.weight")), nullptr,
+                      ls.o);
+    } else if (op == "attn.core") {
+      Tensor dqkv(static_cast<std::size_t>(T * qkv_cols), 0.0f);
+      k::AttentionShape shape{prog.micro_batch, m.seq_len, Hl, KVl, d, qkv_cols, qkv_cols};
+      k::AttentionDropout drop;
+      k::AttentionDropout* dp = attention_dropout(drop, l);
+      const float* q = ls.qkv.data();
+      kc::attention_backward(shape, q, q + Hl * d, q + (Hl + KVl) * d, ls.o.data(), ls.lse.data(), cur.data(),
+                             dqkv.data(), dqkv.data() + Hl * d, dqkv.data() + (Hl + KVl) * d, dp);
+      cur.swap(dqkv);
+    } else if (op == "attn.rope") {
+      kc::rope_backward({prog.micro_batch, m.seq_len, Hl, d, qkv_cols}, rope_cos.data(), rope_sin.data(), cur.data());
+      kc::rope_backward({prog.micro_batch, m.seq_len, KVl, d, qkv_cols}, rope_cos.data(), rope_sin.data(),
+                        cur.data() + Hl * d);
+    } else if (op == "attn.qkv") {
+      linear_backward(in, &ls, st, cur, h, qkv_cols, P(L(l, "attn.qkv.weight")), G(L(l, "attn.qkv.weight")),
+                      G_opt(L(l, "attn.qkv.bias")), ls.y1);
+    } else if (op == "attn.norm") {
+      norm_backward(L(l, "attn.norm"), ls.x, ls.n1a, ls.n1b, cur);
+      kc::residual_add(static_cast<std::int64_t>(cur.size()), cur.data(), ls.res_grad.data(), cur.data());
+    } else {
+      throw internal_error(fmt::format("unknown op '{}'", op));
+    }
+  }
+
+  // A tensor-parallel collective inside a body.
+  void body_collective(const Instr& in, ChunkState& st, Tensor& cur, Tensor& rcur) {
+    Tensor& t = in.pass == ir::Pass::kRecompute || recomputing ? rcur : cur;
+    switch (in.what) {
+      case What::kHidden: {
+        std::int64_t cols = h;
+        if (in.op == Opcode::kAllGather) all_gather_rows(t, cols);
+        else if (in.op == Opcode::kReduceScatter) reduce_scatter_rows(t, cols);
+        else comms.tp->all_reduce(t.data(), t.data(), t.size(), comm::ReduceOp::kSum);
+        break;
+      }
+      case What::kSavedInput: {
+        const Tensor& shard = saved_input_for(in, st);
+        st.gathered.resize(static_cast<std::size_t>(T * h));
+        timed([&] { comms.tp->all_gather(shard.data(), st.gathered.data(), shard.size()); });
+        break;
+      }
+      case What::kLogitsMax:
+        timed([&] { comms.tp->all_reduce(st.head.max.data(), st.head.max.data(), st.head.max.size(), comm::ReduceOp::kMax); });
+        break;
+      case What::kLogitsSumExp:
+        timed([&] { comms.tp->all_reduce(st.head.sum_exp.data(), st.head.sum_exp.data(), st.head.sum_exp.size(),
+                             comm::ReduceOp::kSum); });
+        break;
+      case What::kTargetLogit:
+        timed([&] { comms.tp->all_reduce(st.head.target_logit.data(), st.head.target_logit.data(), st.head.target_logit.size(),
+                             comm::ReduceOp::kSum); });
+        break;
+      default: throw internal_error(fmt::format("unexpected collective in a body: {}", ir::to_text(in)));
+    }
+  }
+  bool recomputing = false;
+
+  // The saved (sequence-shard) input of the column-parallel op that follows a saved-input all-gather.
+  const Tensor& saved_input_for(const Instr& in, ChunkState& st) {
+    const ir::Body* body = current_body;
+    for (std::size_t i = current_bpc + 1; body != nullptr && i < body->instrs.size(); ++i) {
+      const Instr& next = body->instrs[i];
+      if (next.op != Opcode::kCompute) continue;
+      if (next.name == "head.logits") return st.head.y;
+      LayerState& ls = st.layers[static_cast<std::size_t>(next.layer - current_first_layer)];
+      if (next.name == "attn.qkv") return ls.y1;
+      if (next.name == "mlp.fc1") return ls.y2;
+      break;
+    }
+    throw internal_error(fmt::format("saved-input all-gather not followed by a column-parallel op: {}", ir::to_text(in)));
+  }
+  const ir::Body* current_body = nullptr;
+  std::size_t current_bpc = 0;
+
+  // ---- schedule instructions ----
+
+  ChunkState& state(int chunk, int mb) {
+    auto [it, inserted] = states.try_emplace({chunk, mb});
+    if (inserted) {
+      const ir::ChunkInfo* ci = prog.chunk_info(chunk);
+      it->second.layers.resize(static_cast<std::size_t>(ci->layers));
+    }
+    return it->second;
+  }
+
+  static int units_of(const ir::ChunkInfo& ci) { return ci.layers + (ci.embedding ? 1 : 0) + (ci.head ? 1 : 0); }
+
+  void run_pass(const Instr& in) {
+    const ir::ChunkInfo* ci = prog.chunk_info(in.chunk);
+    if (ci == nullptr) throw input_error(fmt::format("chunk {} is not held by this rank", in.chunk));
+    ir::BodyKind kind = in.op == Opcode::kForward          ? ir::BodyKind::kForward
+                        : in.op == Opcode::kBackward       ? ir::BodyKind::kBackward
+                        : in.op == Opcode::kBackwardInput  ? ir::BodyKind::kBackwardInput
+                                                           : ir::BodyKind::kBackwardWeight;
+    const ir::Body* body = prog.body(in.chunk, kind);
+    if (body == nullptr) throw input_error(fmt::format("no {} body for chunk {}", ir::to_string(kind), in.chunk));
+    ChunkState& st = state(in.chunk, in.mb);
+    current_first_layer = ci->first_layer;
+    current_mb = in.mb;
+    current_body = body;
+    Tensor& cur = st.cur;
+    if (in.op == Opcode::kForward) {
+      if (!ci->embedding) {
+        if (st.input.empty()) throw input_error("the forward's input activation was never received");
+        cur.swap(st.input);
+        st.input.clear();
+      }
+    } else if ((in.op == Opcode::kBackward || in.op == Opcode::kBackwardInput) && st.units_done == 0 && !ci->head) {
+      if (st.grad_out.empty()) throw input_error("the backward's output gradient was never received");
+      cur.swap(st.grad_out);
+      st.grad_out.clear();
+    }
+    int units = 0;
+    for (std::size_t i = 0; i < body->instrs.size(); ++i) {
+      const Instr& op = body->instrs[i];
+      bool in_range = in.layer_end < 0 || (op.layer >= in.layer && op.layer < in.layer_end);
+      if (!in_range) continue;
+      current_bpc = i;
+      if (op.op == Opcode::kCompute) {
+        if (op.pass == ir::Pass::kForward) {
+          forward_op(op, st, cur, false);
+        } else if (op.pass == ir::Pass::kRecompute) {
+          recompute_op(op, st);
+        } else {
+          backward_op(op, st, cur);
+        }
+      } else {
+        body_collective(op, st, cur, st.rcur);
+      }
+    }
+    // Units covered by this pass (a bucket piece covers a range).
+    if (in.op == Opcode::kBackward || in.op == Opcode::kBackwardInput) {
+      for (int u = -1; u <= m.layers; ++u) {
+        bool held = u == -1 ? ci->embedding
+                            : u == m.layers ? ci->head
+                                            : (u >= ci->first_layer && u < ci->first_layer + ci->layers);
+        if (held && (in.layer_end < 0 || (u >= in.layer && u < in.layer_end))) ++units;
+      }
+      st.units_done += units;
+    }
+    if (in.op == Opcode::kForward) {
+      if (!ci->head) outgoing[{static_cast<int>(What::kActivation), in.chunk, in.mb}] = std::move(cur);
+      free_recomputed(st, *ci);
+      cur.clear();
+      return;
+    }
+    bool input_grads_done = st.units_done == units_of(*ci);
+    if ((in.op == Opcode::kBackward || in.op == Opcode::kBackwardInput) && input_grads_done) {
+      if (!ci->embedding) outgoing[{static_cast<int>(What::kGradient), in.chunk, in.mb}] = std::move(cur);
+      cur.clear();
+    }
+    if (in.op == Opcode::kBackwardWeight) st.weights_done = true;
+    bool finished = input_grads_done && (in.op == Opcode::kBackward || st.weights_done);
+    if (finished) states.erase({in.chunk, in.mb});
+  }
+
+  // Recomputation: a layer's forward again from its saved input (full), or the attention core (selective).
+  void recompute_op(const Instr& op, ChunkState& st) {
+    LayerState& ls = st.layers[static_cast<std::size_t>(op.layer - current_first_layer)];
+    if (op.name == "attn.core" && !recomputing_layer(op)) {
+      forward_op(op, st, st.rcur, true);
+      return;
+    }
+    if (op.name == "attn.norm") st.rcur = ls.x;
+    recomputing = true;
+    forward_op(op, st, st.rcur, false);
+    if (op.name == "mlp.residual") {
+      recomputing = false;
+      st.rcur.clear();
+    }
+  }
+  bool recomputing_layer(const Instr&) const { return recomputing; }
+
+  // With full recomputation a layer keeps only its input between forward and backward; selective keeps everything
+  // the attention core's backward needs but recomputes it (the CPU kernel keeps no score matrix anyway).
+  void free_recomputed(ChunkState& st, const ir::ChunkInfo&) {
+    if (md.training.global_batch < 0) return;
+    if (plan_recompute_full) {
+      for (auto& ls : st.layers) {
+        Tensor x = std::move(ls.x);
+        ls = LayerState{};
+        ls.x = std::move(x);
+      }
+    }
+  }
+  bool plan_recompute_full = false;
+
+  void load(const Instr& in) {
+    ChunkState& st = in.what == What::kTargets ? state(prog.pp * prog.vpp - 1, in.mb) : state(0, in.mb);
+    ChunkState* other = in.what == What::kBatch ? &st : nullptr;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(T)), targets(static_cast<std::size_t>(T));
+    std::int64_t base = sample_base(in.mb);
+    for (int b = 0; b < prog.micro_batch; ++b) {
+      data.sample(base + b, m.seq_len, ids.data() + b * m.seq_len, targets.data() + b * m.seq_len);
+    }
+    if (in.what == What::kTokens || in.what == What::kBatch) st.ids = ids;
+    if (in.what == What::kTargets || in.what == What::kBatch) (other ? *other : st).targets = targets;
+  }
+
+  // Consecutive SEND/RECV of one group, starting at pc; returns how many instructions they took.
+  std::size_t p2p_group(std::size_t pc) {
+    std::vector<comm::P2POp> ops;
+    std::vector<std::pair<const Instr*, Tensor*>> recvs;
+    std::vector<Tensor> sent;
+    std::size_t end = pc + 1;
+    if (prog.schedule[pc].group >= 0) {
+      while (end < prog.schedule.size() && prog.schedule[end].is_p2p() &&
+             prog.schedule[end].group == prog.schedule[pc].group) {
+        ++end;
+      }
+    }
+    sent.reserve(end - pc);
+    for (std::size_t i = pc; i < end; ++i) {
+      const Instr& in = prog.schedule[i];
+      auto peer_it = std::find(prog.pp_group.begin(), prog.pp_group.end(), in.peer);
+      if (peer_it == prog.pp_group.end()) throw input_error(fmt::format("peer {} is not in the pipeline group", in.peer));
+      int peer = static_cast<int>(peer_it - prog.pp_group.begin());
+      comm::Tag tag = comm::message_tag(fmt::format("{} c{} mb{}", ir::to_string(in.what), in.chunk, in.mb));
+      if (in.op == Opcode::kSend) {
+        auto key = std::make_tuple(static_cast<int>(in.what), in.chunk, in.mb);
+        auto it = outgoing.find(key);
+        if (it == outgoing.end()) throw input_error("nothing to send: its pass has not produced it");
+        if (static_cast<std::int64_t>(it->second.size()) != in.count) {
+          throw input_error(fmt::format("the tensor to send holds {} elements, the instruction says {}",
+                                        it->second.size(), in.count));
+        }
+        sent.push_back(std::move(it->second));
+        outgoing.erase(it);
+        ops.push_back(comm::P2POp::send(sent.back().data(), sent.back().size(), peer, tag));
+      } else {
+        // act of chunk c-1 is the input of chunk c; grad of chunk c+1's input is chunk c's output gradient.
+        Tensor& dst = in.what == What::kActivation ? state(in.chunk + 1, in.mb).input
+                                                   : state(in.chunk - 1, in.mb).grad_out;
+        dst.assign(static_cast<std::size_t>(in.count), 0.0f);
+        ops.push_back(comm::P2POp::recv(dst.data(), dst.size(), peer, tag));
+      }
+    }
+    timed([&] { comms.pp->group(ops); });
+    return end - pc;
+  }
+
+  // A data-parallel (or embedding, or tensor-parallel replicated) collective of the schedule.
+  void schedule_collective(const Instr& in) {
+    if (in.on == ir::CommGroup::kWorld) {
+      float value = 0;
+      if (in.what == What::kGradNorm) value = static_cast<float>(local_grad_norm_squared());
+      else if (in.what == What::kLoss) value = static_cast<float>(loss_sum);
+      double out = value;
+      // fp32 on the wire would round the sums; the all-reduce of doubles is done as two floats (hi, lo).
+      float pair[2] = {static_cast<float>(in.what == What::kGradNorm ? local_grad_norm_squared() : loss_sum), 0.0f};
+      double exact = in.what == What::kGradNorm ? local_grad_norm_squared() : loss_sum;
+      pair[1] = static_cast<float>(exact - static_cast<double>(pair[0]));
+      timed([&] { comms.world->all_reduce(pair, pair, 2, comm::ReduceOp::kSum); });
+      out = static_cast<double>(pair[0]) + static_cast<double>(pair[1]);
+      if (in.what == What::kGradNorm) grad_norm_squared_total = out;
+      else loss_total = out;
+      return;
+    }
+    if (in.on == ir::CommGroup::kTp && in.what == What::kReplicatedGrads) {
+      Tensor buf;
+      std::vector<const TensorSpec*> parts;
+      for (const auto& t : layout.tensors()) {
+        if (t.chunk == in.chunk && t.tp_replicated && t.unit >= in.layer && t.unit < in.layer_end) parts.push_back(&t);
+      }
+      for (const auto* t : parts) buf.insert(buf.end(), grads.data() + t->offset, grads.data() + t->offset + t->numel());
+      check_count(in, static_cast<std::int64_t>(buf.size()));
+      timed([&] { comms.tp->all_reduce(buf.data(), buf.data(), buf.size(), comm::ReduceOp::kSum); });
+      std::size_t pos = 0;
+      for (const auto* t : parts) {
+        std::copy_n(buf.data() + pos, t->numel(), grads.data() + t->offset);
+        pos += static_cast<std::size_t>(t->numel());
+      }
+      return;
+    }
+    if (in.on == ir::CommGroup::kEmbedding) {
+      auto [b, e] = layout.tied_range();
+      check_count(in, e - b);
+      timed([&] { comms.embedding->all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(e - b),
+                                  comm::ReduceOp::kSum); });
+      return;
+    }
+    if (in.on != ir::CommGroup::kDp) throw input_error("unexpected collective in the schedule");
+    auto [b, e] = bucket_range(in);
+    check_count(in, e - b);
+    std::int64_t n = e - b;
+    if (in.op == Opcode::kAllReduce) {
+      timed([&] { comms.dp->all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(n), comm::ReduceOp::kSum); });
+      return;
+    }
+    std::int64_t shard = shard_of_range.at(b);
+    Tensor buf(static_cast<std::size_t>(shard * prog.dp), 0.0f);
+    float* flat = in.op == Opcode::kReduceScatter ? grads.data() : params.data();
+    std::int64_t mine = b + prog.dp_rank * shard;
+    std::int64_t mine_n = std::max<std::int64_t>(0, std::min(e, mine + shard) - mine);
+    if (in.op == Opcode::kReduceScatter) {
+      std::copy_n(flat + b, n, buf.data());
+      timed([&] { comms.dp->reduce_scatter(buf.data(), buf.data() + prog.dp_rank * shard, static_cast<std::size_t>(shard),
+                               comm::ReduceOp::kSum); });
+      std::copy_n(buf.data() + prog.dp_rank * shard, mine_n, flat + mine);
+    } else {  // all-gather of the updated parameters
+      std::copy_n(flat + mine, mine_n, buf.data() + prog.dp_rank * shard);
+      timed([&] { comms.dp->all_gather(buf.data() + prog.dp_rank * shard, buf.data(), static_cast<std::size_t>(shard)); });
+      std::copy_n(buf.data(), n, flat + b);
+    }
+  }
+  double grad_norm_squared_total = 0;
+  double loss_total = 0;
+
+  void check_count(const Instr& in, std::int64_t actual) const {
+    if (actual != in.count) {
+      throw input_error(fmt::format("the instruction says {} elements but the parameters it covers hold {}", in.count,
+                                    actual));
+    }
+  }
+
+  // This rank's share of the squared gradient norm: each parameter counted once over the whole job.
+  double local_grad_norm_squared() {
+    double sum = 0;
+    auto add = [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) sum += static_cast<double>(grads[static_cast<std::size_t>(i)]) * grads[static_cast<std::size_t>(i)];
+    };
+    bool sharded = prog.distributed_optimizer && prog.dp > 1;
+    if (!sharded && prog.dp_rank != 0) return 0;  // data-parallel replicas hold the same reduced gradients
+    for (const auto& t : layout.tensors()) {
+      if (t.tied_copy) continue;                         // the first stage counts the tied matrix
+      if (t.tp_replicated && prog.tp_rank != 0) continue;  // replicated over tensor parallelism
+      std::int64_t b = t.offset, e = t.offset + t.numel();
+      if (!sharded) {
+        add(b, e);
+        continue;
+      }
+      for (auto [ob, oe] : owned_ranges) add(std::max(b, ob), std::min(e, oe));
+    }
+    return sum;
+  }
+
+  void optimizer_step() {
+    double norm = std::sqrt(prog.world > 1 ? grad_norm_squared_total : local_grad_norm_squared());
+    grad_norm = norm;
+    double clip = md.training.grad_clip > 0 ? k::clip_coefficient(norm, md.training.grad_clip) : 1.0;
+    k::AdamWConfig cfg;
+    cfg.lr = k::learning_rate(sched, step);
+    cfg.beta1 = md.training.beta1;
+    cfg.beta2 = md.training.beta2;
+    cfg.eps = md.training.eps;
+    cfg.weight_decay = md.training.optimizer == model::Optimizer::kAdam ? 0.0 : md.training.weight_decay;
+    cfg.step = step + 1;
+    cfg.grad_scale = clip;
+    last_lr = cfg.lr;
+    std::vector<k::AdamWBuffer> buffers;
+    std::int64_t moment = 0;
+    for (auto [ob, oe] : owned_ranges) {
+      for (const auto& t : layout.tensors()) {
+        std::int64_t b = std::max(ob, t.offset), e = std::min(oe, t.offset + t.numel());
+        if (b >= e) continue;
+        k::AdamWBuffer buf;
+        buf.param = params.data() + b;
+        buf.grad = grads.data() + b;
+        buf.m = m1.data() + moment + (b - ob);
+        buf.v = m2.data() + moment + (b - ob);
+        buf.numel = e - b;
+        buf.decay = t.decay;
+        buffers.push_back(buf);
+      }
+      moment += oe - ob;
+    }
+    kc::adamw_step(cfg, buffers.data(), static_cast<std::int64_t>(buffers.size()));
+  }
+  double last_lr = 0;
+
+  void slice(ir::Stream stream, std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b,
+             std::string name, std::string category, std::size_t pc) {
+    if (!opt.record_trace) return;
+    ir::Slice s;
+    s.rank = prog.rank;
+    s.stream = stream;
+    s.start_s = seconds_between(step_start, a);
+    s.duration_s = seconds_between(a, b);
+    s.name = std::move(name);
+    s.category = std::move(category);
+    s.pc = static_cast<std::int32_t>(pc);
+    slices.push_back(std::move(s));
+  }
+
+  StepMetrics run(std::int64_t step_index) {
+    step = step_index;
+    loss_sum = 0;
+    grad_norm_squared_total = 0;
+    loss_total = 0;
+    comm_seconds = 0;
+    slices.clear();
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    plan_recompute_full = false;
+    for (const auto& b : prog.bodies) {
+      for (const auto& in : b->instrs) {
+        if (in.pass == ir::Pass::kRecompute && in.name == "attn.norm") plan_recompute_full = true;
+      }
+    }
+    step_start = std::chrono::steady_clock::now();
+    const auto& sched_instrs = prog.schedule;
+    for (std::size_t pc = 0; pc < sched_instrs.size();) {
+      const Instr& in = sched_instrs[pc];
+      auto t0 = std::chrono::steady_clock::now();
+      try {
+        if (in.is_p2p()) {
+          std::size_t n = p2p_group(pc);
+          slice(ir::Stream::kPp, t0, std::chrono::steady_clock::now(),
+                fmt::format("{} x{} from pc {}", in.op == Opcode::kSend ? "SEND" : "RECV", n, pc), "p2p", pc);
+          pc += n;
+          continue;
+        }
+        switch (in.op) {
+          case Opcode::kLoad: load(in); break;
+          case Opcode::kForward:
+          case Opcode::kBackward:
+          case Opcode::kBackwardInput:
+          case Opcode::kBackwardWeight: {
+            run_pass(in);
+            std::string_view kname = in.op == Opcode::kForward ? "F" : in.op == Opcode::kBackward ? "B"
+                                     : in.op == Opcode::kBackwardInput ? "BI" : "W";
+            std::string_view cat = in.op == Opcode::kForward ? "forward" : in.op == Opcode::kBackward ? "backward"
+                                   : in.op == Opcode::kBackwardInput ? "backward_input" : "backward_weight";
+            slice(ir::Stream::kCompute, t0, std::chrono::steady_clock::now(),
+                  fmt::format("{} c{} mb{}", kname, in.chunk, in.mb), std::string(cat), pc);
+            break;
+          }
+          case Opcode::kAllReduce:
+          case Opcode::kAllGather:
+          case Opcode::kReduceScatter:
+            schedule_collective(in);
+            slice(ir::Stream::kDp, t0, std::chrono::steady_clock::now(),
+                  fmt::format("{} {}", ir::to_string(in.op), ir::to_string(in.what)), "dp", pc);
+            break;
+          case Opcode::kOptimizerStep:
+            optimizer_step();
+            slice(ir::Stream::kCompute, t0, std::chrono::steady_clock::now(), "optimizer", "optimizer", pc);
+            break;
+          case Opcode::kCheckpoint: break;  // the runtime decides whether this step writes one
+          default: throw input_error("not a schedule instruction");
+        }
+      } catch (const Error& e) {
+        throw e.with_context(ir::describe(prog, pc));
+      }
+      ++pc;
+    }
+    if (!states.empty() || !outgoing.empty()) {
+      throw internal_error(fmt::format("rank {}: {} pass states and {} tensors left at the end of the step", prog.rank,
+                                       states.size(), outgoing.size()));
+    }
+    StepMetrics out;
+    out.step = step + 1;
+    out.loss = prog.world > 1 ? loss_total : loss_sum;
+    out.grad_norm = grad_norm;
+    out.lr = last_lr;
+    out.seconds = seconds_between(step_start, std::chrono::steady_clock::now());
+    out.comm_seconds = comm_seconds;
+    return out;
+  }
+};
+
+Executor::Executor(const model::ModelDescription& model, const ir::Program& program, Communicators& comms,
+                   const DataSource& data, const ExecutorOptions& options)
+    : impl_(std::make_unique<Impl>(model, program, comms, data, options)) {}
+Executor::~Executor() = default;
+
+StepMetrics Executor::run_step(std::int64_t step) { return impl_->run(step); }
+const ParamLayout& Executor::layout() const { return impl_->layout; }
+float* Executor::params() { return impl_->params.data(); }
+const float* Executor::params() const { return impl_->params.data(); }
+const float* Executor::grads() const { return impl_->grads.data(); }
+const std::vector<std::pair<std::int64_t, std::int64_t>>& Executor::owned() const { return impl_->owned_ranges; }
+float* Executor::exp_avg() { return impl_->m1.data(); }
+float* Executor::exp_avg_sq() { return impl_->m2.data(); }
+std::int64_t Executor::owned_size() const { return static_cast<std::int64_t>(impl_->m1.size()); }
+const std::vector<ir::Slice>& Executor::trace() const { return impl_->slices; }
+
+}  // namespace dtrain::exec

@@ -1,0 +1,259 @@
+#include "dtrain/exec/params.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "dtrain/common/error.h"
+
+namespace dtrain::exec {
+
+namespace {
+
+std::uint64_t mix(std::uint64_t x) {
+  // splitmix64 finaliser: a bijective 64-bit mixer with good avalanche, the core of a counter-based generator.
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t name_hash(const std::string& s) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (char c : s) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+TensorSpec vector_spec(std::string name, std::int64_t n, InitKind init) {
+  TensorSpec t;
+  t.name = std::move(name);
+  t.full_rows = n;
+  t.full_cols = 1;
+  t.local_rows = n;
+  t.local_cols = 1;
+  t.blocks = {{0, n, 0, 1, 0}};
+  t.init = init;
+  t.decay = false;
+  t.tp_replicated = true;
+  return t;
+}
+
+// Rows of the full tensor stacked into the local one (column-parallel / vocab-parallel split).
+TensorSpec row_blocks(std::string name, std::int64_t full_rows, std::int64_t cols,
+                      const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, InitKind init, bool decay) {
+  TensorSpec t;
+  t.name = std::move(name);
+  t.full_rows = full_rows;
+  t.full_cols = cols;
+  t.local_cols = cols;
+  for (auto [begin, rows] : ranges) {
+    t.blocks.push_back({begin, rows, 0, cols, t.local_rows});
+    t.local_rows += rows;
+  }
+  t.init = init;
+  t.decay = decay;
+  return t;
+}
+
+}  // namespace
+
+std::pair<std::int64_t, std::int64_t> vocab_range(std::int64_t vocab, int tp_rank, int tp) {
+  std::int64_t per = vocab / tp;
+  return {tp_rank * per, (tp_rank + 1) * per};
+}
+
+float initial_value(std::uint64_t seed, const std::string& name, InitKind init, std::int64_t layers,
+                    std::int64_t index) {
+  switch (init) {
+    case InitKind::kOnes: return 1.0f;
+    case InitKind::kZeros: return 0.0f;
+    default: break;
+  }
+  // Box-Muller on two uniforms from the counter (seed, name, 2 * index) and (seed, name, 2 * index + 1).
+  std::uint64_t base = mix(seed ^ mix(name_hash(name)));
+  std::uint64_t a = mix(base + 2 * static_cast<std::uint64_t>(index));
+  std::uint64_t b = mix(base + 2 * static_cast<std::uint64_t>(index) + 1);
+  double u1 = (static_cast<double>(a >> 11) + 1.0) / 9007199254740993.0;  // (0, 1]
+  double u2 = static_cast<double>(b >> 11) / 9007199254740992.0;          // [0, 1)
+  double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  double std = 0.02;
+  if (init == InitKind::kOutputNormal) std = 0.02 / std::sqrt(2.0 * static_cast<double>(layers));
+  return static_cast<float>(z * std);
+}
+
+void ParamLayout::add(TensorSpec spec) {
+  spec.offset = size_;
+  size_ += spec.numel();
+  index_[spec.name + (spec.tied_copy ? "#copy" : "")] = tensors_.size();
+  tensors_.push_back(std::move(spec));
+}
+
+ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : layers_for_init_(m.layers) {
+  const int tp = prog.tp, r = prog.tp_rank;
+  auto need = [&](std::int64_t n, const char* what) {
+    if (n % tp != 0) throw input_error(fmt::format("tp={} does not divide {} = {}", tp, what, n));
+  };
+  need(m.heads, "heads");
+  need(m.kv_heads, "kv_heads");
+  need(m.ffn_hidden, "ffn_hidden");
+  need(m.vocab, "vocab");
+  const std::int64_t h = m.hidden, d = m.head_dim(), H = m.heads, KV = m.kv_heads, f = m.ffn_hidden;
+  const std::int64_t L = m.layers;
+  const bool ln = m.norm == model::NormKind::kLayerNorm;
+  const bool swiglu = m.activation == model::ActivationKind::kSwiGlu;
+  const bool tied_split = m.tied_embeddings && prog.pp > 1;
+  auto [vb, ve] = vocab_range(m.vocab, r, tp);
+
+  auto norm = [&](const std::string& prefix, std::int32_t chunk, std::int32_t unit) {
+    TensorSpec w = vector_spec(prefix + ".weight", h, InitKind::kOnes);
+    w.chunk = chunk;
+    w.unit = unit;
+    add(w);
+    if (ln) {
+      TensorSpec b = vector_spec(prefix + ".bias", h, InitKind::kZeros);
+      b.chunk = chunk;
+      b.unit = unit;
+      add(b);
+    }
+  };
+  auto word_embeddings = [&](std::int32_t chunk, std::int32_t unit, bool copy) {
+    TensorSpec t = row_blocks("embed.tokens.weight", m.vocab, h, {{vb, ve - vb}}, InitKind::kNormal, true);
+    t.chunk = chunk;
+    t.unit = unit;
+    t.tied_copy = copy;
+    add(t);
+  };
+
+  for (const auto& ci : prog.chunks) {
+    const std::int32_t c = ci.index;
+    if (ci.head) {
+      norm("head.norm", c, static_cast<std::int32_t>(L));
+      if (!m.tied_embeddings) {
+        TensorSpec t = row_blocks("head.logits.weight", m.vocab, h, {{vb, ve - vb}}, InitKind::kNormal, true);
+        t.chunk = c;
+        t.unit = static_cast<std::int32_t>(L);
+        add(t);
+      }
+    }
+    for (std::int64_t l = ci.first_layer + ci.layers - 1; l >= ci.first_layer; --l) {
+      auto unit = static_cast<std::int32_t>(l);
+      std::string p = fmt::format("layers.{}.", l);
+      auto add_unit = [&](TensorSpec t) {
+        t.chunk = c;
+        t.unit = unit;
+        add(std::move(t));
+      };
+      norm(p + "attn.norm", c, unit);
+      // QKV rows: [Q (H d) | K (KV d) | V (KV d)]; rank r takes its heads of each.
+      std::vector<std::pair<std::int64_t, std::int64_t>> qkv = {
+          {r * (H / tp) * d, (H / tp) * d}, {H * d + r * (KV / tp) * d, (KV / tp) * d},
+          {(H + KV) * d + r * (KV / tp) * d, (KV / tp) * d}};
+      std::int64_t qkv_rows = (H + 2 * KV) * d;
+      add_unit(row_blocks(p + "attn.qkv.weight", qkv_rows, h, qkv, InitKind::kNormal, true));
+      if (m.linear_bias) {
+        TensorSpec b = row_blocks(p + "attn.qkv.bias", qkv_rows, 1, qkv, InitKind::kZeros, false);
+        add_unit(b);
+      }
+      // Row-parallel output projection: columns [r h/tp, (r+1) h/tp).
+      TensorSpec proj;
+      proj.name = p + "attn.proj.weight";
+      proj.full_rows = h;
+      proj.full_cols = h;
+      proj.local_rows = h;
+      proj.local_cols = h / tp;
+      proj.blocks = {{0, h, r * (h / tp), h / tp, 0}};
+      proj.init = InitKind::kOutputNormal;
+      add_unit(proj);
+      if (m.linear_bias) add_unit(vector_spec(p + "attn.proj.bias", h, InitKind::kZeros));
+      norm(p + "mlp.norm", c, unit);
+      std::vector<std::pair<std::int64_t, std::int64_t>> fc1 = {{r * (f / tp), f / tp}};
+      if (swiglu) fc1.push_back({f + r * (f / tp), f / tp});
+      std::int64_t fc1_rows = swiglu ? 2 * f : f;
+      add_unit(row_blocks(p + "mlp.fc1.weight", fc1_rows, h, fc1, InitKind::kNormal, true));
+      if (m.linear_bias) add_unit(row_blocks(p + "mlp.fc1.bias", fc1_rows, 1, fc1, InitKind::kZeros, false));
+      TensorSpec fc2;
+      fc2.name = p + "mlp.fc2.weight";
+      fc2.full_rows = h;
+      fc2.full_cols = f;
+      fc2.local_rows = h;
+      fc2.local_cols = f / tp;
+      fc2.blocks = {{0, h, r * (f / tp), f / tp, 0}};
+      fc2.init = InitKind::kOutputNormal;
+      add_unit(fc2);
+      if (m.linear_bias) add_unit(vector_spec(p + "mlp.fc2.bias", h, InitKind::kZeros));
+    }
+    if (ci.embedding) {
+      if (!tied_split) word_embeddings(c, -1, false);
+      if (m.position == model::PositionKind::kLearned) {
+        TensorSpec pos;
+        pos.name = "embed.positions.weight";
+        pos.full_rows = m.seq_len;
+        pos.full_cols = h;
+        pos.local_rows = m.seq_len;
+        pos.local_cols = h;
+        pos.blocks = {{0, m.seq_len, 0, h, 0}};
+        pos.init = InitKind::kNormal;
+        pos.tp_replicated = true;
+        pos.chunk = c;
+        pos.unit = -1;
+        add(pos);
+      }
+    }
+  }
+  if (tied_split) {
+    for (const auto& ci : prog.chunks) {
+      if (ci.embedding) word_embeddings(ci.index, -2, false);
+      if (ci.head) word_embeddings(ci.index, -2, true);
+    }
+  }
+}
+
+const TensorSpec* ParamLayout::find(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) it = index_.find(name + "#copy");
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+const TensorSpec& ParamLayout::at(const std::string& name) const {
+  const TensorSpec* t = find(name);
+  if (t == nullptr) throw internal_error(fmt::format("parameter '{}' is not held by this rank", name));
+  return *t;
+}
+
+std::pair<std::int64_t, std::int64_t> ParamLayout::unit_range(std::int32_t chunk, std::int32_t lo,
+                                                              std::int32_t hi) const {
+  std::int64_t begin = -1, end = -1;
+  for (const auto& t : tensors_) {
+    if (t.chunk != chunk || t.unit == -2 || t.unit < lo || t.unit >= hi) continue;
+    if (begin < 0 || t.offset < begin) begin = t.offset;
+    end = std::max(end, t.offset + t.numel());
+  }
+  if (begin < 0) return {0, 0};
+  return {begin, end};
+}
+
+std::pair<std::int64_t, std::int64_t> ParamLayout::tied_range() const {
+  for (const auto& t : tensors_) {
+    if (t.unit == -2) return {t.offset, t.offset + t.numel()};
+  }
+  return {0, 0};
+}
+
+void ParamLayout::initialise(std::uint64_t seed, float* params) const {
+  for (const auto& t : tensors_) {
+    for (const auto& b : t.blocks) {
+      for (std::int64_t i = 0; i < b.rows; ++i) {
+        for (std::int64_t j = 0; j < b.cols; ++j) {
+          std::int64_t full = (b.full_row + i) * t.full_cols + (b.full_col + j);
+          params[t.offset + (b.local_row + i) * t.local_cols + j] =
+              initial_value(seed, t.name, t.init, layers_for_init_, full);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace dtrain::exec

@@ -1,0 +1,479 @@
+#include "dtrain/exec/trainer.h"
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "dtrain/common/digest.h"
+#include "dtrain/common/error.h"
+#include "dtrain/common/log.h"
+#include "dtrain/common/version.h"
+#include "dtrain/exec/checkpoint.h"
+#include "dtrain/ir/lower.h"
+#include "dtrain/ir/simulate.h"
+#include "dtrain/plan/search.h"
+
+namespace dtrain::exec {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+// This machine's CPU ranks when no cluster description is given (examples/clusters/local-cpu.toml).
+topology::ClusterSpec local_cpu_cluster(int ranks) {
+  topology::ClusterSpec c;
+  c.name = "local-cpu";
+  c.nodes = 1;
+  c.node.gpus = ranks;
+  c.node.gpu.name = "cpu";
+  c.node.gpu.tflops_fp32 = 0.05;
+  c.node.gpu.memory_gib = 4;
+  c.node.gpu.hbm_gbps = 10;
+  c.node.gpu.calibration.gemm_efficiency_max = 0.8;
+  c.node.gpu.calibration.gemm_half_gflop = 0.01;
+  c.node.gpu.calibration.attention_efficiency = 0.3;
+  c.node.gpu.calibration.hbm_efficiency = 0.5;
+  c.node.gpu.calibration.step_overhead_s = 0.005;
+  c.node.gpu.calibration.microbatch_overhead_s = 0.0005;
+  c.node.gpu.calibration.runtime_reserved_gib = 0.1;
+  c.node.nvlink_domain = ranks;
+  c.node.nvlink_gbps = 2;
+  c.node.nics = 1;
+  c.node.nic_gbps = 1;
+  c.node.pcie_gbps = 2;
+  c.network.nvlink_latency_us = 50;
+  c.network.network_latency_us = 100;
+  c.network.p2p_latency_us = 50;
+  return topology::default_network(c);
+}
+
+plan::Plan make_plan(const TrainOptions& o, const model::ModelDescription& model, int world) {
+  if (o.plan != "auto") return plan::load_plan(o.plan);
+  topology::ClusterSpec cluster = o.cluster_path.empty() ? local_cpu_cluster(world) : topology::load_cluster(o.cluster_path);
+  if (world < cluster.node.gpus) cluster.node.gpus = world;
+  if (cluster.node.nvlink_domain > cluster.node.gpus) cluster.node.nvlink_domain = cluster.node.gpus;
+  cluster.nodes = std::max(1, world / cluster.node.gpus);
+  plan::CostModel cm(model, cluster);
+  plan::SearchOptions so;
+  so.gpus = world;
+  so.global_batch = model.training.global_batch;
+  so.global_batch_source = model.located("training.global_batch", "global_batch");
+  for (const auto& f : o.fixed) so.fixed = plan::merge(so.fixed, plan::parse_fixed(f));
+  plan::SearchResult r = plan::search(cm, so);
+  if (!r.best) {
+    throw Error(ErrorCategory::kPlan, ExitCode::kNoFeasiblePlan,
+                fmt::format("--plan auto: no layout of model '{}' fits {} ranks", model.model.name, world));
+  }
+  return plan::make_plan(*r.best, cm, so.fixed);
+}
+
+// The node this rank runs on, for messages: SLURMD_NODENAME under Slurm (nodes of a test cluster share one host
+// name), else the host name.
+std::string node_name() {
+  const char* slurm = std::getenv("SLURMD_NODENAME");
+  if (slurm != nullptr && *slurm != '\0') return slurm;
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+// Every rank shows the others its plan digest and node; any difference stops them all, naming both digests and
+// the nodes (a node whose topology differs from the others plans differently, and is named here).
+void check_plan_digests(comm::Communicator& world, const std::string& digest) {
+  static_assert(sizeof(float) == 4);
+  constexpr int kFloats = 32;  // 64 digest characters + 64 of node name
+  char mine_text[4 * kFloats] = {};
+  std::string d = digest.substr(0, 64);
+  std::memcpy(mine_text, d.data(), d.size());
+  std::string node = node_name().substr(0, 63);
+  std::memcpy(mine_text + 64, node.data(), node.size());
+  float mine[kFloats];
+  std::memcpy(mine, mine_text, sizeof mine);
+  std::vector<float> all(static_cast<std::size_t>(kFloats * world.size()));
+  world.all_gather(mine, all.data(), kFloats);
+  for (int r = 0; r < world.size(); ++r) {
+    const char* theirs = reinterpret_cast<const char*>(all.data() + kFloats * r);
+    if (std::memcmp(theirs, mine_text, 64) != 0) {
+      std::string their_digest(theirs, strnlen(theirs, 64));
+      std::string their_node(theirs + 64, strnlen(theirs + 64, 64));
+      throw Error(ErrorCategory::kInput, ExitCode::kPlanMismatch,
+                  fmt::format("plan digest mismatch at rendezvous: rank {} (node {}) holds plan {}, rank {} (node {}) "
+                              "holds plan {}; every rank must run the same plan (the same plan file, or --plan auto "
+                              "with the same inputs; a node whose topology differs from the others plans differently)",
+                              world.rank(), node, digest, r, their_node, their_digest));
+    }
+  }
+}
+
+std::int64_t broadcast_int(comm::Communicator& world, std::int64_t value) {
+  // Two floats carry 48 bits exactly.
+  float v[2] = {static_cast<float>(value >> 24), static_cast<float>(value & 0xffffff)};
+  world.broadcast(v, 2, 0);
+  return (static_cast<std::int64_t>(v[0]) << 24) | static_cast<std::int64_t>(v[1]);
+}
+
+// Converts local element range [a, b) of a tensor into full-coordinate blocks (row pieces merged when they stack).
+void element_blocks(const TensorSpec& t, std::int64_t a, std::int64_t b, const float* values, StoredTensor& out) {
+  for (std::int64_t r = a / t.local_cols; r * t.local_cols < b; ++r) {
+    std::int64_t c0 = std::max(a, r * t.local_cols) - r * t.local_cols;
+    std::int64_t c1 = std::min(b, (r + 1) * t.local_cols) - r * t.local_cols;
+    if (c0 >= c1) continue;
+    const Block* blk = nullptr;
+    for (const auto& bl : t.blocks) {
+      if (r >= bl.local_row && r < bl.local_row + bl.rows) blk = &bl;
+    }
+    Block piece{blk->full_row + (r - blk->local_row), 1, blk->full_col + c0, c1 - c0, 0};
+    if (!out.blocks.empty()) {
+      Block& last = out.blocks.back();
+      if (last.full_col == piece.full_col && last.cols == piece.cols && last.full_row + last.rows == piece.full_row) {
+        ++last.rows;
+        out.values.insert(out.values.end(), values + r * t.local_cols + c0, values + r * t.local_cols + c1);
+        continue;
+      }
+    }
+    out.blocks.push_back(piece);
+    out.values.insert(out.values.end(), values + r * t.local_cols + c0, values + r * t.local_cols + c1);
+  }
+}
+
+class Run {
+ public:
+  Run(const TrainOptions& o, comm::Communicator& world) : o_(o), world_(world) {}
+
+  TrainResult go() {
+    log::set_rank(world_.rank());
+    model_ = model::load_model(o_.model_path);
+    plan_ = make_plan(o_, model_, world_.size());
+    if (plan_.inputs.model_digest != model_.digest) {
+      throw Error(ErrorCategory::kInput, ExitCode::kPlanMismatch,
+                  fmt::format("{} was made for model '{}' (digest {}), but {} has digest {}", o_.plan,
+                              plan_.inputs.model_name, plan_.inputs.model_digest, o_.model_path, model_.digest));
+    }
+    if (plan_.config.world_size() != world_.size()) {
+      throw Error(ErrorCategory::kInput, ExitCode::kPlanMismatch,
+                  fmt::format("the plan is for {} ranks, but WORLD_SIZE is {}", plan_.config.world_size(),
+                              world_.size()));
+    }
+    check_plan_digests(world_, plan_.digest);
+    program_ = ir::lower(plan_, world_.rank());
+    comms_ = split_communicators(world_, program_);
+    open_data();
+    ExecutorOptions eo;
+    eo.seed = o_.seed;
+    eo.global_batch = plan_.inputs.global_batch;
+    eo.record_trace = !o_.trace_path.empty();
+    executor_ = std::make_unique<Executor>(model_, program_, comms_, *data_, eo);
+    TrainResult result;
+    result.plan_digest = plan_.digest;
+    result.first_step = prepare_checkpoints();
+    result_step_ = result.first_step;
+    check_data(result.first_step);
+    if (world_.rank() == 0) {
+      log::info("train", "plan {}: {}; data {}; steps {}..{}", plan_.digest.substr(0, 12), plan_.config.summary(),
+                data_->describe(), result.first_step + 1, result.first_step + o_.steps);
+    }
+    std::ofstream metrics = open_metrics(result.first_step > 0);
+    std::vector<ir::Slice> trace;
+    auto run_start = std::chrono::steady_clock::now();
+    std::int64_t last_saved = result.first_step;
+    for (std::int64_t s = result.first_step; s < result.first_step + o_.steps; ++s) {
+      auto step_start = std::chrono::steady_clock::now();
+      StepMetrics sm = executor_->run_step(s);
+      result.steps.push_back(sm);
+      double offset = std::chrono::duration<double>(step_start - run_start).count();
+      for (ir::Slice sl : executor_->trace()) {
+        sl.start_s += offset;
+        trace.push_back(std::move(sl));
+      }
+      if (world_.rank() == 0 && metrics.is_open()) write_metrics(metrics, sm);
+      if (!o_.dump_gradients_dir.empty() && s == result.first_step) dump_gradients();
+      bool stop = agree_on_stop();
+      bool periodic = o_.checkpoint_every > 0 && (s + 1) % o_.checkpoint_every == 0;
+      bool last = s + 1 == result.first_step + o_.steps;
+      if (!o_.checkpoint_dir.empty() && (periodic || stop || last)) {
+        save_checkpoint(s + 1);
+        last_saved = s + 1;
+      }
+      if (stop) {
+        result.exit_code = ExitCode::kPreempted;
+        log::warn("train", "stop requested: stopped after step {} (checkpoint {})", s + 1,
+                  o_.checkpoint_dir.empty() ? "not configured" : fmt::format("step {}", last_saved));
+        break;
+      }
+    }
+    if (!o_.trace_path.empty()) write_trace(trace);
+    return result;
+  }
+
+ private:
+  void open_data() {
+    if (o_.data == "synthetic") data_ = synthetic_data(o_.seed, model_.model.vocab);
+    else data_ = open_token_file(o_.data, o_.epochs);
+  }
+
+  void check_data(std::int64_t first_step) {
+    std::int64_t needed = (first_step + o_.steps) * plan_.inputs.global_batch;
+    std::int64_t have = data_->samples(model_.model.seq_len);
+    if (have < needed) {
+      throw Error(ErrorCategory::kInput, ExitCode::kDataExhausted,
+                  fmt::format("{}: holds {} samples of {} tokens, but steps {}..{} with a global batch of {} need {} "
+                              "(use fewer --steps, more --epochs, or more data)",
+                              data_->describe(), have, model_.model.seq_len, first_step + 1, first_step + o_.steps,
+                              plan_.inputs.global_batch, needed));
+    }
+  }
+
+  std::ofstream open_metrics(bool resumed) {
+    std::ofstream out;
+    if (world_.rank() != 0 || o_.metrics_path.empty()) return out;
+    out.open(o_.metrics_path, resumed ? std::ios::app : std::ios::trunc);
+    if (!out) throw io_error(fmt::format("{}: metrics file cannot be written", o_.metrics_path));
+    return out;
+  }
+
+  void write_metrics(std::ofstream& out, const StepMetrics& sm) {
+    double tokens = static_cast<double>(plan_.inputs.global_batch) * static_cast<double>(model_.model.seq_len);
+    nlohmann::json j = {{"step", sm.step},         {"loss", sm.loss},         {"step_s", sm.seconds},
+                        {"tokens_per_s", tokens / sm.seconds}, {"grad_norm", sm.grad_norm}, {"lr", sm.lr},
+                        {"comm_s", sm.comm_seconds}};
+    out << j.dump() << "\n";
+    out.flush();
+  }
+
+  bool agree_on_stop() {
+    float flag = g_stop.load() ? 1.0f : 0.0f;
+    if (world_.size() > 1) world_.all_reduce(&flag, &flag, 1, comm::ReduceOp::kMax);
+    return flag > 0;
+  }
+
+  // Returns the step to start from.
+  std::int64_t prepare_checkpoints() {
+    if (o_.checkpoint_dir.empty()) {
+      if (o_.resume) throw input_error("--resume needs --checkpoint-dir");
+      return 0;
+    }
+    std::int64_t step = -1;
+    std::string error;
+    if (world_.rank() == 0) {
+      try {
+        auto choice = find_checkpoint(o_.checkpoint_dir, model_.digest);
+        if (choice && !o_.resume) {
+          error = fmt::format("{} already holds checkpoints of this model (newest: step {}); pass --resume to "
+                              "continue from it, or choose another --checkpoint-dir (nothing was overwritten)",
+                              o_.checkpoint_dir, choice->step);
+        } else {
+          step = choice ? choice->step : 0;
+        }
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    }
+    step = broadcast_int(world_, step);
+    if (step < 0) {
+      throw Error(ErrorCategory::kIo, ExitCode::kCheckpointMismatch,
+                  error.empty() ? "checkpoint directory refused on rank 0 (see its message)" : error);
+    }
+    if (step == 0) {
+      if (o_.resume && world_.rank() == 0) log::info("ckpt", "no checkpoint in {}: starting from step 0", o_.checkpoint_dir);
+      return 0;
+    }
+    load_checkpoint(step_directory(o_.checkpoint_dir, step));
+    if (world_.rank() == 0) log::info("ckpt", "resumed from step {} ({})", step, step_directory(o_.checkpoint_dir, step));
+    return step;
+  }
+
+  void load_checkpoint(const std::string& dir) {
+    CheckpointReader reader(dir);
+    const ParamLayout& layout = executor_->layout();
+    float* params = executor_->params();
+    std::vector<float> m(static_cast<std::size_t>(layout.size()), 0.0f), v(m.size(), 0.0f);
+    for (const auto& t : layout.tensors()) {
+      auto need = [&](const std::string& kind, float* dst) {
+        std::int64_t found = reader.fill(t, kind, dst + t.offset);
+        if (found != t.numel()) {
+          throw Error(ErrorCategory::kIo, ExitCode::kCheckpointMismatch,
+                      fmt::format("{}: holds {} of the {} elements of {} ({}) this rank needs", dir, found, t.numel(),
+                                  t.name, kind));
+        }
+      };
+      need("param", params);
+      need("exp_avg", m.data());
+      need("exp_avg_sq", v.data());
+    }
+    std::int64_t pos = 0;
+    for (auto [b, e] : executor_->owned()) {
+      std::copy(m.begin() + b, m.begin() + e, executor_->exp_avg() + pos);
+      std::copy(v.begin() + b, v.begin() + e, executor_->exp_avg_sq() + pos);
+      pos += e - b;
+    }
+  }
+
+  void save_checkpoint(std::int64_t step) {
+    std::string tmp = temporary_directory(o_.checkpoint_dir, step);
+    if (world_.rank() == 0) {
+      std::error_code ec;
+      fs::create_directories(o_.checkpoint_dir, ec);
+      fs::remove_all(tmp, ec);
+      fs::create_directories(tmp, ec);
+      if (ec) throw io_error(fmt::format("{}: cannot create: {}", tmp, ec.message()));
+    }
+    world_.barrier();
+    const ParamLayout& layout = executor_->layout();
+    const float* params = executor_->params();
+    std::vector<StoredTensor> stored;
+    bool sharded = program_.distributed_optimizer && program_.dp > 1;
+    // The moments of the owned elements, addressed by flat offset.
+    std::vector<float> m(static_cast<std::size_t>(layout.size()), 0.0f), v(m.size(), 0.0f);
+    std::int64_t pos = 0;
+    for (auto [b, e] : executor_->owned()) {
+      std::copy(executor_->exp_avg() + pos, executor_->exp_avg() + pos + (e - b), m.begin() + b);
+      std::copy(executor_->exp_avg_sq() + pos, executor_->exp_avg_sq() + pos + (e - b), v.begin() + b);
+      pos += e - b;
+    }
+    for (const auto& t : layout.tensors()) {
+      if (t.tied_copy || (t.tp_replicated && program_.tp_rank != 0)) continue;
+      auto whole = [&](const std::string& kind, const float* src) {
+        StoredTensor s{t.name, kind, t.full_rows, t.full_cols, {}, {}};
+        element_blocks(t, 0, t.numel(), src + t.offset, s);
+        stored.push_back(std::move(s));
+      };
+      if (program_.dp_rank == 0) whole("param", params);
+      if (!sharded) {
+        if (program_.dp_rank == 0) {
+          whole("exp_avg", m.data());
+          whole("exp_avg_sq", v.data());
+        }
+        continue;
+      }
+      for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+        StoredTensor s{t.name, kind, t.full_rows, t.full_cols, {}, {}};
+        const float* src = std::string(kind) == "exp_avg" ? m.data() : v.data();
+        for (auto [b, e] : executor_->owned()) {
+          std::int64_t lo = std::max(b, t.offset), hi = std::min(e, t.offset + t.numel());
+          if (lo < hi) element_blocks(t, lo - t.offset, hi - t.offset, src + t.offset, s);
+        }
+        if (!s.blocks.empty()) stored.push_back(std::move(s));
+      }
+    }
+    std::string file = fmt::format("rank-{:05d}.bin", world_.rank());
+    write_shard((fs::path(tmp) / file).string(), stored);
+    world_.barrier();
+    if (world_.rank() == 0) {
+      std::vector<ShardInfo> shards;
+      for (int r = 0; r < world_.size(); ++r) {
+        std::string f = fmt::format("rank-{:05d}.bin", r);
+        fs::path path = fs::path(tmp) / f;
+        shards.push_back({f, sha256_file_hex(path.string()), static_cast<std::int64_t>(fs::file_size(path))});
+      }
+      nlohmann::json meta = {{"dtrain_version", kVersion},
+                             {"model", model_.model.name},
+                             {"model_digest", model_.digest},
+                             {"plan_digest", plan_.digest},
+                             {"layout", plan_.config.summary()},
+                             {"world", world_.size()},
+                             {"global_batch", plan_.inputs.global_batch},
+                             {"seq_len", model_.model.seq_len},
+                             {"samples_consumed", step * plan_.inputs.global_batch},
+                             {"seed", o_.seed}};
+      commit_checkpoint(o_.checkpoint_dir, step, meta, shards, o_.keep_checkpoints);
+      log::info("ckpt", "checkpoint of step {} written to {}", step, step_directory(o_.checkpoint_dir, step));
+    }
+    world_.barrier();
+  }
+
+  // The gradients of the step just taken, stored like parameters (each element by one rank).
+  void dump_gradients() {
+    const std::string& dir = o_.dump_gradients_dir;
+    if (world_.rank() == 0) {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      if (ec) throw io_error(fmt::format("{}: cannot create: {}", dir, ec.message()));
+    }
+    world_.barrier();
+    const ParamLayout& layout = executor_->layout();
+    std::vector<StoredTensor> stored;
+    for (const auto& t : layout.tensors()) {
+      if (t.tied_copy || (t.tp_replicated && program_.tp_rank != 0)) continue;
+      StoredTensor st{t.name, "grad", t.full_rows, t.full_cols, {}, {}};
+      const float* g = executor_->grads() + t.offset;
+      if (program_.distributed_optimizer && program_.dp > 1) {
+        for (auto [b, e] : executor_->owned()) {
+          std::int64_t lo = std::max(b, t.offset), hi = std::min(e, t.offset + t.numel());
+          if (lo < hi) element_blocks(t, lo - t.offset, hi - t.offset, g, st);
+        }
+      } else if (program_.dp_rank == 0) {
+        element_blocks(t, 0, t.numel(), g, st);
+      }
+      if (!st.blocks.empty()) stored.push_back(std::move(st));
+    }
+    std::string file = fmt::format("rank-{:05d}.bin", world_.rank());
+    std::string sha = write_shard((fs::path(dir) / file).string(), stored);
+    world_.barrier();
+    if (world_.rank() == 0) {
+      nlohmann::json shards = nlohmann::json::array();
+      for (int r = 0; r < world_.size(); ++r) {
+        std::string f = fmt::format("rank-{:05d}.bin", r);
+        shards.push_back({{"file", f}, {"sha256", sha256_file_hex((fs::path(dir) / f).string())}});
+      }
+      nlohmann::json meta = {{"format", 1}, {"model_digest", model_.digest}, {"kind", "gradients"},
+                             {"step", result_step_ + 1}, {"shards", shards}};
+      std::ofstream(fs::path(dir) / "metadata.json") << meta.dump(2) << "\n";
+    }
+    world_.barrier();
+  }
+  std::int64_t result_step_ = 0;
+
+  void write_trace(const std::vector<ir::Slice>& slices) {
+    std::string part = fmt::format("{}.rank-{:05d}", o_.trace_path, world_.rank());
+    ir::SimulationReport r;
+    r.ranks = {world_.rank()};
+    r.slices = slices;
+    {
+      std::ofstream out(part);
+      out << ir::chrome_trace_json(r);
+    }
+    world_.barrier();
+    if (world_.rank() != 0) return;
+    nlohmann::json merged;
+    merged["traceEvents"] = nlohmann::json::array();
+    for (int rank = 0; rank < world_.size(); ++rank) {
+      std::string p = fmt::format("{}.rank-{:05d}", o_.trace_path, rank);
+      std::ifstream in(p);
+      auto j = nlohmann::json::parse(in);
+      for (auto& e : j["traceEvents"]) merged["traceEvents"].push_back(e);
+      std::error_code ec;
+      fs::remove(p, ec);
+    }
+    merged["displayTimeUnit"] = "ms";
+    merged["otherData"] = {{"source", "dtexec (measured)"}, {"plan_digest", plan_.digest}};
+    std::ofstream out(o_.trace_path);
+    out << merged.dump();
+  }
+
+  const TrainOptions& o_;
+  comm::Communicator& world_;
+  model::ModelDescription model_;
+  plan::Plan plan_;
+  ir::Program program_;
+  Communicators comms_;
+  std::unique_ptr<DataSource> data_;
+  std::unique_ptr<Executor> executor_;
+};
+
+}  // namespace
+
+TrainResult train(const TrainOptions& options, comm::Communicator& world) { return Run(options, world).go(); }
+
+void set_stop_requested() { g_stop.store(true); }
+bool stop_requested() { return g_stop.load(); }
+
+}  // namespace dtrain::exec

@@ -1,0 +1,169 @@
+// dtexec: runs one rank of a training job (docs/user-guide.md#training).
+//
+//   dtexec train --model M.toml --plan (auto|plan.toml) --data (FILE|synthetic) --steps N --seed S
+//                [--checkpoint-dir D --checkpoint-every K] [--resume] [--metrics out.jsonl] [--trace out.json]
+//                [--deterministic] [--cluster C.toml] [--fix K=V,...] [--epochs E] [--threads T] [--timeout-s S]
+//   dtexec tokenize --input FILE.txt --output FILE.tokens
+//
+// Rank and world from RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (world size 1 when absent); with more than one
+// rank the Gloo rendezvous goes through the launcher's store (DTRAIN_STORE, DTRAIN_STORE_TOKEN) under DTRAIN_RUN_ID,
+// listening on DTRAIN_COMM_HOST (default 127.0.0.1). With DTRAIN_STORE_HOST=1 (set by the Slurm plugin for the task
+// of global rank 0 when tasks are ranks, as PyTorch's rank 0 hosts its TCPStore at MASTER_ADDR:MASTER_PORT) this
+// rank hosts the store on DTRAIN_STORE's port itself.
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "dtrain/comm/gloo.h"
+#include "dtrain/comm/inproc.h"
+#include "dtrain/common/error.h"
+#include "dtrain/common/log.h"
+#include "dtrain/common/strings.h"
+#include "dtrain/common/version.h"
+#include "dtrain/exec/data.h"
+#include "dtrain/exec/trainer.h"
+#include "dtrain/kernels/threads.h"
+#include "dtrain/store/client.h"
+#include "dtrain/store/gloo_store.h"
+#include "dtrain/store/server.h"
+
+namespace {
+
+using namespace dtrain;
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  auto parsed = parse_int(v);
+  if (!parsed || *parsed < 0 || *parsed > (1 << 24)) {
+    throw input_error(fmt::format("{}={}: expected a non-negative integer", name, v));
+  }
+  return static_cast<int>(*parsed);
+}
+
+std::string env_string(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? fallback : std::string(v);
+}
+
+void on_signal(int) { exec::set_stop_requested(); }
+
+int run_train(const exec::TrainOptions& options, double timeout_s, int threads) {
+  int rank = env_int("RANK", 0);
+  int world = env_int("WORLD_SIZE", 1);
+  int local_world = env_int("LOCAL_WORLD_SIZE", 1);
+  if (world < 1 || rank >= world) throw input_error(fmt::format("RANK={} is outside WORLD_SIZE={}", rank, world));
+  log::set_rank(rank);
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  kernels::cpu::set_num_threads(threads > 0 ? threads : std::max(1, static_cast<int>(cores) / std::max(1, local_world)));
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
+  auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+
+  std::unique_ptr<comm::Communicator> comm;
+  std::shared_ptr<store::Client> client;
+  std::unique_ptr<store::GlooStore> gloo_store;
+  std::unique_ptr<comm::InprocWorld> single;
+  std::unique_ptr<store::Server> hosted;
+  if (world == 1) {
+    comm::InprocOptions io;
+    io.timeout = timeout;
+    single = std::make_unique<comm::InprocWorld>(1, io);
+    comm = single->communicator(0);
+  } else {
+    if (std::getenv(store::kAddressEnv) == nullptr) {
+      throw input_error(fmt::format("WORLD_SIZE={} but DTRAIN_STORE is not set: start ranks with dtlaunch (or under "
+                                    "Slurm with the dtrain plugin), which provides the rendezvous store",
+                                    world));
+    }
+    if (env_string("DTRAIN_STORE_HOST", "0") == "1") {
+      if (rank != 0) throw input_error(fmt::format("DTRAIN_STORE_HOST=1 on rank {}: only rank 0 hosts the store", rank));
+      store::ServerOptions so;
+      so.port = store::Endpoint::from_environment().port;
+      hosted = std::make_unique<store::Server>(store::Secret::from_environment(), so);
+      log::info("rdzv", "hosting the rendezvous store on port {}", hosted->port());
+    }
+    store::ClientOptions co;
+    co.timeout = timeout;
+    client = store::Client::from_environment(co);
+    std::string run = env_string("DTRAIN_RUN_ID", "run");
+    gloo_store = std::make_unique<store::GlooStore>(client, "dtrain/" + run + "/gloo/");
+    comm::GlooOptions go;
+    go.hostname = env_string("DTRAIN_COMM_HOST", "127.0.0.1");
+    go.timeout = timeout;
+    go.store_prefix = "dtrain/" + run + "/comm";
+    comm = comm::connect_gloo(*gloo_store, rank, world, go);
+  }
+  try {
+    exec::TrainResult r = exec::train(options, *comm);
+    return static_cast<int>(r.exit_code);
+  } catch (...) {
+    comm->abort();  // peers blocked on this rank fail at once instead of at their timeout
+    throw;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace dtrain;
+  CLI::App app{"dtexec: run one rank of a dtrain training job"};
+  app.set_version_flag("--version", std::string("dtexec ") + kVersion);
+  app.require_subcommand(1);
+  exec::TrainOptions o;
+  double timeout_s = 300;
+  int threads = 0;
+  std::string device = "cpu";
+  auto* train = app.add_subcommand("train", "Train the model with a plan");
+  train->add_option("--model", o.model_path, "Model description (model.toml)")->required();
+  train->add_option("--plan", o.plan, "A plan file, or 'auto' to plan on the spot for WORLD_SIZE ranks");
+  train->add_option("--cluster", o.cluster_path, "Cluster description for --plan auto (default: this machine's CPUs)");
+  train->add_option("--fix", o.fixed, "Pinned dimensions for --plan auto, as in dtplan --fix");
+  train->add_option("--data", o.data, "Token file (dtexec tokenize), or 'synthetic'");
+  train->add_option("--epochs", o.epochs, "Read the token file this many times");
+  train->add_option("--steps", o.steps, "Optimizer steps to run")->required();
+  train->add_option("--seed", o.seed, "Seed of the initial weights and dropout");
+  train->add_option("--checkpoint-dir", o.checkpoint_dir, "Directory of checkpoints (one step-N directory each)");
+  train->add_option("--checkpoint-every", o.checkpoint_every, "Write a checkpoint every K steps");
+  train->add_option("--keep-checkpoints", o.keep_checkpoints, "Complete checkpoints to keep (at least 2)");
+  train->add_flag("--resume", o.resume, "Continue from the newest complete checkpoint in --checkpoint-dir");
+  train->add_option("--metrics", o.metrics_path, "Append one JSON line per step (global rank 0)");
+  train->add_option("--trace", o.trace_path, "Write the measured timeline (Chrome trace JSON)");
+  train->add_flag("--deterministic", o.deterministic, "Bitwise repeatable runs (fixed thread counts and orders)");
+  train->add_option("--device", device, "cpu (the CUDA backend is built when nvcc is present)");
+  train->add_option("--threads", threads, "Kernel threads per rank (default: cores / LOCAL_WORLD_SIZE)");
+  train->add_option("--timeout-s", timeout_s, "Give up on a silent peer after this long");
+  train->add_option("--dump-gradients", o.dump_gradients_dir,
+                    "Write the first step's gradients to this directory (checkpoint shard format)");
+  std::string input, output;
+  auto* tokenize = app.add_subcommand("tokenize", "Byte-tokenize a text file into a token file (vocabulary 256)");
+  tokenize->add_option("--input", input, "Text file")->required();
+  tokenize->add_option("--output", output, "Token file to write")->required();
+  try {
+    log::init("dtexec", log::Level::kInfo);
+    app.parse(argc, argv);
+    if (*tokenize) {
+      std::int64_t n = exec::tokenize_bytes(input, output);
+      std::printf("%lld tokens written to %s\n", static_cast<long long>(n), output.c_str());
+      return 0;
+    }
+    if (device != "cpu") {
+      throw input_error(fmt::format("--device {}: this build runs the CPU backend (cpu)", device));
+    }
+    if (o.deterministic) threads = 1;
+    return run_train(o, timeout_s, threads);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return static_cast<int>(ExitCode::kBadInput);
+  } catch (const Error& e) {
+    log::error("", "{}", e.what());
+    return static_cast<int>(e.exit_code());
+  } catch (const std::exception& e) {
+    log::error("", "internal error: {}", e.what());
+    return static_cast<int>(ExitCode::kFailure);
+  }
+}

@@ -1,0 +1,274 @@
+// dtexec as separate processes over Gloo (TCP on loopback), rendezvousing through the store.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <set>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "dtrain/common/digest.h"
+#include "job.h"
+
+namespace dtrain::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+const std::string kTiny = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny.toml";
+
+std::vector<std::string> train_args(const std::string& metrics, int steps, const std::string& fix) {
+  std::vector<std::string> a = {"train", "--model", kTiny, "--plan", "auto", "--data", "synthetic", "--steps",
+                                std::to_string(steps), "--seed", "11", "--metrics", metrics, "--threads", "1",
+                                "--timeout-s", "60"};
+  if (!fix.empty()) {
+    a.push_back("--fix");
+    a.push_back(fix);
+  }
+  return a;
+}
+
+void expect_ok(const std::vector<RankOutcome>& ranks) {
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    EXPECT_EQ(ranks[r].exit_code, 0) << "rank " << r << ":\n" << ranks[r].log;
+  }
+}
+
+std::vector<double> reference(const TempDir& dir) {
+  std::string m = dir.path("reference.jsonl");
+  if (!fs::exists(m)) {
+    JobOptions o;
+    o.world = 1;
+    o.args = train_args(m, 12, "dp=1,tp=1,pp=1,vpp=1,micro_batch=4");
+    expect_ok(run_dtexec_job(o));
+  }
+  return loss_values(m);
+}
+
+struct Layout {
+  int world;
+  const char* fix;
+};
+
+TEST(DtexecProcesses, LayoutsOverGlooEqualTheSingleRankCurve) {
+  TempDir dir;
+  std::vector<double> ref = reference(dir);
+  ASSERT_EQ(ref.size(), 12u);
+  for (const Layout& l : {Layout{2, "dp=2,tp=1,pp=1"}, Layout{2, "dp=1,tp=2,pp=1,sequence_parallel=true"},
+                          Layout{2, "dp=1,tp=1,pp=2,schedule=1f1b"}, Layout{2, "dp=1,tp=1,pp=2,vpp=2,schedule=interleaved"},
+                          Layout{8, "dp=2,tp=2,pp=2,sequence_parallel=true,distributed_optimizer=true"}}) {
+    SCOPED_TRACE(l.fix);
+    std::string m = dir.path(fmt::format("w{}-{}.jsonl", l.world, std::hash<std::string>{}(l.fix)));
+    JobOptions o;
+    o.world = l.world;
+    o.args = train_args(m, 12, l.fix);
+    expect_ok(run_dtexec_job(o));
+    std::vector<double> curve = loss_values(m);
+    ASSERT_EQ(curve.size(), ref.size());
+    for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(curve[i], ref[i], 1e-5 * ref[i]) << "step " << i + 1;
+  }
+}
+
+TEST(DtexecProcesses, DeterministicRunsAreBitwiseEqual) {
+  TempDir dir;
+  std::vector<std::vector<std::string>> runs;
+  for (int i = 0; i < 2; ++i) {
+    std::string m = dir.path(fmt::format("run{}.jsonl", i));
+    JobOptions o;
+    o.world = 4;
+    o.args = train_args(m, 8, "dp=2,tp=1,pp=2");
+    o.args.push_back("--deterministic");
+    expect_ok(run_dtexec_job(o));
+    runs.push_back(loss_texts(m));
+  }
+  ASSERT_EQ(runs[0].size(), 8u);
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
+TEST(DtexecProcesses, ResumeAtStepTenIsBitwiseTheUninterruptedRun) {
+  TempDir dir;
+  const std::string fix = "dp=1,tp=2,pp=2,sequence_parallel=true";
+  JobOptions full;
+  full.world = 4;
+  full.args = train_args(dir.path("full.jsonl"), 20, fix);
+  full.args.push_back("--deterministic");
+  expect_ok(run_dtexec_job(full));
+
+  std::string ckpt = dir.path("ckpt");
+  JobOptions first = full;
+  first.args = train_args(dir.path("part.jsonl"), 10, fix);
+  first.args.insert(first.args.end(), {"--deterministic", "--checkpoint-dir", ckpt, "--checkpoint-every", "5"});
+  expect_ok(run_dtexec_job(first));
+  ASSERT_TRUE(fs::exists(ckpt + "/step-00000010/metadata.json"));
+  JobOptions second = first;
+  second.args = train_args(dir.path("part.jsonl"), 10, fix);
+  second.args.insert(second.args.end(), {"--deterministic", "--checkpoint-dir", ckpt, "--resume"});
+  expect_ok(run_dtexec_job(second));
+  std::vector<std::string> a = loss_texts(dir.path("full.jsonl")), b = loss_texts(dir.path("part.jsonl"));
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);  // the resumed run appended steps 11..20
+  EXPECT_EQ(a, b);
+}
+
+TEST(DtexecProcesses, CheckpointFromOneLayoutResumesInAnother) {
+  TempDir dir;
+  // (dp, tp, pp) = (2, 1, 2) for 10 steps, checkpoint; resume under (1, 2, 1) for 10 more.
+  JobOptions full;
+  full.world = 4;
+  full.args = train_args(dir.path("full.jsonl"), 20, "dp=2,tp=1,pp=2,distributed_optimizer=true");
+  expect_ok(run_dtexec_job(full));
+  std::string ckpt = dir.path("ckpt");
+  JobOptions first = full;
+  first.args = train_args(dir.path("part.jsonl"), 10, "dp=2,tp=1,pp=2,distributed_optimizer=true");
+  first.args.insert(first.args.end(), {"--checkpoint-dir", ckpt});
+  expect_ok(run_dtexec_job(first));
+  JobOptions second;
+  second.world = 2;
+  second.args = train_args(dir.path("part.jsonl"), 10, "dp=1,tp=2,pp=1");
+  second.args.insert(second.args.end(), {"--checkpoint-dir", ckpt, "--resume"});
+  expect_ok(run_dtexec_job(second));
+  std::vector<double> a = loss_values(dir.path("full.jsonl")), b = loss_values(dir.path("part.jsonl"));
+  ASSERT_EQ(b.size(), 20u);
+  for (std::size_t i = 10; i < 20; ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
+}
+
+TEST(DtexecProcesses, CorruptShardFallsBackToThePreviousCheckpoint) {
+  TempDir dir;
+  std::string ckpt = dir.path("ckpt");
+  JobOptions first;
+  first.world = 2;
+  first.args = train_args(dir.path("m.jsonl"), 10, "dp=1,tp=1,pp=2");
+  first.args.insert(first.args.end(), {"--checkpoint-dir", ckpt, "--checkpoint-every", "5"});
+  expect_ok(run_dtexec_job(first));
+  // Flip a byte in the middle of a step-10 shard.
+  std::string shard = ckpt + "/step-00000010/rank-00001.bin";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-100, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(-100, std::ios::end);
+    c = static_cast<char>(c ^ 0x5a);
+    f.write(&c, 1);
+  }
+  JobOptions second = first;
+  second.args = train_args(dir.path("resumed.jsonl"), 2, "dp=1,tp=1,pp=2");
+  second.args.insert(second.args.end(), {"--checkpoint-dir", ckpt, "--resume"});
+  auto ranks = run_dtexec_job(second);
+  expect_ok(ranks);
+  EXPECT_THAT(ranks[0].log, HasSubstr("rank-00001.bin: checksum mismatch"));
+  EXPECT_THAT(ranks[0].log, HasSubstr("resumed from step 5"));
+  auto resumed = loss_values(dir.path("resumed.jsonl"));
+  auto original = loss_values(dir.path("m.jsonl"));
+  ASSERT_EQ(resumed.size(), 2u);
+  EXPECT_NEAR(resumed[0], original[5], 1e-5 * original[5]);  // step 6 again
+}
+
+TEST(DtexecProcesses, RanksWithDifferentPlansStopNamingBothDigests) {
+  TempDir dir;
+  JobOptions o;
+  o.world = 2;
+  o.args = train_args(dir.path("m.jsonl"), 2, "");
+  o.per_rank = {{"--fix", "dp=2,tp=1,pp=1"}, {"--fix", "dp=1,tp=1,pp=2"}};
+  auto ranks = run_dtexec_job(o);
+  for (const auto& r : ranks) {
+    EXPECT_EQ(r.exit_code, 5) << r.log;
+    EXPECT_THAT(r.log, HasSubstr("plan digest mismatch at rendezvous"));
+  }
+  EXPECT_FALSE(fs::exists(dir.path("m.jsonl")) && !read_file(dir.path("m.jsonl")).empty());
+}
+
+TEST(DtexecProcesses, PlanForAnotherModelIsRefused) {
+  TempDir dir;
+  std::string plan = dir.path("gpt.toml");
+  std::string cmd = std::string(DTRAIN_BINARY_DIR) + "/bin/dtplan plan --model " + DTRAIN_SOURCE_DIR +
+                    "/examples/models/megatron-1.7b.toml --cluster " + DTRAIN_SOURCE_DIR +
+                    "/examples/clusters/dgx-a100-80g.toml --gpus 1 --global-batch 16 -o " + plan + " > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  JobOptions o;
+  o.world = 1;
+  o.args = {"train", "--model", kTiny, "--plan", plan, "--steps", "1"};
+  auto ranks = run_dtexec_job(o);
+  EXPECT_EQ(ranks[0].exit_code, 5);
+  EXPECT_THAT(ranks[0].log, HasSubstr("was made for model 'megatron-1.7b'"));
+}
+
+TEST(DtexecProcesses, DataTooShortStopsBeforeAnyStep) {
+  TempDir dir;
+  std::string text = dir.path("t.txt"), tokens = dir.path("t.tokens");
+  std::ofstream(text) << std::string(2000, 'a');
+  JobOptions tok;
+  tok.args = {"tokenize", "--input", text, "--output", tokens};
+  ASSERT_EQ(run_dtexec_job(tok)[0].exit_code, 0);
+  JobOptions o;
+  o.world = 1;
+  o.args = {"train", "--model", kTiny, "--data", tokens, "--steps", "5", "--metrics", dir.path("m.jsonl")};
+  auto ranks = run_dtexec_job(o);
+  EXPECT_EQ(ranks[0].exit_code, 6);
+  EXPECT_THAT(ranks[0].log, HasSubstr("holds 31 samples of 64 tokens, but steps 1..5 with a global batch of 16 need 80"));
+  EXPECT_FALSE(fs::exists(dir.path("m.jsonl")));
+}
+
+std::string tree_digest(const std::string& root) {
+  std::string all;
+  for (const auto& e : fs::recursive_directory_iterator(root)) {
+    if (e.is_regular_file()) all += e.path().string() + sha256_file_hex(e.path().string());
+  }
+  return sha256_hex(all);
+}
+
+TEST(DtexecProcesses, CheckpointDirectoryOfAnotherModelIsLeftAlone) {
+  TempDir dir;
+  std::string ckpt = dir.path("ckpt");
+  JobOptions first;
+  first.args = train_args(dir.path("m.jsonl"), 2, "");
+  first.args.insert(first.args.end(), {"--checkpoint-dir", ckpt});
+  expect_ok(run_dtexec_job(first));
+  std::string before = tree_digest(ckpt);
+  // Another model: tiny with one more layer.
+  std::string other = dir.path("other.toml");
+  std::string text = read_file(kTiny);
+  text.replace(text.find("layers = 4"), 10, "layers = 5");
+  std::ofstream(other) << text;
+  JobOptions o;
+  o.args = {"train", "--model", other, "--steps", "2", "--checkpoint-dir", ckpt, "--resume"};
+  auto ranks = run_dtexec_job(o);
+  EXPECT_EQ(ranks[0].exit_code, 7);
+  EXPECT_THAT(ranks[0].log, HasSubstr("the checkpoint was made for model 'tiny'"));
+  EXPECT_THAT(ranks[0].log, HasSubstr("nothing was overwritten"));
+  // The same model without --resume: refused too, rather than overwriting.
+  JobOptions again;
+  again.args = {"train", "--model", kTiny, "--steps", "2", "--checkpoint-dir", ckpt};
+  auto r2 = run_dtexec_job(again);
+  EXPECT_EQ(r2[0].exit_code, 7);
+  EXPECT_THAT(r2[0].log, HasSubstr("pass --resume"));
+  EXPECT_EQ(tree_digest(ckpt), before);
+}
+
+TEST(DtexecProcesses, TraceIsAChromeTraceOfEveryRank) {
+  TempDir dir;
+  JobOptions o;
+  o.world = 2;
+  o.args = train_args(dir.path("m.jsonl"), 2, "dp=1,tp=1,pp=2");
+  o.args.insert(o.args.end(), {"--trace", dir.path("trace.json")});
+  expect_ok(run_dtexec_job(o));
+  auto j = nlohmann::json::parse(read_file(dir.path("trace.json")));
+  std::set<int> pids;
+  int slices = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "X") {
+      ++slices;
+      pids.insert(e["pid"].get<int>());
+      EXPECT_TRUE(e.contains("ts") && e.contains("dur") && e.contains("tid"));
+    }
+  }
+  EXPECT_EQ(pids, (std::set<int>{0, 1}));
+  EXPECT_GT(slices, 8);
+}
+
+}  // namespace
+}  // namespace dtrain::testing

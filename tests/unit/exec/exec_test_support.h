@@ -1,0 +1,42 @@
+// Running training on several ranks as threads of one process (in-process communicators).
+#pragma once
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dtrain/comm/inproc.h"
+#include "dtrain/exec/trainer.h"
+#include "dtrain/kernels/threads.h"
+
+namespace dtrain::exec::testing {
+
+inline const std::string kTiny = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny.toml";
+
+// Trains with `options` on `world` ranks (threads); returns global rank 0's result.
+inline TrainResult train_threads(int world, const TrainOptions& options) {
+  kernels::cpu::set_num_threads(1);
+  TrainResult out;
+  std::mutex mu;
+  comm::InprocOptions io;
+  io.timeout = std::chrono::seconds(60);
+  comm::InprocWorld::run(
+      world,
+      [&](comm::Communicator& c) {
+        TrainResult r = train(options, c);
+        if (c.rank() == 0) {
+          std::lock_guard lock(mu);
+          out = r;
+        }
+      },
+      io);
+  return out;
+}
+
+inline std::vector<double> losses(const TrainResult& r) {
+  std::vector<double> v;
+  for (const auto& s : r.steps) v.push_back(s.loss);
+  return v;
+}
+
+}  // namespace dtrain::exec::testing
