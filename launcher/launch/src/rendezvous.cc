@@ -271,7 +271,7 @@ std::unique_ptr<store::Client> find_store(const std::string& address, const std:
       // Something listens: only this job's store passes the mutual handshake.
       try {
         store::ClientOptions once = options;
-        once.connect_timeout = std::chrono::milliseconds(3'000);
+        once.connect_timeout = std::chrono::milliseconds(1'000);  // a service that never greets costs a second a round
         auto client = std::make_unique<store::Client>(store::Endpoint{address, ports[i]}, secret, once);
         if (found_port != nullptr) *found_port = ports[i];
         log::debug("launch", "found the store at {} after {} rounds", client->endpoint().to_string(), rounds);
