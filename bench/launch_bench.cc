@@ -14,6 +14,7 @@
 //
 //   build/bin/launch_bench [--ranks 1,8,64] [--reps 5] [--dtexec build/bin/dtexec]
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,12 +27,10 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "dtrain/launch/heartbeat.h"
 #include "dtrain/store/client.h"
@@ -47,8 +46,8 @@ int run_rank() {
   const char* world = std::getenv("WORLD_SIZE");
   const char* run_id = std::getenv("DTRAIN_RUN_ID");
   auto client = dtrain::store::Client::from_environment();
-  client->barrier(std::string("bench/") + (run_id ? run_id : ""), static_cast<std::uint32_t>(std::atoi(world ? world : "1")),
-                  std::chrono::milliseconds(60'000));
+  client->barrier(std::string("bench/") + (run_id ? run_id : ""),
+                  static_cast<std::uint32_t>(std::atoi(world ? world : "1")), std::chrono::milliseconds(60'000));
   return 0;
 }
 
@@ -144,13 +143,14 @@ int main(int argc, char** argv) {
   if (!dtexec.empty()) {
     const char* src = std::getenv("DTRAIN_SOURCE_DIR");
     std::string model = std::string(src ? src : ".") + "/examples/models/tiny.toml";
-    programs.push_back({"tiny dtexec",
-                        {dtexec, "train", "--model", model, "--plan", "auto", "--data", "synthetic", "--steps", "1",
-                         "--seed", "1"}});
+    programs.push_back(
+        {"tiny dtexec",
+         {dtexec, "train", "--model", model, "--plan", "auto", "--data", "synthetic", "--steps", "1", "--seed", "1"}});
   }
-  std::printf("dtlaunch start-up on this machine (%ld CPUs), %d runs each; seconds from dtlaunch's start, median "
-              "[min-max]\n",
-              sysconf(_SC_NPROCESSORS_ONLN), reps);
+  std::printf(
+      "dtlaunch start-up on this machine (%ld CPUs), %d runs each; seconds from dtlaunch's start, median "
+      "[min-max]\n",
+      sysconf(_SC_NPROCESSORS_ONLN), reps);
   std::printf("%-12s %5s  %-22s %-22s %-22s %-22s %-22s\n", "program", "ranks", "rendezvous", "spawned", "alive",
               "met (barrier, exit)", "wall");
   int failures = 0;

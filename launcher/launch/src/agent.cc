@@ -1,6 +1,7 @@
 #include "dtrain/launch/agent.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -15,12 +16,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <set>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
@@ -98,8 +97,8 @@ struct EndRecord {
   bool permanent = false;  // failure: the rank's exit code says restarting cannot help
 
   std::string to_json() const {
-    return json{{"kind", kind},           {"node", node},           {"rank", rank},
-                {"reason", reason},       {"exit_code", exit_code}, {"permanent", permanent}}
+    return json{{"kind", kind},     {"node", node},           {"rank", rank},
+                {"reason", reason}, {"exit_code", exit_code}, {"permanent", permanent}}
         .dump();
   }
   static EndRecord from_json(const std::string& text) {
@@ -301,7 +300,8 @@ struct Agent::Impl {
     // The command, its plan and the binding: checked before anything is started anywhere.
     std::string path = env.count("PATH") > 0 ? env.at("PATH") : "/usr/local/bin:/usr/bin:/bin";
     executable = resolve_executable(job.options.command.front(), path);
-    auto [digest, plan_source] = plan_digest_of(job.options.command, env.count("DTRAIN_PLAN") ? env.at("DTRAIN_PLAN") : "");
+    auto [digest, plan_source] =
+        plan_digest_of(job.options.command, env.count("DTRAIN_PLAN") ? env.at("DTRAIN_PLAN") : "");
     setup_binding();
     heartbeat_interval_s = std::min(1.0, job.options.heartbeat_timeout_s / 5.0);
 
@@ -320,8 +320,8 @@ struct Agent::Impl {
     client_options.timeout = milliseconds(60'000);
     if (job.node_rank == 0) {
       try {
-        client = find_store(store_address, {store_port}, *secret, client_options, milliseconds(5'000), nullptr,
-                            nullptr);
+        client =
+            find_store(store_address, {store_port}, *secret, client_options, milliseconds(5'000), nullptr, nullptr);
       } catch (const Error& e) {
         throw Error(ErrorCategory::kComm, ExitCode::kBadInput,
                     fmt::format("node 0 hosts the store on port {} but cannot reach it at {} ({}): is that this "
@@ -329,11 +329,11 @@ struct Agent::Impl {
                                 store_port, store_address, job.rdzv_host_origin, e.what()));
       }
     } else {
-      log::info(kSubsys, "looking for the store at {} (port{} {}{})", store_address,
-                job.ports.size() > 1 ? "s" : "", job.ports.front(),
-                job.ports.size() > 1 ? fmt::format("-{}", job.ports.back()) : "");
-      client = find_store(store_address, job.ports, *secret, client_options, rdzv_timeout,
-                          [this] { return !check_signals_between_waits(); }, &store_port);
+      log::info(kSubsys, "looking for the store at {} (port{} {}{})", store_address, job.ports.size() > 1 ? "s" : "",
+                job.ports.front(), job.ports.size() > 1 ? fmt::format("-{}", job.ports.back()) : "");
+      client = find_store(
+          store_address, job.ports, *secret, client_options, rdzv_timeout,
+          [this] { return !check_signals_between_waits(); }, &store_port);
       if (!client) throw JobEnd{kExitPreempted};
     }
     comm_host = job.local ? std::string("127.0.0.1") : local_address_towards(store_address, store_port);
@@ -398,7 +398,8 @@ struct Agent::Impl {
         auto g = parse_int(trim(item));
         if (!g) {
           gpus.clear();
-          log::warn(kSubsys, "CUDA_VISIBLE_DEVICES={} is not a list of GPU indices: binding among all GPUs", it->second);
+          log::warn(kSubsys, "CUDA_VISIBLE_DEVICES={} is not a list of GPU indices: binding among all GPUs",
+                    it->second);
           break;
         }
         gpus.push_back(static_cast<int>(*g));
@@ -409,9 +410,10 @@ struct Agent::Impl {
     try {
       bindings = topology::bind_node(node, n, bo);
     } catch (const Error& e) {
-      throw e.with_context(fmt::format("binding {} ranks on this node (--cpu-only binds CPU ranks on a GPU node, "
-                                       "--no-bind starts them unbound)",
-                                       n));
+      throw e.with_context(
+          fmt::format("binding {} ranks on this node (--cpu-only binds CPU ranks on a GPU node, "
+                      "--no-bind starts them unbound)",
+                      n));
     }
     const std::vector<int> allowed = allowed_cpus();
     for (int i = 0; i < n; ++i) {
@@ -462,8 +464,11 @@ struct Agent::Impl {
     for (;;) {
       if (client->wait_for(keys, milliseconds(50))) return;
       if (check_signals_between_waits()) {
-        EndRecord r{"preempted", job.node_rank, -1,
-                    fmt::format("dtlaunch on node {} received a termination signal", job.node_rank), kExitPreempted,
+        EndRecord r{"preempted",
+                    job.node_rank,
+                    -1,
+                    fmt::format("dtlaunch on node {} received a termination signal", job.node_rank),
+                    kExitPreempted,
                     false};
         publish_end(r);
         throw JobEnd{end_exit_code_before_start()};
@@ -551,7 +556,8 @@ struct Agent::Impl {
     log::info(kSubsys, "rendezvous: {} node{}, world size {}, store {}, in {}", job.nnodes, job.nnodes > 1 ? "s" : "",
               job.world_size, store::Endpoint{store_address, store_port}.to_string(), format_seconds(took));
     json nodes = json::array();
-    for (const auto& f : all) nodes.push_back({{"node", f.node_rank}, {"hostname", f.hostname}, {"address", f.address}});
+    for (const auto& f : all)
+      nodes.push_back({{"node", f.node_rank}, {"hostname", f.hostname}, {"address", f.address}});
     events.write("rendezvous", {{"seconds", took},
                                 {"store", store::Endpoint{store_address, store_port}.to_string()},
                                 {"comm_host", comm_host},
@@ -882,10 +888,10 @@ struct Agent::Impl {
       return;
     }
     if (code == kExitPreempted) {
-      publish_end(EndRecord{"preempted", job.node_rank, r.rank,
-                            fmt::format("rank {} on node {} exited with code 10 (it was told to stop)", r.rank,
-                                        job.node_rank),
-                            kExitPreempted, false});
+      publish_end(
+          EndRecord{"preempted", job.node_rank, r.rank,
+                    fmt::format("rank {} on node {} exited with code 10 (it was told to stop)", r.rank, job.node_rank),
+                    kExitPreempted, false});
       return;
     }
     const bool permanent = code >= 0 && is_permanent_exit_code(code);
@@ -988,10 +994,10 @@ struct Agent::Impl {
     progress_unprinted = false;
     monitor->watch(end_key());
     if (preempt_requested) {
-      publish_end(EndRecord{"preempted", job.node_rank, -1,
-                            fmt::format("dtlaunch on node {} was told to stop before restart {}", job.node_rank,
-                                        attempt),
-                            kExitPreempted, false});
+      publish_end(
+          EndRecord{"preempted", job.node_rank, -1,
+                    fmt::format("dtlaunch on node {} was told to stop before restart {}", job.node_rank, attempt),
+                    kExitPreempted, false});
       return end_exit_code_before_start();
     }
     client->set(fmt::format("attempt/{}/ready/{}", attempt, job.node_rank), "1");

@@ -1,6 +1,7 @@
 #include "dtrain/launch/heartbeat.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -8,8 +9,6 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
-
-#include <fmt/format.h>
 
 #include "dtrain/common/error.h"
 #include "dtrain/common/strings.h"
@@ -72,13 +71,14 @@ std::unique_ptr<Heartbeat> Heartbeat::from_environment() {
   if (fd_text == nullptr || *fd_text == '\0') return nullptr;
   auto fd = parse_int(fd_text);
   if (!fd || *fd < 0 || *fd > 1'000'000) {
-    throw input_error(fmt::format("{}={}: expected a file descriptor number (dtlaunch sets it)", kHeartbeatFdEnv,
-                                  fd_text));
+    throw input_error(
+        fmt::format("{}={}: expected a file descriptor number (dtlaunch sets it)", kHeartbeatFdEnv, fd_text));
   }
   if (::fcntl(static_cast<int>(*fd), F_GETFD) < 0) {
-    throw input_error(fmt::format("{}={}: descriptor {} is not open in this process (was the variable inherited "
-                                  "by a program that dtlaunch did not start?)",
-                                  kHeartbeatFdEnv, fd_text, *fd));
+    throw input_error(
+        fmt::format("{}={}: descriptor {} is not open in this process (was the variable inherited "
+                    "by a program that dtlaunch did not start?)",
+                    kHeartbeatFdEnv, fd_text, *fd));
   }
   double interval_s = 1.0;
   if (const char* iv = std::getenv(kHeartbeatIntervalEnv); iv != nullptr && *iv != '\0') {

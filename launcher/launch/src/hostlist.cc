@@ -41,8 +41,8 @@ class Expander {
   Expander(std::string_view expression, std::size_t max_hosts) : expression_(expression), max_hosts_(max_hosts) {}
 
   [[noreturn]] void fail(const std::string& why) const {
-    throw input_error(fmt::format("hostlist '{}': {} (expected a Slurm host list such as 'node[01-04],login1')",
-                                  expression_, why));
+    throw input_error(
+        fmt::format("hostlist '{}': {} (expected a Slurm host list such as 'node[01-04],login1')", expression_, why));
   }
 
   // The values of one bracket group, as strings with their padding.

@@ -31,8 +31,8 @@ std::optional<std::pair<std::string, std::string>> first_of(const Environment& e
 int env_int(const std::pair<std::string, std::string>& var, int min_value) {
   auto v = parse_int(trim(var.second));
   if (!v || *v < min_value || *v > 1'000'000) {
-    throw input_error(fmt::format("{}={}: expected an integer of at least {} (is this Slurm's environment?)",
-                                  var.first, var.second, min_value));
+    throw input_error(fmt::format("{}={}: expected an integer of at least {} (is this Slurm's environment?)", var.first,
+                                  var.second, min_value));
   }
   return static_cast<int>(*v);
 }
@@ -112,8 +112,8 @@ std::pair<std::string, std::uint16_t> parse_rdzv(std::string_view text) {
 }
 
 std::string JobConfig::describe() const {
-  std::string where = local ? "one machine, store on loopback"
-                            : fmt::format("store at {} ({})", rdzv_host, rdzv_host_origin);
+  std::string where =
+      local ? "one machine, store on loopback" : fmt::format("store at {} ({})", rdzv_host, rdzv_host_origin);
   return fmt::format("node {} of {}, {} ranks per node, world size {}, {}{}", node_rank, nnodes, nproc_per_node,
                      world_size, where, slurm ? ", job " + job_id : "");
 }
@@ -125,9 +125,10 @@ JobConfig resolve_job(const LaunchOptions& options, const Environment& env) {
     throw input_error("no command to run: give it after '--', for example: dtlaunch --nproc 4 -- dtexec train ...");
   }
   if (options.nproc_per_node < 1) {
-    throw input_error(fmt::format("--nproc-per-node {}: expected the number of ranks to start on each node (at "
-                                  "least 1; one per GPU on a GPU node)",
-                                  options.nproc_per_node));
+    throw input_error(
+        fmt::format("--nproc-per-node {}: expected the number of ranks to start on each node (at "
+                    "least 1; one per GPU on a GPU node)",
+                    options.nproc_per_node));
   }
   if (options.max_restarts < 0) {
     throw input_error(fmt::format("--max-restarts {}: expected 0 or more", options.max_restarts));
@@ -161,8 +162,8 @@ JobConfig resolve_job(const LaunchOptions& options, const Environment& env) {
     job.nnodes = env_int(*nnodes, 1);
     job.node_rank = env_int(*node_id, 0);
     if (job.node_rank >= job.nnodes) {
-      throw input_error(fmt::format("{}={} is not below {}={}", node_id->first, node_id->second, nnodes->first,
-                                    nnodes->second));
+      throw input_error(
+          fmt::format("{}={} is not below {}={}", node_id->first, node_id->second, nnodes->first, nnodes->second));
     }
     std::vector<std::string> hosts = expand_hostlist(nodelist->second);
     if (static_cast<int>(hosts.size()) != job.nnodes) {
@@ -207,24 +208,26 @@ JobConfig resolve_job(const LaunchOptions& options, const Environment& env) {
     job.node_rank = options.node_rank.value_or(0);
     if (job.nnodes < 1) throw input_error(fmt::format("--nnodes {}: expected 1 or more", job.nnodes));
     if (job.node_rank < 0 || job.node_rank >= job.nnodes) {
-      throw input_error(fmt::format("--node-rank {}: expected 0 to {} (--nnodes {})", job.node_rank, job.nnodes - 1,
-                                    job.nnodes));
+      throw input_error(
+          fmt::format("--node-rank {}: expected 0 to {} (--nnodes {})", job.node_rank, job.nnodes - 1, job.nnodes));
     }
     job.job_id = "local";
     if (rdzv) {
       if (rdzv->second == 0) {
-        throw input_error(fmt::format("--rdzv {}: give the port too (HOST:PORT); only under Slurm is it derived "
-                                      "from the job id",
-                                      *options.rdzv));
+        throw input_error(
+            fmt::format("--rdzv {}: give the port too (HOST:PORT); only under Slurm is it derived "
+                        "from the job id",
+                        *options.rdzv));
       }
       job.local = false;
       job.rdzv_host = rdzv->first;
       job.rdzv_host_origin = "--rdzv";
       job.ports = {rdzv->second};
     } else if (job.nnodes > 1) {
-      throw input_error(fmt::format("--nnodes {} needs --rdzv HOST:PORT: the address of node 0, where its dtlaunch "
-                                    "hosts the store (every node gives the same address)",
-                                    job.nnodes));
+      throw input_error(
+          fmt::format("--nnodes {} needs --rdzv HOST:PORT: the address of node 0, where its dtlaunch "
+                      "hosts the store (every node gives the same address)",
+                      job.nnodes));
     }
   }
   if (job.local) {

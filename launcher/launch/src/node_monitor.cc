@@ -1,13 +1,12 @@
 #include "dtrain/launch/node_monitor.h"
 
+#include <fmt/format.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-
-#include <fmt/format.h>
 
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"

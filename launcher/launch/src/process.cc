@@ -2,9 +2,10 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <linux/close_range.h>
 #include <sched.h>
 #include <signal.h>
-#include <linux/close_range.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -15,8 +16,6 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-
-#include <fmt/format.h>
 
 #include "dtrain/common/error.h"
 #include "dtrain/common/strings.h"
@@ -37,12 +36,18 @@ enum ChildStep { kStepSetpgid = 1, kStepPdeathsig, kStepParentGone, kStepAffinit
 
 const char* step_text(int step) {
   switch (step) {
-    case kStepSetpgid: return "setpgid";
-    case kStepPdeathsig: return "prctl(PR_SET_PDEATHSIG)";
-    case kStepParentGone: return "the agent exited while the rank was starting";
-    case kStepAffinity: return "sched_setaffinity";
-    case kStepDup: return "dup2";
-    case kStepExec: return "exec";
+    case kStepSetpgid:
+      return "setpgid";
+    case kStepPdeathsig:
+      return "prctl(PR_SET_PDEATHSIG)";
+    case kStepParentGone:
+      return "the agent exited while the rank was starting";
+    case kStepAffinity:
+      return "sched_setaffinity";
+    case kStepDup:
+      return "dup2";
+    case kStepExec:
+      return "exec";
   }
   return "?";
 }
@@ -73,9 +78,8 @@ StartingRank start_rank(const SpawnSpec& spec) {
   int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   const pid_t parent = ::getpid();
   rlimit files{};
-  const int max_fd = ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < 1'000'000
-                         ? static_cast<int>(files.rlim_cur)
-                         : 65536;
+  const int max_fd =
+      ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < 1'000'000 ? static_cast<int>(files.rlim_cur) : 65536;
   sigset_t all;
   sigfillset(&all);
   sigset_t old_mask;
@@ -169,8 +173,8 @@ std::string resolve_executable(const std::string& program, const std::string& pa
       return candidate;
     }
   }
-  throw input_error(fmt::format("command '{}' not found in PATH={} (give its path, for example ./{})", program, path,
-                                program));
+  throw input_error(
+      fmt::format("command '{}' not found in PATH={} (give its path, for example ./{})", program, path, program));
 }
 
 bool signal_group(pid_t pgid, int signal) {

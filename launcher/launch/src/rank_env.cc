@@ -9,10 +9,21 @@
 namespace dtrain::launch {
 
 const std::vector<std::string>& contract_variables() {
-  static const std::vector<std::string> names{
-      "RANK",          "LOCAL_RANK",         "WORLD_SIZE",        "LOCAL_WORLD_SIZE",  "MASTER_ADDR",
-      "MASTER_PORT",   "DTRAIN_STORE",       "DTRAIN_STORE_TOKEN", "DTRAIN_RUN_ID",     "DTRAIN_COMM_HOST",
-      "DTRAIN_NODE_RANK", "DTRAIN_NNODES",   "DTRAIN_HEARTBEAT_FD", "DTRAIN_HEARTBEAT_INTERVAL", "DTRAIN_RESTART"};
+  static const std::vector<std::string> names{"RANK",
+                                              "LOCAL_RANK",
+                                              "WORLD_SIZE",
+                                              "LOCAL_WORLD_SIZE",
+                                              "MASTER_ADDR",
+                                              "MASTER_PORT",
+                                              "DTRAIN_STORE",
+                                              "DTRAIN_STORE_TOKEN",
+                                              "DTRAIN_RUN_ID",
+                                              "DTRAIN_COMM_HOST",
+                                              "DTRAIN_NODE_RANK",
+                                              "DTRAIN_NNODES",
+                                              "DTRAIN_HEARTBEAT_FD",
+                                              "DTRAIN_HEARTBEAT_INTERVAL",
+                                              "DTRAIN_RESTART"};
   return names;
 }
 

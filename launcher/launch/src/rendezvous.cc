@@ -1,6 +1,7 @@
 #include "dtrain/launch/rendezvous.h"
 
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -9,10 +10,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include <thread>
-
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
@@ -25,7 +24,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::string node_name(const NodeFacts& f) {
-  return f.hostname.empty() ? fmt::format("node {}", f.node_rank) : fmt::format("node {} ({})", f.node_rank, f.hostname);
+  return f.hostname.empty() ? fmt::format("node {}", f.node_rank)
+                            : fmt::format("node {} ({})", f.node_rank, f.hostname);
 }
 
 std::string short_digest(const std::string& digest) {
@@ -62,10 +62,10 @@ int probe(const sockaddr* addr, socklen_t len, std::chrono::milliseconds timeout
 }  // namespace
 
 std::string NodeFacts::to_json() const {
-  nlohmann::json j{{"node_rank", node_rank},     {"nnodes", nnodes},         {"nproc_per_node", nproc_per_node},
-                   {"max_restarts", max_restarts}, {"version", version},       {"plan_digest", plan_digest},
-                   {"plan_source", plan_source}, {"hostname", hostname},     {"address", address},
-                   {"agent_id", agent_id},       {"pid", pid},           {"job_nonce", job_nonce}};
+  nlohmann::json j{{"node_rank", node_rank},       {"nnodes", nnodes},     {"nproc_per_node", nproc_per_node},
+                   {"max_restarts", max_restarts}, {"version", version},   {"plan_digest", plan_digest},
+                   {"plan_source", plan_source},   {"hostname", hostname}, {"address", address},
+                   {"agent_id", agent_id},         {"pid", pid},           {"job_nonce", job_nonce}};
   return j.dump();
 }
 
@@ -95,14 +95,16 @@ NodeFacts NodeFacts::from_json(std::string_view text, const std::string& what) {
 
 std::optional<FactsMismatch> compare_facts(const NodeFacts& f, const NodeFacts& ref) {
   if (f.version != ref.version) {
-    return FactsMismatch{fmt::format("{} runs dtrain {} but {} runs dtrain {}: every node must run the same dtrain "
-                                     "build",
-                                     node_name(f), f.version, node_name(ref), ref.version)};
+    return FactsMismatch{
+        fmt::format("{} runs dtrain {} but {} runs dtrain {}: every node must run the same dtrain "
+                    "build",
+                    node_name(f), f.version, node_name(ref), ref.version)};
   }
   if (f.nnodes != ref.nnodes) {
-    return FactsMismatch{fmt::format("{} was started for {} nodes but {} for {}: the world size would differ; give "
-                                     "every node the same --nnodes",
-                                     node_name(f), f.nnodes, node_name(ref), ref.nnodes)};
+    return FactsMismatch{
+        fmt::format("{} was started for {} nodes but {} for {}: the world size would differ; give "
+                    "every node the same --nnodes",
+                    node_name(f), f.nnodes, node_name(ref), ref.nnodes)};
   }
   if (f.nproc_per_node != ref.nproc_per_node) {
     return FactsMismatch{fmt::format(
@@ -112,9 +114,10 @@ std::optional<FactsMismatch> compare_facts(const NodeFacts& f, const NodeFacts& 
         f.nnodes * f.nproc_per_node, ref.nnodes * ref.nproc_per_node)};
   }
   if (f.max_restarts != ref.max_restarts) {
-    return FactsMismatch{fmt::format("{} has --max-restarts {} but {} has {}: the job's restart budget must be one "
-                                     "number",
-                                     node_name(f), f.max_restarts, node_name(ref), ref.max_restarts)};
+    return FactsMismatch{
+        fmt::format("{} has --max-restarts {} but {} has {}: the job's restart budget must be one "
+                    "number",
+                    node_name(f), f.max_restarts, node_name(ref), ref.max_restarts)};
   }
   if (f.plan_digest != ref.plan_digest) {
     return FactsMismatch{
@@ -169,9 +172,10 @@ std::vector<std::string> resolve_host(const std::string& host, const std::string
   addrinfo* result = nullptr;
   int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &result);
   if (rc != 0) {
-    throw input_error(fmt::format("cannot resolve the rendezvous host '{}' ({}): {}; give node 0's address with "
-                                  "--rdzv ADDRESS[:PORT]",
-                                  host, origin, ::gai_strerror(rc)));
+    throw input_error(
+        fmt::format("cannot resolve the rendezvous host '{}' ({}): {}; give node 0's address with "
+                    "--rdzv ADDRESS[:PORT]",
+                    host, origin, ::gai_strerror(rc)));
   }
   std::vector<std::string> v4;
   std::vector<std::string> v6;
@@ -235,8 +239,8 @@ std::string local_address_towards(const std::string& address, std::uint16_t port
 
 std::unique_ptr<store::Client> find_store(const std::string& address, const std::vector<std::uint16_t>& ports,
                                           const store::Secret& secret, store::ClientOptions options,
-                                          std::chrono::milliseconds timeout,
-                                          const std::function<bool()>& keep_waiting, std::uint16_t* found_port) {
+                                          std::chrono::milliseconds timeout, const std::function<bool()>& keep_waiting,
+                                          std::uint16_t* found_port) {
   const auto start = Clock::now();
   const auto deadline = start + timeout;
   std::vector<std::string> last_reason(ports.size(), "nothing tried yet");

@@ -5,7 +5,6 @@
 //   dtlaunch --nnodes 2 --node-rank R --rdzv HOST:PORT --nproc-per-node 8 -- ...       each node, by hand
 //   srun --ntasks-per-node=1 dtlaunch --nproc-per-node 8 -- ...                         under Slurm
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -27,12 +26,15 @@ int main(int argc, char** argv) {
   int nnodes = 0;
   int node_rank = -1;
   std::string rdzv;
-  auto* nnodes_opt = app.add_option("--nnodes", nnodes, "Number of nodes, each running one dtlaunch (default: from "
-                                                        "Slurm, else 1)");
-  auto* node_rank_opt = app.add_option("--node-rank", node_rank, "This node's index, 0 to nnodes-1 (node 0 hosts the "
-                                                                 "store)");
-  auto* rdzv_opt = app.add_option("--rdzv", rdzv, "HOST:PORT of node 0's store (under Slurm: HOST alone, port "
-                                                  "derived from the job id; default: the first host of the node list)");
+  auto* nnodes_opt = app.add_option("--nnodes", nnodes,
+                                    "Number of nodes, each running one dtlaunch (default: from "
+                                    "Slurm, else 1)");
+  auto* node_rank_opt = app.add_option("--node-rank", node_rank,
+                                       "This node's index, 0 to nnodes-1 (node 0 hosts the "
+                                       "store)");
+  auto* rdzv_opt = app.add_option("--rdzv", rdzv,
+                                  "HOST:PORT of node 0's store (under Slurm: HOST alone, port "
+                                  "derived from the job id; default: the first host of the node list)");
   app.add_option("--nproc-per-node,--nproc", o.nproc_per_node, "Ranks to start on this node")->required();
   app.add_option("--max-restarts", o.max_restarts, "Restarts of the whole job after failures, counted for the job")
       ->capture_default_str();
@@ -45,20 +47,21 @@ int main(int argc, char** argv) {
   app.add_option("--node-timeout", o.node_timeout_s,
                  "Seconds without news from another node's agent after which the job fails")
       ->capture_default_str();
-  app.add_option("--stop-grace", o.stop_grace_s, "Seconds between SIGTERM and SIGKILL when stopping ranks after a failure")
+  app.add_option("--stop-grace", o.stop_grace_s,
+                 "Seconds between SIGTERM and SIGKILL when stopping ranks after a failure")
       ->capture_default_str();
   app.add_option("--preempt-grace", o.preempt_grace_s,
                  "Seconds ranks get to checkpoint after a forwarded SIGTERM before SIGKILL")
       ->capture_default_str();
   app.add_option("--rdzv-timeout", o.rdzv_timeout_s, "Seconds to wait for the store and the other nodes")
       ->capture_default_str();
-  app.add_option("--progress-interval", o.progress_interval_s, "Seconds between progress lines")
-      ->capture_default_str();
+  app.add_option("--progress-interval", o.progress_interval_s, "Seconds between progress lines")->capture_default_str();
   app.add_option("--run-dir", o.run_dir, "Directory for events-node<N>.jsonl (every event as JSON)");
   bool no_bind = false;
   app.add_flag("--no-bind", no_bind, "Do not bind ranks to CPUs, GPUs and NICs");
   app.add_flag("--cpu-only", o.cpu_only, "Bind CPU ranks even on a node with GPUs");
-  app.footer("COMMAND: the rank's program and its arguments, after '--' (or after the first word that is not an option)");
+  app.footer(
+      "COMMAND: the rank's program and its arguments, after '--' (or after the first word that is not an option)");
   // Everything after the first "--" is the rank's command, untouched; without "--", the command starts at the first
   // word that is not one of dtlaunch's options.
   app.prefix_command();

@@ -30,13 +30,12 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "dtrain/launch/heartbeat.h"
 #include "dtrain/store/client.h"
@@ -211,11 +210,10 @@ int main(int argc, char** argv) {
                                  ? false
                                  : ::fcntl(std::atoi(env("DTRAIN_HEARTBEAT_FD").c_str()), F_GETFD) >= 0;
     nlohmann::json e;
-    for (const char* name :
-         {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DTRAIN_STORE",
-          "DTRAIN_STORE_TOKEN", "DTRAIN_RUN_ID", "DTRAIN_COMM_HOST", "DTRAIN_NODE_RANK", "DTRAIN_NNODES",
-          "DTRAIN_HEARTBEAT_FD", "DTRAIN_HEARTBEAT_INTERVAL", "DTRAIN_RESTART", "OMP_NUM_THREADS",
-          "CUDA_VISIBLE_DEVICES", "NCCL_IB_HCA"}) {
+    for (const char* name : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                             "DTRAIN_STORE", "DTRAIN_STORE_TOKEN", "DTRAIN_RUN_ID", "DTRAIN_COMM_HOST",
+                             "DTRAIN_NODE_RANK", "DTRAIN_NNODES", "DTRAIN_HEARTBEAT_FD", "DTRAIN_HEARTBEAT_INTERVAL",
+                             "DTRAIN_RESTART", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "NCCL_IB_HCA"}) {
       if (const char* v = std::getenv(name)) e[name] = v;
     }
     j["env"] = e;
@@ -257,8 +255,8 @@ int main(int argc, char** argv) {
     }
     for (const FailSpec& f : fails) {
       if ((f.rank >= 0 && f.rank != rank) || (f.attempt >= 0 && f.attempt != attempt) || f.step != step) continue;
-      std::fprintf(stderr, "fake_rank %d: failing at step %lld of attempt %d: %s\n", rank,
-                   static_cast<long long>(step), attempt, f.mode.c_str());
+      std::fprintf(stderr, "fake_rank %d: failing at step %lld of attempt %d: %s\n", rank, static_cast<long long>(step),
+                   attempt, f.mode.c_str());
       if (f.mode.rfind("exit=", 0) == 0) std::_Exit(std::atoi(f.mode.c_str() + 5));
       if (f.mode == "kill") ::raise(SIGKILL);
       if (f.mode == "stop") ::raise(SIGSTOP);

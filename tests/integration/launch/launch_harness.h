@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,14 +19,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 extern char** environ;
 
@@ -221,7 +220,8 @@ class LaunchTest : public ::testing::Test {
   }
 
   std::unique_ptr<LaunchProcess> launch(std::vector<std::string> options, const std::vector<std::string>& rank_args,
-                                        std::map<std::string, std::string> env = {}, const std::string& name = "node0") {
+                                        std::map<std::string, std::string> env = {},
+                                        const std::string& name = "node0") {
     options.push_back("--run-dir");
     options.push_back(dir_.string() + "/run");
     for (const auto& a : fake_rank(rank_args)) options.push_back(a);

@@ -50,8 +50,9 @@ TEST_F(LaunchTest, NodesWithDifferentPlansFailWithBothDigests) {
   const auto port = free_port();
   const std::map<std::string, std::string> env{{"DTRAIN_STORE_TOKEN", "plans-" + tag()}};
   auto opts = [&](int node) {
-    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(node), "--rdzv",
-                                    "127.0.0.1:" + std::to_string(port), "--nproc", "1"};
+    return std::vector<std::string>{
+        "--nnodes", "2", "--node-rank", std::to_string(node), "--rdzv", "127.0.0.1:" + std::to_string(port),
+        "--nproc",  "1"};
   };
   auto n0 = launch(opts(0), {"--plan", p2}, env, "node0");
   auto n1 = launch(opts(1), {"--plan", p4}, {{"DTRAIN_STORE_TOKEN", "plans-" + tag()}}, "node1");
@@ -65,8 +66,9 @@ TEST_F(LaunchTest, NodesWithDifferentPlansFailWithBothDigests) {
   // The same plan on both nodes, through DTRAIN_PLAN on one of them: no complaint.
   const auto port2 = free_port();
   auto opts2 = [&](int node) {
-    return std::vector<std::string>{"--nnodes", "2", "--node-rank", std::to_string(node), "--rdzv",
-                                    "127.0.0.1:" + std::to_string(port2), "--nproc", "1"};
+    return std::vector<std::string>{
+        "--nnodes", "2", "--node-rank", std::to_string(node), "--rdzv", "127.0.0.1:" + std::to_string(port2),
+        "--nproc",  "1"};
   };
   auto m0 = launch(opts2(0), {"--plan", p2}, env, "node0b");
   auto m1 = launch(opts2(1), {}, {{"DTRAIN_STORE_TOKEN", "plans-" + tag()}, {"DTRAIN_PLAN", p2}}, "node1b");
@@ -88,9 +90,26 @@ class DtexecJobTest : public LaunchTest {
   }
 
   std::vector<std::string> dtexec_command(const std::string& name, int checkpoint_every = kCheckpointEvery) const {
-    return {"--", dtexec_path(), "train", "--model", tiny_model(), "--plan", "auto", "--data", "synthetic",
-            "--steps", std::to_string(kSteps), "--seed", "7", "--checkpoint-dir", dir() + "/" + name + ".ckpt",
-            "--checkpoint-every", std::to_string(checkpoint_every), "--resume", "--deterministic", "--metrics",
+    return {"--",
+            dtexec_path(),
+            "train",
+            "--model",
+            tiny_model(),
+            "--plan",
+            "auto",
+            "--data",
+            "synthetic",
+            "--steps",
+            std::to_string(kSteps),
+            "--seed",
+            "7",
+            "--checkpoint-dir",
+            dir() + "/" + name + ".ckpt",
+            "--checkpoint-every",
+            std::to_string(checkpoint_every),
+            "--resume",
+            "--deterministic",
+            "--metrics",
             dir() + "/" + name + ".jsonl"};
   }
   std::unique_ptr<LaunchProcess> launch_dtexec(const std::string& name, std::vector<std::string> options,
@@ -224,8 +243,8 @@ TEST_F(DtexecJobTest, KillNineAtARandomStepResumesBitwise) {
   ASSERT_GT(victim, 0) << "no dtexec process of rank " << victim_rank;
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
   ASSERT_EQ(p->wait(180s), 0) << p->err();
-  EXPECT_THAT(p->err(), HasSubstr("rank " + std::to_string(victim_rank) + " on node 0 (pid " +
-                                  std::to_string(victim) + ") killed by signal 9 (SIGKILL)"));
+  EXPECT_THAT(p->err(), HasSubstr("rank " + std::to_string(victim_rank) + " on node 0 (pid " + std::to_string(victim) +
+                                  ") killed by signal 9 (SIGKILL)"));
   EXPECT_THAT(p->err(), HasSubstr("restart 1 of 2 (DTRAIN_RESTART=1)"));
   // The restart resumed from a checkpoint (the metrics go on from a checkpointed step, not from step 1) ...
   auto steps = steps_written("faulty");

@@ -184,8 +184,9 @@ TEST(Facts, MismatchesNameTheNodeAndBothValues) {
   all[1].version = "0.2.0";
   auto m = check_facts(all);
   ASSERT_TRUE(m);
-  EXPECT_EQ(m->message, "node 1 (gpu02) runs dtrain 0.2.0 but node 0 (gpu01) runs dtrain 0.1.0: every node must run "
-                        "the same dtrain build");
+  EXPECT_EQ(m->message,
+            "node 1 (gpu02) runs dtrain 0.2.0 but node 0 (gpu01) runs dtrain 0.1.0: every node must run "
+            "the same dtrain build");
   EXPECT_EQ(m->exit_code, 2);
   all[1] = facts(1);
   all[1].nproc_per_node = 8;
@@ -208,8 +209,8 @@ TEST(Facts, MismatchesNameTheNodeAndBothValues) {
 
 TEST(PlanDigest, FromTheCommandOrTheEnvironment) {
   EXPECT_EQ(plan_digest_of({"dtexec", "train"}, ""), std::make_pair(std::string(), std::string()));
-  EXPECT_EQ(plan_digest_of({"dtexec", "--plan", "auto"}, "x.toml"), std::make_pair(std::string("auto"),
-                                                                                   std::string("--plan auto")));
+  EXPECT_EQ(plan_digest_of({"dtexec", "--plan", "auto"}, "x.toml"),
+            std::make_pair(std::string("auto"), std::string("--plan auto")));
   EXPECT_EQ(plan_digest_of({"dtexec", "--plan=auto"}, "").first, "auto");
   EXPECT_EQ(plan_digest_of({"dtexec"}, "auto").second, "DTRAIN_PLAN=auto");
   try {

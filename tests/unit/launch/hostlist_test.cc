@@ -27,7 +27,8 @@ TEST(Hostlist, SingleHost) { EXPECT_THAT(expand_hostlist("login2"), ElementsAre(
 TEST(Hostlist, Range) { EXPECT_THAT(expand_hostlist("n[1-4]"), ElementsAre("n1", "n2", "n3", "n4")); }
 
 TEST(Hostlist, PaddedRangesListsAndPlainHosts) {
-  EXPECT_THAT(expand_hostlist("gpu[001-003,007],login2"), ElementsAre("gpu001", "gpu002", "gpu003", "gpu007", "login2"));
+  EXPECT_THAT(expand_hostlist("gpu[001-003,007],login2"),
+              ElementsAre("gpu001", "gpu002", "gpu003", "gpu007", "login2"));
 }
 
 TEST(Hostlist, PaddingComesFromTheLowerBound) {

@@ -32,10 +32,14 @@ std::string error_of(const LaunchOptions& o, const Environment& env = {}) {
 }
 
 Environment slurm_step(const std::string& nodelist, int nnodes, int node_id) {
-  return {{"SLURM_JOB_ID", "4242"},        {"SLURM_STEP_ID", "0"},
-          {"SLURM_JOB_NODELIST", "x[1-9]"}, {"SLURM_STEP_NODELIST", nodelist},
-          {"SLURM_NNODES", "9"},            {"SLURM_STEP_NUM_NODES", std::to_string(nnodes)},
-          {"SLURM_NODEID", std::to_string(node_id)}, {"SLURM_STEP_NUM_TASKS", std::to_string(nnodes)}};
+  return {{"SLURM_JOB_ID", "4242"},
+          {"SLURM_STEP_ID", "0"},
+          {"SLURM_JOB_NODELIST", "x[1-9]"},
+          {"SLURM_STEP_NODELIST", nodelist},
+          {"SLURM_NNODES", "9"},
+          {"SLURM_STEP_NUM_NODES", std::to_string(nnodes)},
+          {"SLURM_NODEID", std::to_string(node_id)},
+          {"SLURM_STEP_NUM_TASKS", std::to_string(nnodes)}};
 }
 
 TEST(JobConfig, NprocAloneIsOneMachineOnLoopback) {
@@ -137,7 +141,8 @@ TEST(JobConfig, SlurmSingleNodeStaysOnLoopback) {
 
 TEST(JobConfig, SlurmErrors) {
   Environment env = slurm_step("n[1-3]", 4, 0);
-  EXPECT_THAT(error_of(options(), env), HasSubstr("SLURM_STEP_NODELIST=n[1-3] names 3 hosts but SLURM_STEP_NUM_NODES=4"));
+  EXPECT_THAT(error_of(options(), env),
+              HasSubstr("SLURM_STEP_NODELIST=n[1-3] names 3 hosts but SLURM_STEP_NUM_NODES=4"));
   env = slurm_step("n[1-4]", 4, 0);
   env["SLURM_STEP_NUM_TASKS"] = "8";
   EXPECT_THAT(error_of(options(), env), HasSubstr("run one dtlaunch per node (srun --ntasks-per-node=1)"));

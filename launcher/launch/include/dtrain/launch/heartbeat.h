@@ -42,11 +42,11 @@ inline constexpr std::size_t kMaxHeartbeatLineBytes = 256;
 struct HeartbeatMessage {
   enum class Kind { kBeat, kProgress, kUnknown };
   Kind kind = Kind::kUnknown;
-  std::uint64_t seq = 0;          // beat
-  std::int64_t step = 0;          // progress
-  std::int64_t total_steps = 0;   // progress; 0 when unknown
-  double loss = 0;                // progress
-  double tokens_per_s = 0;        // progress
+  std::uint64_t seq = 0;         // beat
+  std::int64_t step = 0;         // progress
+  std::int64_t total_steps = 0;  // progress; 0 when unknown
+  double loss = 0;               // progress
+  double tokens_per_s = 0;       // progress
 };
 
 // "beat 17\n".
@@ -91,7 +91,7 @@ class Heartbeat {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
-  bool broken_ = false;    // the agent's end is closed
+  bool broken_ = false;     // the agent's end is closed
   bool use_write_ = false;  // fd is not a socket (a pipe given by someone else): write(2) instead of send(2)
   std::uint64_t seq_ = 0;
   std::uint64_t sent_ = 0;

@@ -28,11 +28,11 @@ struct LaunchOptions {
   int nproc_per_node = 0;
   int max_restarts = 3;
   double heartbeat_timeout_s = 10;
-  double progress_timeout_s = 0;  // 0: off
-  double node_timeout_s = 5;      // another node's agent silent this long: the job fails
-  double stop_grace_s = 2;        // SIGTERM to SIGKILL when stopping ranks after a failure
-  double preempt_grace_s = 120;   // SIGTERM to SIGKILL when forwarding a preemption signal (ranks checkpoint)
-  double rdzv_timeout_s = 300;    // waiting for the store and for the other nodes
+  double progress_timeout_s = 0;   // 0: off
+  double node_timeout_s = 5;       // another node's agent silent this long: the job fails
+  double stop_grace_s = 2;         // SIGTERM to SIGKILL when stopping ranks after a failure
+  double preempt_grace_s = 120;    // SIGTERM to SIGKILL when forwarding a preemption signal (ranks checkpoint)
+  double rdzv_timeout_s = 300;     // waiting for the store and for the other nodes
   double progress_interval_s = 5;  // at most one progress line this often
   std::string run_dir;             // "" = none
   bool bind = true;                // apply the topology binding (CPU affinity, CUDA_VISIBLE_DEVICES, NCCL_IB_HCA)
@@ -58,8 +58,8 @@ struct JobConfig {
   // One machine, nothing given about a rendezvous: the store listens on 127.0.0.1 on a port the system picks, and
   // ranks talk over loopback.
   bool local = true;
-  std::string rdzv_host;         // the host node 0's store is reached at
-  std::string rdzv_host_origin;  // where rdzv_host came from, for messages: "--rdzv", "first host of SLURM_..."
+  std::string rdzv_host;             // the host node 0's store is reached at
+  std::string rdzv_host_origin;      // where rdzv_host came from, for messages: "--rdzv", "first host of SLURM_..."
   std::vector<std::uint16_t> ports;  // store port candidates: one when given, kPortTries under Slurm, {0} local
   bool slurm = false;
   std::string job_id;  // "slurm-<job>.<step>" or "local"

@@ -70,7 +70,7 @@ std::string local_address_towards(const std::string& address, std::uint16_t port
 // (comm) on timeout, naming the address, the ports and what each port said.
 std::unique_ptr<store::Client> find_store(const std::string& address, const std::vector<std::uint16_t>& ports,
                                           const store::Secret& secret, store::ClientOptions options,
-                                          std::chrono::milliseconds timeout,
-                                          const std::function<bool()>& keep_waiting, std::uint16_t* found_port);
+                                          std::chrono::milliseconds timeout, const std::function<bool()>& keep_waiting,
+                                          std::uint16_t* found_port);
 
 }  // namespace dtrain::launch
