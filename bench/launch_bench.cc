@@ -7,7 +7,9 @@
 //   rendezvous   the agent's rendezvous done (store up, facts checked)
 //   spawned      every rank forked and exec'ed
 //   alive        every rank's first heartbeat received
-//   met          every rank passed the store barrier and exited (the job's end)
+//   started      trivial ranks: the last rank printed that it passed the store barrier (every rank has met every
+//                other); dtexec: rank 0 printed that training starts (its rendezvous and set-up are done)
+//   ended        every rank exited (the job's end)
 //   wall         dtlaunch's whole run, exit included
 // With --dtexec PATH it also times tiny dtexec ranks (`dtexec train --model examples/models/tiny.toml --plan auto
 // --data synthetic --steps 1`) the same way: their time includes one training step.
@@ -48,6 +50,7 @@ int run_rank() {
   auto client = dtrain::store::Client::from_environment();
   client->barrier(std::string("bench/") + (run_id ? run_id : ""),
                   static_cast<std::uint32_t>(std::atoi(world ? world : "1")), std::chrono::milliseconds(60'000));
+  std::printf("met every rank\n");
   return 0;
 }
 
@@ -58,7 +61,7 @@ std::string self_path() {
 }
 
 struct Sample {
-  double rendezvous = 0, spawned = 0, alive = 0, met = 0, wall = 0;
+  double rendezvous = 0, spawned = 0, alive = 0, started = 0, ended = 0, wall = 0;
   int exit_code = 0;
 };
 
@@ -71,11 +74,14 @@ Sample run_once(const std::string& dtlaunch, int ranks, const std::vector<std::s
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // dtlaunch's output through a pipe, each line timed as it arrives.
+  int out[2];
+  if (pipe(out) != 0) std::exit(1);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  const std::string log = dir + "/dtlaunch.log";
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 2);
+  posix_spawn_file_actions_addclose(&actions, out[0]);
   pid_t pid = 0;
   const auto t0 = Clock::now();
   if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
@@ -83,9 +89,28 @@ Sample run_once(const std::string& dtlaunch, int ranks, const std::vector<std::s
     std::exit(1);
   }
   posix_spawn_file_actions_destroy(&actions);
+  close(out[1]);
+  Sample s;
+  std::string log, pending;
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(out[0], buf, sizeof buf)) > 0) {
+    const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+    pending.append(buf, static_cast<std::size_t>(n));
+    std::size_t nl;
+    while ((nl = pending.find('\n')) != std::string::npos) {
+      std::string line = pending.substr(0, nl);
+      pending.erase(0, nl + 1);
+      if (line.find("] met every rank") != std::string::npos) s.started = t;  // the last one wins
+      if (line.rfind("[rank 0] ", 0) == 0 && line.find("info train:") != std::string::npos && s.started == 0) {
+        s.started = t;
+      }
+      log += line + "\n";
+    }
+  }
+  close(out[0]);
   int status = 0;
   waitpid(pid, &status, 0);
-  Sample s;
   s.wall = std::chrono::duration<double>(Clock::now() - t0).count();
   s.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   std::ifstream events(dir + "/events-node0.jsonl");
@@ -97,14 +122,9 @@ Sample run_once(const std::string& dtlaunch, int ranks, const std::vector<std::s
     if (name == "rendezvous") s.rendezvous = t;
     if (name == "attempt") s.spawned = t;
     if (name == "ranks_alive") s.alive = t;
-    if (name == "end") s.met = t;
+    if (name == "end") s.ended = t;
   }
-  if (s.exit_code != 0) {
-    std::ifstream in(log);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::fprintf(stderr, "dtlaunch exited %d:\n%s\n", s.exit_code, ss.str().c_str());
-  }
+  if (s.exit_code != 0) std::fprintf(stderr, "dtlaunch exited %d:\n%s\n", s.exit_code, log.c_str());
   return s;
 }
 
@@ -141,18 +161,17 @@ int main(int argc, char** argv) {
   const std::string dir = (std::filesystem::temp_directory_path() / fmt::format("launch_bench.{}", getpid())).string();
   std::vector<std::pair<std::string, std::vector<std::string>>> programs{{"trivial", {self, "--rank"}}};
   if (!dtexec.empty()) {
-    const char* src = std::getenv("DTRAIN_SOURCE_DIR");
-    std::string model = std::string(src ? src : ".") + "/examples/models/tiny.toml";
+    std::string model = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny.toml";
     programs.push_back(
-        {"tiny dtexec",
+        {"dtexec auto",
          {dtexec, "train", "--model", model, "--plan", "auto", "--data", "synthetic", "--steps", "1", "--seed", "1"}});
   }
   std::printf(
       "dtlaunch start-up on this machine (%ld CPUs), %d runs each; seconds from dtlaunch's start, median "
       "[min-max]\n",
       sysconf(_SC_NPROCESSORS_ONLN), reps);
-  std::printf("%-12s %5s  %-22s %-22s %-22s %-22s %-22s\n", "program", "ranks", "rendezvous", "spawned", "alive",
-              "met (barrier, exit)", "wall");
+  std::printf("%-12s %5s  %-22s %-22s %-22s %-22s %-22s %-22s\n", "program", "ranks", "rendezvous", "spawned", "alive",
+              "started", "ended", "wall");
   int failures = 0;
   for (const auto& [name, command] : programs) {
     for (int n : rank_counts) {
@@ -163,7 +182,8 @@ int main(int argc, char** argv) {
         v["rendezvous"].push_back(s.rendezvous);
         v["spawned"].push_back(s.spawned);
         v["alive"].push_back(s.alive);
-        v["met"].push_back(s.met);
+        v["started"].push_back(s.started);
+        v["ended"].push_back(s.ended);
         v["wall"].push_back(s.wall);
       }
       auto cell = [&](const std::string& k) {
@@ -171,11 +191,14 @@ int main(int argc, char** argv) {
         return fmt::format("{:.3f} [{:.3f}-{:.3f}]", median(x), *std::min_element(x.begin(), x.end()),
                            *std::max_element(x.begin(), x.end()));
       };
-      std::printf("%-12s %5d  %-22s %-22s %-22s %-22s %-22s\n", name.c_str(), n, cell("rendezvous").c_str(),
-                  cell("spawned").c_str(), cell("alive").c_str(), cell("met").c_str(), cell("wall").c_str());
+      std::printf("%-12s %5d  %-22s %-22s %-22s %-22s %-22s %-22s\n", name.c_str(), n, cell("rendezvous").c_str(),
+                  cell("spawned").c_str(), cell("alive").c_str(), cell("started").c_str(), cell("ended").c_str(),
+                  cell("wall").c_str());
     }
   }
   std::filesystem::remove_all(dir);
-  std::printf("goal: 64 ranks rendezvous and start in under 3 s (the 'met' column)\n");
+  std::printf(
+      "goal: 64 ranks rendezvous and start in under 3 s (the 'started' column); 0 = not observed (no "
+      "heartbeats from dtexec yet)\n");
   return failures == 0 ? 0 : 1;
 }

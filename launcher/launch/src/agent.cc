@@ -543,10 +543,12 @@ struct Agent::Impl {
       if (auto m = compare_facts(facts, reference)) fail_job(m->message, m->exit_code);
     }
     std::vector<std::string> keys;
+    keys.reserve(job.nnodes);
     for (int node = 0; node < job.nnodes; ++node) keys.push_back(fmt::format("node/{}/facts", node));
     if (job.nnodes > 1) log::info(kSubsys, "waiting for the other {} nodes to join", job.nnodes - 1);
     wait_keys(keys, fmt::format("all {} nodes to join", job.nnodes));
     std::vector<NodeFacts> all;
+    all.reserve(keys.size());
     for (const auto& k : keys) all.push_back(NodeFacts::from_json(client->get(k), k));
     for (int node = 0; node < job.nnodes; ++node) joined_nodes.push_back(node);
     if (auto m = check_facts(all)) fail_job(m->message, m->exit_code);
@@ -1002,6 +1004,7 @@ struct Agent::Impl {
     }
     client->set(fmt::format("attempt/{}/ready/{}", attempt, job.node_rank), "1");
     std::vector<std::string> ready;
+    ready.reserve(job.nnodes);
     for (int node = 0; node < job.nnodes; ++node) ready.push_back(fmt::format("attempt/{}/ready/{}", attempt, node));
     wait_keys(ready, job.nnodes > 1 ? fmt::format("all nodes to be ready for attempt {}", attempt) : "the store");
 

@@ -68,9 +68,10 @@ std::vector<std::uint16_t> derived_ports(std::string_view job_id, std::string_vi
   mix(job_id);
   mix(".");
   mix(step_id);
-  const std::uint64_t slots = static_cast<std::uint64_t>(kPortRangeLast - kPortRangeFirst + 1 - kPortTries + 1);
+  const std::uint64_t slots = std::uint64_t{kPortRangeLast} - kPortRangeFirst + 1 - kPortTries + 1;
   auto base = static_cast<std::uint16_t>(kPortRangeFirst + h % slots);
   std::vector<std::uint16_t> ports;
+  ports.reserve(kPortTries);
   for (int i = 0; i < kPortTries; ++i) ports.push_back(static_cast<std::uint16_t>(base + i));
   return ports;
 }

@@ -27,8 +27,8 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 }  // namespace
 
-NodeMonitor::NodeMonitor(store::Endpoint endpoint, store::Secret secret, MonitorOptions options)
-    : endpoint_(std::move(endpoint)), secret_(std::move(secret)), options_(options) {
+NodeMonitor::NodeMonitor(store::Endpoint endpoint, const store::Secret& secret, MonitorOptions options)
+    : endpoint_(std::move(endpoint)), secret_(secret), options_(options) {
   store::ClientOptions client_options;
   // Reconnecting to a store that has gone must not hold up the beats for long: node 0's agent is either there or
   // refusing connections at once.

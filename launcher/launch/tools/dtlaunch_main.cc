@@ -15,7 +15,9 @@
 #include "dtrain/launch/agent.h"
 #include "dtrain/launch/job_config.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   using namespace dtrain;
   using namespace dtrain::launch;
   LaunchOptions o;
@@ -96,5 +98,16 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtlaunch: internal error: %s\n", e.what());
     return static_cast<int>(ExitCode::kFailure);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dtlaunch: internal error: %s\n", e.what());
+    return static_cast<int>(dtrain::ExitCode::kFailure);
   }
 }

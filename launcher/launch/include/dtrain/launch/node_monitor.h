@@ -45,7 +45,7 @@ struct MonitorOptions {
 class NodeMonitor {
  public:
   // Connects its own client (may throw dtrain::Error (comm)) and starts the thread.
-  NodeMonitor(store::Endpoint endpoint, store::Secret secret, MonitorOptions options);
+  NodeMonitor(store::Endpoint endpoint, const store::Secret& secret, MonitorOptions options);
   ~NodeMonitor();
   NodeMonitor(const NodeMonitor&) = delete;
   NodeMonitor& operator=(const NodeMonitor&) = delete;
