@@ -223,7 +223,6 @@ struct Agent::Impl {
   std::vector<int> joined_nodes;  // nodes whose facts were seen (they say goodbye at the end)
   std::set<int> lost_nodes;
   double heartbeat_interval_s = 1;
-  bool signals_installed = false;
   bool rendezvous_done = false;
 
   // The current attempt.
@@ -263,7 +262,6 @@ struct Agent::Impl {
     sa.sa_flags = SA_RESTART;
     for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) ::sigaction(sig, &sa, nullptr);
     ::signal(SIGPIPE, SIG_IGN);  // a closed terminal or pipe must not kill the agent (and with it every rank)
-    signals_installed = true;
     // Orphaned descendants of ranks (a rank's child that outlived it) are re-parented to the agent, which reaps them
     // and kills them in its final sweep.
     ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
@@ -304,6 +302,15 @@ struct Agent::Impl {
         plan_digest_of(job.options.command, env.count("DTRAIN_PLAN") ? env.at("DTRAIN_PLAN") : "");
     setup_binding();
     heartbeat_interval_s = std::min(1.0, job.options.heartbeat_timeout_s / 5.0);
+    if (auto it = env.find(kHeartbeatIntervalEnv); it != env.end() && !it->second.empty()) {
+      auto v = parse_double(it->second);
+      if (v && *v * 2 > job.options.heartbeat_timeout_s) {
+        log::warn(kSubsys,
+                  "{}={} is more than half of --heartbeat-timeout {}: a rank may be declared dead between "
+                  "two beats",
+                  kHeartbeatIntervalEnv, it->second, job.options.heartbeat_timeout_s);
+      }
+    }
 
     // The store: node 0 hosts it, everyone (node 0 included) reaches it at the same address.
     const auto rdzv_timeout = to_ms(job.options.rdzv_timeout_s);
@@ -317,7 +324,8 @@ struct Agent::Impl {
     if (job.node_rank == 0) start_store();
     store::ClientOptions client_options;
     client_options.connect_timeout = std::min(to_ms(job.options.node_timeout_s), milliseconds(10'000));
-    client_options.timeout = milliseconds(60'000);
+    // Every call of the agent is small: a store that does not answer within this is gone (the monitor says so too).
+    client_options.timeout = std::max(milliseconds(10'000), 2 * to_ms(job.options.node_timeout_s));
     if (job.node_rank == 0) {
       try {
         client =
