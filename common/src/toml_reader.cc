@@ -253,6 +253,14 @@ std::optional<std::string> TableReader::get_choice(std::string_view key, const s
 
 void TableReader::allow(std::string_view key) { asked_.emplace(key); }
 
+void TableReader::check_format(std::int64_t supported, bool required) {
+  auto version = get_int("format");
+  if (!version && required) fail("format", "required key is missing: is this a dtrain file?");
+  if (version && *version != supported) {
+    fail("format", fmt::format("unsupported format version (this dtrain reads format = {})", supported));
+  }
+}
+
 void TableReader::reject_unknown() const {
   std::vector<std::string> known(asked_.begin(), asked_.end());
   for (const auto& [k, v] : *table_) {

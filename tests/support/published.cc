@@ -69,24 +69,34 @@ model::ModelDescription published_gpt(const std::string& name, int layers, int h
   return d;
 }
 
+namespace {
+
+// The model and the pinned layout of a row (both tables share these columns); dp from the row when it has one.
+PublishedRow row_base(const std::map<std::string, std::string>& row, int dp) {
+  PublishedRow r;
+  r.name = row.at("model");
+  r.global_batch = static_cast<std::int64_t>(num(row, "global_batch"));
+  r.model = published_gpt(r.name, static_cast<int>(num(row, "layers")), static_cast<int>(num(row, "hidden")),
+                          static_cast<int>(num(row, "heads")), r.global_batch);
+  auto& c = r.layout;
+  c.tp = static_cast<int>(num(row, "tp"));
+  c.pp = static_cast<int>(num(row, "pp"));
+  c.vpp = static_cast<int>(num(row, "vpp"));
+  c.dp = dp;
+  c.micro_batch = static_cast<int>(num(row, "micro_batch"));
+  c.recompute = plan::Recompute::kFull;
+  c.schedule = c.vpp > 1 ? plan::Schedule::kInterleaved : plan::Schedule::k1F1B;
+  c.num_microbatches = static_cast<int>(r.global_batch / (c.micro_batch * c.dp));
+  r.gpus = static_cast<int>(num(row, "gpus"));
+  return r;
+}
+
+}  // namespace
+
 std::vector<PublishedRow> megatron_table1(const std::string& path) {
   std::vector<PublishedRow> out;
   for (const auto& row : read_csv(path)) {
-    PublishedRow r;
-    r.name = row.at("model");
-    r.global_batch = static_cast<std::int64_t>(num(row, "global_batch"));
-    r.model = published_gpt(r.name, static_cast<int>(num(row, "layers")), static_cast<int>(num(row, "hidden")),
-                            static_cast<int>(num(row, "heads")), r.global_batch);
-    auto& c = r.layout;
-    c.tp = static_cast<int>(num(row, "tp"));
-    c.pp = static_cast<int>(num(row, "pp"));
-    c.vpp = static_cast<int>(num(row, "vpp"));
-    c.dp = static_cast<int>(num(row, "dp"));
-    c.micro_batch = static_cast<int>(num(row, "micro_batch"));
-    c.recompute = plan::Recompute::kFull;
-    c.schedule = c.vpp > 1 ? plan::Schedule::kInterleaved : plan::Schedule::k1F1B;
-    c.num_microbatches = static_cast<int>(r.global_batch / (c.micro_batch * c.dp));
-    r.gpus = static_cast<int>(num(row, "gpus"));
+    PublishedRow r = row_base(row, static_cast<int>(num(row, "dp")));
     r.iter_s = num(row, "iter_s");
     r.tflops_per_gpu = num(row, "tflops_per_gpu");
     out.push_back(r);
@@ -97,21 +107,7 @@ std::vector<PublishedRow> megatron_table1(const std::string& path) {
 std::vector<PublishedRow> korthikanti_table5(const std::string& path) {
   std::vector<PublishedRow> out;
   for (const auto& row : read_csv(path)) {
-    PublishedRow r;
-    r.name = row.at("model");
-    r.global_batch = static_cast<std::int64_t>(num(row, "global_batch"));
-    r.model = published_gpt(r.name, static_cast<int>(num(row, "layers")), static_cast<int>(num(row, "hidden")),
-                            static_cast<int>(num(row, "heads")), r.global_batch);
-    auto& c = r.layout;
-    c.tp = static_cast<int>(num(row, "tp"));
-    c.pp = static_cast<int>(num(row, "pp"));
-    c.vpp = static_cast<int>(num(row, "vpp"));
-    c.dp = 1;
-    c.micro_batch = static_cast<int>(num(row, "micro_batch"));
-    c.recompute = plan::Recompute::kFull;
-    c.schedule = c.vpp > 1 ? plan::Schedule::kInterleaved : plan::Schedule::k1F1B;
-    c.num_microbatches = static_cast<int>(r.global_batch / c.micro_batch);
-    r.gpus = static_cast<int>(num(row, "gpus"));
+    PublishedRow r = row_base(row, 1);  // data-parallel size 1 in every row
     r.iter_s = num(row, "iter_s_full");
     r.iter_s_selective = num(row, "iter_s_selective");
     r.mem_params_opt_gib = num(row, "mem_params_opt_gib");

@@ -158,9 +158,7 @@ ClusterSpec parse_cluster(const TomlDocument& doc) { return parse_cluster_tables
 ClusterSpec parse_cluster_tables(TableReader root) {
   ClusterSpec spec;
   spec.source = root.file();
-  if (auto version = root.get_int("format"); version && *version != 1) {
-    root.fail("format", "unsupported format version (this dtrain reads format = 1)");
-  }
+  root.check_format(1);
   auto cluster = root.table("cluster");
   auto node = root.table("node");
   auto gpu = root.table("gpu");

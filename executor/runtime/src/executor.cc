@@ -372,7 +372,7 @@ struct Executor::Impl {
       }
       return;
     }
-    LayerState& ls = st.layers[static_cast<std::size_t>(l - chunk_first(in, st))];
+    LayerState& ls = st.layers[static_cast<std::size_t>(l - current_first_layer)];
     if (op == "attn.norm") {
       ls.x = cur;
       norm_forward(L(l, "attn.norm"), ls.x, ls.y1, ls.n1a, ls.n1b);
@@ -443,8 +443,7 @@ struct Executor::Impl {
     return &drop;
   }
 
-  int chunk_first(const Instr& /*in*/, const ChunkState& /*st*/) const { return current_first_layer; }
-  int current_first_layer = 0;
+  int current_first_layer = 0;  // first layer of the chunk being run
 
   // A linear layer's backward: input gradient (pass bwd / bwd_i) and weight gradient (bwd / bwd_w).
   void linear_backward(const Instr& in, LayerState* ls, ChunkState& st, Tensor& cur, std::int64_t in_features,
@@ -678,7 +677,7 @@ struct Executor::Impl {
     }
     if (in.op == Opcode::kForward) {
       if (!ci->head) outgoing[{static_cast<int>(What::kActivation), in.chunk, in.mb}] = std::move(cur);
-      free_recomputed(st, *ci);
+      free_recomputed(st);
       cur.clear();
       return;
     }
@@ -695,7 +694,7 @@ struct Executor::Impl {
   // Recomputation: a layer's forward again from its saved input (full), or the attention core (selective).
   void recompute_op(const Instr& op, ChunkState& st) {
     LayerState& ls = st.layers[static_cast<std::size_t>(op.layer - current_first_layer)];
-    if (op.name == "attn.core" && !recomputing_layer(op)) {
+    if (op.name == "attn.core" && !recomputing) {
       forward_op(op, st, st.rcur, true);
       return;
     }
@@ -707,12 +706,10 @@ struct Executor::Impl {
       st.rcur.clear();
     }
   }
-  bool recomputing_layer(const Instr&) const { return recomputing; }
 
   // With full recomputation a layer keeps only its input between forward and backward; selective keeps everything
   // the attention core's backward needs but recomputes it (the CPU kernel keeps no score matrix anyway).
-  void free_recomputed(ChunkState& st, const ir::ChunkInfo&) {
-    if (md.training.global_batch < 0) return;
+  void free_recomputed(ChunkState& st) {
     if (plan_recompute_full) {
       for (auto& ls : st.layers) {
         Tensor x = std::move(ls.x);

@@ -179,13 +179,14 @@ class Run {
     check_data(result.first_step);
     if (world_.rank() == 0) {
       log::info("train", "plan {}: {}; data {}; steps {}..{}", plan_.digest.substr(0, 12), plan_.config.summary(),
-                data_->describe(), result.first_step + 1, result.first_step + o_.steps);
+                data_->describe(), result.first_step + 1, o_.steps);
+      if (result.first_step >= o_.steps) log::info("train", "the checkpoint is at step {}: nothing left to do", result.first_step);
     }
     std::ofstream metrics = open_metrics(result.first_step > 0);
     std::vector<ir::Slice> trace;
     auto run_start = std::chrono::steady_clock::now();
     std::int64_t last_saved = result.first_step;
-    for (std::int64_t s = result.first_step; s < result.first_step + o_.steps; ++s) {
+    for (std::int64_t s = result.first_step; s < o_.steps; ++s) {
       auto step_start = std::chrono::steady_clock::now();
       StepMetrics sm = executor_->run_step(s);
       result.steps.push_back(sm);
@@ -198,7 +199,7 @@ class Run {
       if (!o_.dump_gradients_dir.empty() && s == result.first_step) dump_gradients();
       bool stop = agree_on_stop();
       bool periodic = o_.checkpoint_every > 0 && (s + 1) % o_.checkpoint_every == 0;
-      bool last = s + 1 == result.first_step + o_.steps;
+      bool last = s + 1 == o_.steps;
       if (!o_.checkpoint_dir.empty() && (periodic || stop || last)) {
         save_checkpoint(s + 1);
         last_saved = s + 1;
@@ -221,13 +222,13 @@ class Run {
   }
 
   void check_data(std::int64_t first_step) {
-    std::int64_t needed = (first_step + o_.steps) * plan_.inputs.global_batch;
+    std::int64_t needed = o_.steps * plan_.inputs.global_batch;
     std::int64_t have = data_->samples(model_.model.seq_len);
     if (have < needed) {
       throw Error(ErrorCategory::kInput, ExitCode::kDataExhausted,
                   fmt::format("{}: holds {} samples of {} tokens, but steps {}..{} with a global batch of {} need {} "
                               "(use fewer --steps, more --epochs, or more data)",
-                              data_->describe(), have, model_.model.seq_len, first_step + 1, first_step + o_.steps,
+                              data_->describe(), have, model_.model.seq_len, first_step + 1, o_.steps,
                               plan_.inputs.global_batch, needed));
     }
   }

@@ -75,9 +75,7 @@ ModelDescription parse_model(const TomlDocument& doc) { return parse_model_table
 ModelDescription parse_model_tables(TableReader root) {
   ModelDescription desc;
   desc.source = root.file();
-  if (auto version = root.get_int("format"); version && *version != 1) {
-    root.fail("format", "unsupported format version (this dtrain reads format = 1)");
-  }
+  root.check_format(1);
   auto model_table = root.table("model");
   auto training_table = root.table("training");
   root.reject_unknown();

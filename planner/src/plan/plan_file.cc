@@ -146,9 +146,7 @@ Plan parse_plan(const std::string& text, const std::string& name) {
   auto doc = TomlDocument::parse_string(text, name);
   TableReader root = doc.root();
   Plan p;
-  auto format = root.get_int("format");
-  if (!format) root.fail("format", "required key is missing: is this a dtrain plan file?");
-  if (*format != 1) root.fail("format", "unsupported plan format (this dtrain reads format = 1)");
+  root.check_format(1, /*required=*/true);
   p.dtrain_version = root.require_string("dtrain_version");
   p.digest = root.require_string("digest");
   auto inputs = root.table("inputs");

@@ -105,7 +105,7 @@ TEST(DtexecProcesses, ResumeAtStepTenIsBitwiseTheUninterruptedRun) {
   expect_ok(run_dtexec_job(first));
   ASSERT_TRUE(fs::exists(ckpt + "/step-00000010/metadata.json"));
   JobOptions second = first;
-  second.args = train_args(dir.path("part.jsonl"), 10, fix);
+  second.args = train_args(dir.path("part.jsonl"), 20, fix);
   second.args.insert(second.args.end(), {"--deterministic", "--checkpoint-dir", ckpt, "--resume"});
   expect_ok(run_dtexec_job(second));
   std::vector<std::string> a = loss_texts(dir.path("full.jsonl")), b = loss_texts(dir.path("part.jsonl"));
@@ -128,7 +128,7 @@ TEST(DtexecProcesses, CheckpointFromOneLayoutResumesInAnother) {
   expect_ok(run_dtexec_job(first));
   JobOptions second;
   second.world = 2;
-  second.args = train_args(dir.path("part.jsonl"), 10, "dp=1,tp=2,pp=1");
+  second.args = train_args(dir.path("part.jsonl"), 20, "dp=1,tp=2,pp=1");
   second.args.insert(second.args.end(), {"--checkpoint-dir", ckpt, "--resume"});
   expect_ok(run_dtexec_job(second));
   std::vector<double> a = loss_values(dir.path("full.jsonl")), b = loss_values(dir.path("part.jsonl"));
@@ -156,7 +156,7 @@ TEST(DtexecProcesses, CorruptShardFallsBackToThePreviousCheckpoint) {
     f.write(&c, 1);
   }
   JobOptions second = first;
-  second.args = train_args(dir.path("resumed.jsonl"), 2, "dp=1,tp=1,pp=2");
+  second.args = train_args(dir.path("resumed.jsonl"), 7, "dp=1,tp=1,pp=2");
   second.args.insert(second.args.end(), {"--checkpoint-dir", ckpt, "--resume"});
   auto ranks = run_dtexec_job(second);
   expect_ok(ranks);

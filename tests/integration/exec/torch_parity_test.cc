@@ -29,6 +29,7 @@ TEST(TorchParity, TinyLlamaLossGradientsAndAdamW) {
   auto r1 = run_dtexec_job(first);
   ASSERT_EQ(r1[0].exit_code, 0) << r1[0].log;
   JobOptions second = first;
+  second.args[6] = "10";  // --steps: train until step 10
   second.args.insert(second.args.end(), {"--resume", "--dump-gradients", grads});
   auto r2 = run_dtexec_job(second);
   ASSERT_EQ(r2[0].exit_code, 0) << r2[0].log;

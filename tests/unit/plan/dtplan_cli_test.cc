@@ -193,6 +193,38 @@ TEST(DtplanCli, PlansFromADiscoveredTopologyAndSaysWhatWasObserved) {
   EXPECT_EQ(no_gpu.exit_code, 2) << no_gpu.err;
 }
 
+// Every Table 1 setting planned freely: the chosen layout is predicted no slower than the published one, and when tp
+// or pp differ the report quantifies why, category by category.
+TEST(DtplanCli, EveryTable1SettingExplainsItsDifferenceFromThePublishedLayout) {
+  struct Row {
+    const char* model;
+    int gpus;
+    const char* published;
+  };
+  const Row rows[] = {
+      {"megatron-1.7b", 32, "tp=1,pp=1,vpp=1,micro_batch=16"},  {"megatron-3.6b", 64, "tp=2,pp=1,vpp=1,micro_batch=16"},
+      {"megatron-7.5b", 128, "tp=4,pp=1,vpp=1,micro_batch=16"}, {"megatron-18b", 256, "tp=8,pp=1,vpp=1,micro_batch=8"},
+      {"megatron-39b", 512, "tp=8,pp=2,vpp=1,micro_batch=4"},   {"megatron-76b", 1024, "tp=8,pp=4,vpp=3,micro_batch=2"},
+      {"megatron-145b", 1536, "tp=8,pp=8,vpp=2,micro_batch=2"}, {"megatron-310b", 1920, "tp=8,pp=16,vpp=2,micro_batch=1"},
+      {"megatron-530b", 2520, "tp=8,pp=35,vpp=3,micro_batch=1"}, {"megatron-1t", 3072, "tp=8,pp=64,vpp=1,micro_batch=1"},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.model);
+    std::string spec = std::string(row.published) + ",recompute=full,sequence_parallel=false,distributed_optimizer=false";
+    Result r = run("explain --json --model " + kRoot + "/examples/models/" + row.model + ".toml --cluster " + kDgx +
+                   " --gpus " + std::to_string(row.gpus) + " --compare " + spec);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_TRUE(j["compare"]["feasible"].get<bool>());
+    EXPECT_GE(j["compare"]["relative"].get<double>(), 0.0);  // chosen no slower than published
+    bool differs = j["config"]["tp"] != j["compare"]["config"]["tp"] || j["config"]["pp"] != j["compare"]["config"]["pp"];
+    if (differs) {
+      // "+12.3% (+1.23 s): recompute +0.9 s, bubble +0.3 s": the categories that make the difference.
+      EXPECT_THAT(j["compare"]["difference"].get<std::string>(), ::testing::MatchesRegex(R"(\+[0-9.]+% .*: .* [+-][0-9.e+-]+ s.*)"));
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Bad input: each case names the file, the line and the key, and exits 2.
 

@@ -99,7 +99,7 @@ TEST(PlanFile, MissingFileAndWrongFormat) {
     parse_plan("format = 2\n", "p.toml");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("p.toml:1: format = 2: unsupported plan format"));
+    EXPECT_THAT(e.what(), HasSubstr("p.toml:1: format = 2: unsupported format version"));
   }
 }
 

@@ -72,6 +72,9 @@ class TableReader {
 
   // Marks a key as valid without reading it (for keys read through another path).
   void allow(std::string_view key);
+  // The optional `format = N` version key of a dtrain file: throws unless it is absent or equal to `supported`.
+  // With `required`, absence is an error too.
+  void check_format(std::int64_t supported, bool required = false);
   // Throws for the first key in the table that was never asked for, with a suggestion.
   void reject_unknown() const;
 

@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
   train->add_option("--fix", o.fixed, "Pinned dimensions for --plan auto, as in dtplan --fix");
   train->add_option("--data", o.data, "Token file (dtexec tokenize), or 'synthetic'");
   train->add_option("--epochs", o.epochs, "Read the token file this many times");
-  train->add_option("--steps", o.steps, "Optimizer steps to run")->required();
+  train->add_option("--steps", o.steps, "Train until this step (a resumed run continues from its checkpoint)")->required();
   train->add_option("--seed", o.seed, "Seed of the initial weights and dropout");
   train->add_option("--checkpoint-dir", o.checkpoint_dir, "Directory of checkpoints (one step-N directory each)");
   train->add_option("--checkpoint-every", o.checkpoint_every, "Write a checkpoint every K steps");

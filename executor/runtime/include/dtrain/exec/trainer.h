@@ -33,6 +33,8 @@ struct TrainOptions {
   std::vector<std::string> fixed;   // --fix for plan auto
   std::string data = "synthetic";   // "synthetic" or a token file
   int epochs = 1;
+  // The step to train until (a total, not a count of this run's steps): a resumed run continues from its
+  // checkpoint's step up to this one, so a restarted job with the same command ends where the first would have.
   std::int64_t steps = 1;
   std::uint64_t seed = 1;
   std::string checkpoint_dir;
