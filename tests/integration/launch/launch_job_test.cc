@@ -202,20 +202,10 @@ class DtexecJobTest : public LaunchTest {
     std::snprintf(name, sizeof name, "step-%08d", step);
     return name;
   }
-  // After a restart the job must end where the uninterrupted run ends. dtexec's --steps counts the steps of one run
-  // (from the resume point), so a restarted job with an unchanged command line goes on past the last step: that is
-  // dtexec's to fix (a total step count, or --steps as the last step when resuming); until then this says so.
+  // After a restart the job ends where the uninterrupted run ends (dtexec's --steps is the step to train until).
   static void expect_job_ends_at_the_last_step(const std::map<int, std::string>& got) {
     ASSERT_FALSE(got.empty());
-    const int last = got.rbegin()->first;
-    if (last > kSteps) {
-      GTEST_SKIP() << "WAITING on dtexec: every step up to " << kSteps << " matched the uninterrupted run bitwise, "
-                   << "but the restarted run went on to step " << last << ": dtexec's --steps counts the steps of "
-                   << "each run from its resume point, so a job restarted by dtlaunch with the same command line "
-                   << "overshoots; --steps must mean the last step (or a --total-steps must exist) for the final "
-                   << "loss to equal the uninterrupted run's";
-    }
-    EXPECT_EQ(last, kSteps);
+    EXPECT_EQ(got.rbegin()->first, kSteps) << "the restarted job did not end at the uninterrupted run's last step";
   }
   // The uninterrupted run's losses (computed once per test: the runs are deterministic).
   std::map<int, std::string> reference() {
@@ -284,7 +274,7 @@ TEST_F(DtexecJobTest, StoppedRankIsDetectedByItsHeartbeatsAndRestarted) {
   expect_job_ends_at_the_last_step(got);
 }
 
-TEST_F(DtexecJobTest, PreemptedJobCheckpointsCleanly) {
+TEST_F(DtexecJobTest, PreemptedJobCheckpointsCleanlyAndResumesBitwise) {
   const auto expected = reference();
   // No periodic checkpoint: the one written on SIGTERM is the only one.
   auto p = launch_dtexec("preempted", {"--nproc", "4"}, 1000);
@@ -295,12 +285,20 @@ TEST_F(DtexecJobTest, PreemptedJobCheckpointsCleanly) {
   auto exits = events_named_in("preempted", "rank_exit");
   ASSERT_EQ(exits.size(), 4u);
   for (const auto& e : exits) EXPECT_EQ(e["exit_code"], 10) << e.dump();
+  EXPECT_TRUE(events_named_in("preempted", "decision").empty()) << "a preempted job must not restart";
   const int stopped_at = steps_written("preempted").back();
   EXPECT_LT(stopped_at, kSteps);
   EXPECT_TRUE(std::filesystem::exists(dir() + "/preempted.ckpt/" + fmt_step(stopped_at) + "/metadata.json"))
       << "no complete checkpoint of step " << stopped_at;
-  EXPECT_EQ(differences(losses("preempted"), up_to(expected, stopped_at)), "");
-  EXPECT_FALSE(events_named_in("preempted", "decision").size() > 0) << "a preempted job must not restart";
+  // The job submitted again (as Slurm requeues it) resumes from that checkpoint and ends as if never stopped.
+  auto again = launch_dtexec("preempted", {"--nproc", "4"}, 1000);
+  ASSERT_EQ(again->wait(120s), 0) << again->err();
+  auto steps = steps_written("preempted");
+  auto resumed = std::adjacent_find(steps.begin(), steps.end(), [](int a, int b) { return b <= a; });
+  EXPECT_EQ(resumed, steps.end()) << "steps were repeated: the resumed job did not start after the checkpoint";
+  auto got = losses("preempted");
+  EXPECT_EQ(differences(got, expected), "");
+  expect_job_ends_at_the_last_step(got);
 }
 
 }  // namespace
