@@ -14,7 +14,9 @@
 #include <csignal>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -110,8 +112,7 @@ class GlooCommunicator final : public Communicator {
       if (send != recv) std::memcpy(recv, send, count * sizeof(float));
       return;
     }
-    call_gloo("ring all-reduce", [&] {
-      gloo::AllreduceOptions opts(context_);
+    run_quarantined<gloo::AllreduceOptions>("ring all-reduce", [&](gloo::AllreduceOptions& opts) {
       if (send != recv) opts.setInput(const_cast<float*>(send), count);  // Gloo only reads the input
       opts.setOutput(recv, count);
       opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
@@ -128,8 +129,7 @@ class GlooCommunicator final : public Communicator {
       if (send != recv) std::memcpy(recv, send, count * sizeof(float));
       return;
     }
-    call_gloo("ring all-gather", [&] {
-      gloo::AllgatherOptions opts(context_);
+    run_quarantined<gloo::AllgatherOptions>("ring all-gather", [&](gloo::AllgatherOptions& opts) {
       if (send != recv + offset) opts.setInput(const_cast<float*>(send), count);  // else in place
       opts.setOutput(recv, count * static_cast<std::size_t>(size()));
       opts.setTag(next_tag_++);
@@ -143,14 +143,19 @@ class GlooCommunicator final : public Communicator {
       if (send != recv) std::memcpy(recv, send, count * sizeof(float));
       return;
     }
-    call_gloo("ring reduce-scatter",
-              [&] { detail::ring_reduce_scatter(context_, send, recv, count, op, next_tag_++, timeout_); });
+    try {
+      call_gloo("ring reduce-scatter", [&] {
+        detail::ring_reduce_scatter(context_, send, recv, count, op, next_tag_++, timeout_, quarantine_);
+      });
+    } catch (...) {
+      do_abort();  // as in run_quarantined
+      throw;
+    }
   }
 
   void do_broadcast(float* buffer, std::size_t count, int root) override {
     if (size() == 1) return;
-    call_gloo("broadcast", [&] {
-      gloo::BroadcastOptions opts(context_);
+    run_quarantined<gloo::BroadcastOptions>("broadcast", [&](gloo::BroadcastOptions& opts) {
       opts.setOutput(buffer, count);  // in place on every rank, the root included
       opts.setRoot(root);
       opts.setTag(next_tag_++);
@@ -161,8 +166,7 @@ class GlooCommunicator final : public Communicator {
 
   void do_barrier() override {
     if (size() == 1) return;
-    call_gloo("barrier", [&] {
-      gloo::BarrierOptions opts(context_);
+    run_quarantined<gloo::BarrierOptions>("barrier", [&](gloo::BarrierOptions& opts) {
       opts.setTag(next_tag_++);
       opts.setTimeout(timeout_);
       gloo::barrier(opts);
@@ -180,6 +184,25 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
+  // Runs one Gloo collective on an options object (and so unbound buffers) that outlives a failure: see
+  // detail::Quarantine. A failure closes the connections (do_abort): that makes the peers fail fast, and it takes
+  // each pair's lock, which the device thread holds while it writes into or signals a buffer, so once the caller
+  // sees the error no Gloo thread touches its memory any more.
+  template <typename Options, typename Fn>
+  void run_quarantined(std::string_view what, Fn&& fn) {
+    auto opts = std::make_shared<Options>(context_);
+    try {
+      call_gloo(what, [&] { fn(*opts); });
+    } catch (...) {
+      quarantine_.push_back(std::move(opts));
+      do_abort();
+      throw;
+    }
+  }
+
+  // Declared first, so destroyed last: after the context and the device (whose destructor joins the thread that
+  // may still touch these).
+  detail::Quarantine quarantine_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   gloo::rendezvous::Store& store_;
@@ -211,21 +234,35 @@ void GlooCommunicator::do_group(std::span<const P2POp> ops) {
     const P2POp* op;
     std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
   };
-  std::vector<Pending> pending;
+  auto pending_ptr = std::make_shared<std::vector<Pending>>();
+  std::vector<Pending>& pending = *pending_ptr;
+  pending.reserve(ops.size());
   const P2POp* current = nullptr;
+  // On failure, whatever is thrown, the buffers go to the quarantine and the connections are closed (see
+  // run_quarantined).
+  struct OnThrow {
+    GlooCommunicator& self;
+    std::shared_ptr<std::vector<Pending>>& pending;
+    int uncaught = std::uncaught_exceptions();
+    ~OnThrow() {
+      if (std::uncaught_exceptions() > uncaught) {
+        self.quarantine_.push_back(std::move(pending));
+        self.do_abort();
+      }
+    }
+  } on_throw{*this, pending_ptr};
   try {
     for (const P2POp& op : ops) {
       if (op.peer == me) continue;
       current = &op;
       void* data = op.count > 0 ? static_cast<void*>(op.buffer) : static_cast<void*>(&empty_);
-      auto buffer = context_->createUnboundBuffer(data, op.count * sizeof(float));
+      pending.push_back({&op, context_->createUnboundBuffer(data, op.count * sizeof(float))});
       const std::uint64_t slot = (detail::kP2PSlotPrefix << 56) | op.tag;
       if (op.kind == P2POp::Kind::kSend) {
-        buffer->send(op.peer, slot);
+        pending.back().buffer->send(op.peer, slot);
       } else {
-        buffer->recv(op.peer, slot);
+        pending.back().buffer->recv(op.peer, slot);
       }
-      pending.push_back({&op, std::move(buffer)});
     }
     for (Pending& p : pending) {
       current = p.op;
@@ -264,8 +301,7 @@ std::unique_ptr<Communicator> GlooCommunicator::do_split(int color, int key, std
   if (n == 1) {
     all.assign(mine, mine + 2);
   } else {
-    call_gloo("exchanging colors and keys", [&] {
-      gloo::AllgatherOptions opts(context_);
+    run_quarantined<gloo::AllgatherOptions>("exchanging colors and keys", [&](gloo::AllgatherOptions& opts) {
       opts.setInput(mine, 2);
       opts.setOutput(all.data(), all.size());
       opts.setTag(next_tag_++);

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "dtrain/comm/communicator.h"
 
@@ -20,7 +21,13 @@ inline constexpr std::uint64_t kReduceScatterSlotPrefix = 0x41;
 // recv (count floats) = op over ranks of block rank of send (size * count floats). In place when
 // recv == send + rank * count. Requires size >= 2 and count >= 1. Throws what Gloo throws (gloo::IoException on a
 // timeout or a dead peer).
+//
+// Gloo 0.5's device thread may still touch an unbound buffer (and the memory under it) after a wait on it has thrown:
+// a pair that breaks signals every buffer still registered with it. So on failure the operation's buffers are not
+// destroyed but handed to `quarantine`, which the communicator keeps until its device is gone.
+using Quarantine = std::vector<std::shared_ptr<void>>;
 void ring_reduce_scatter(const std::shared_ptr<gloo::Context>& context, const float* send, float* recv,
-                         std::size_t count, ReduceOp op, std::uint32_t tag, std::chrono::milliseconds timeout);
+                         std::size_t count, ReduceOp op, std::uint32_t tag, std::chrono::milliseconds timeout,
+                         Quarantine& quarantine);
 
 }  // namespace dtrain::comm::detail
