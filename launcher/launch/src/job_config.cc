@@ -76,9 +76,10 @@ std::vector<std::uint16_t> derived_ports(std::string_view job_id, std::string_vi
   return ports;
 }
 
-std::pair<std::string, std::uint16_t> parse_rdzv(std::string_view text) {
+std::pair<std::string, std::uint16_t> parse_rdzv(std::string_view text, std::string_view source) {
   auto bad = [&](std::string_view why) {
-    return input_error(fmt::format("--rdzv {}: {} (expected HOST:PORT, [IPv6]:PORT, or HOST under Slurm)", text, why));
+    return input_error(
+        fmt::format("{} {}: {} (expected HOST:PORT, [IPv6]:PORT, or HOST under Slurm)", source, text, why));
   };
   std::string host;
   std::string_view port_text;
@@ -195,6 +196,13 @@ JobConfig resolve_job(const LaunchOptions& options, const Environment& env) {
                                     : derived_ports(*slurm_job, step ? step->second : "batch");
     } else if (job.nnodes == 1) {
       job.local = true;
+    } else if (auto plugin_store = first_of(env, {"DTRAIN_STORE"}); plugin_store && step) {
+      // The dtrain SPANK plugin (srun --dtrain-plan) resolved node 0's address and reserved the job's port.
+      auto [host, port] = parse_rdzv(plugin_store->second, "DTRAIN_STORE");
+      job.local = false;
+      job.rdzv_host = host;
+      job.rdzv_host_origin = "DTRAIN_STORE from the dtrain plugin";
+      job.ports = port != 0 ? std::vector<std::uint16_t>{port} : derived_ports(*slurm_job, step->second);
     } else {
       job.local = false;
       job.rdzv_host = hosts.front();

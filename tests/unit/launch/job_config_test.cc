@@ -132,6 +132,23 @@ TEST(JobConfig, SlurmRendezvousHostOverride) {
   EXPECT_THAT(resolve_job(o, slurm_step("n[1-2]", 2, 1)).ports, ElementsAre(5000));
 }
 
+// Under srun --dtrain-plan the plugin has resolved node 0's address and reserved a port: dtlaunch hosts its store
+// there, and an explicit --rdzv still wins.
+TEST(JobConfig, SlurmStepUnderTheDtrainPluginUsesItsStore) {
+  Environment env = slurm_step("n[1-2]", 2, 1);
+  env["DTRAIN_STORE"] = "10.1.2.3:29517";
+  JobConfig j = resolve_job(options(), env);
+  EXPECT_FALSE(j.local);
+  EXPECT_EQ(j.rdzv_host, "10.1.2.3");
+  EXPECT_THAT(j.ports, ElementsAre(29517));
+  EXPECT_THAT(j.rdzv_host_origin, HasSubstr("DTRAIN_STORE from the dtrain plugin"));
+  LaunchOptions o = options();
+  o.rdzv = "127.0.0.1";
+  EXPECT_EQ(resolve_job(o, env).rdzv_host, "127.0.0.1");
+  env["DTRAIN_STORE"] = "fe80::1:99";
+  EXPECT_THAT(error_of(options(), env), HasSubstr("DTRAIN_STORE fe80::1:99: an IPv6 address must be in brackets"));
+}
+
 TEST(JobConfig, SlurmSingleNodeStaysOnLoopback) {
   JobConfig j = resolve_job(options(), slurm_step("n7", 1, 0));
   EXPECT_TRUE(j.slurm);

@@ -75,6 +75,6 @@ struct JobConfig {
 JobConfig resolve_job(const LaunchOptions& options, const Environment& env);
 
 // Splits "HOST:PORT", "[v6]:PORT", "HOST" or "[v6]" (port 0 = not given). Throws dtrain::Error (input).
-std::pair<std::string, std::uint16_t> parse_rdzv(std::string_view text);
+std::pair<std::string, std::uint16_t> parse_rdzv(std::string_view text, std::string_view source = "--rdzv");
 
 }  // namespace dtrain::launch
