@@ -23,6 +23,7 @@
 #include "dtrain/exec/checkpoint.h"
 #include "dtrain/ir/lower.h"
 #include "dtrain/ir/simulate.h"
+#include "dtrain/launch/heartbeat.h"
 #include "dtrain/plan/search.h"
 
 namespace dtrain::exec {
@@ -228,6 +229,8 @@ class Run {
 
   TrainResult go() {
     log::set_rank(world_.rank());
+    // Under dtlaunch: beats from a thread from now on, and a progress line after every step (docs/launcher.md).
+    heartbeat_ = launch::Heartbeat::from_environment();
     model_ = model::load_model(o_.model_path);
     plan_ = make_plan(o_, model_, world_.size());
     if (plan_.inputs.model_digest != model_.digest) {
@@ -273,6 +276,7 @@ class Run {
         trace.push_back(std::move(sl));
       }
       if (world_.rank() == 0 && metrics.is_open()) write_metrics(metrics, sm);
+      if (heartbeat_) heartbeat_->progress(sm.step, o_.steps, sm.loss, tokens_per_step() / sm.seconds);
       if (!o_.dump_gradients_dir.empty() && s == result.first_step) dump_gradients();
       bool stop = agree_on_stop();
       bool periodic = o_.checkpoint_every > 0 && (s + 1) % o_.checkpoint_every == 0;
@@ -318,10 +322,13 @@ class Run {
     return out;
   }
 
+  double tokens_per_step() const {
+    return static_cast<double>(plan_.inputs.global_batch) * static_cast<double>(model_.model.seq_len);
+  }
+
   void write_metrics(std::ofstream& out, const StepMetrics& sm) {
-    double tokens = static_cast<double>(plan_.inputs.global_batch) * static_cast<double>(model_.model.seq_len);
     nlohmann::json j = {{"step", sm.step},         {"loss", sm.loss},         {"step_s", sm.seconds},
-                        {"tokens_per_s", tokens / sm.seconds}, {"grad_norm", sm.grad_norm}, {"lr", sm.lr},
+                        {"tokens_per_s", tokens_per_step() / sm.seconds}, {"grad_norm", sm.grad_norm}, {"lr", sm.lr},
                         {"comm_s", sm.comm_seconds}};
     out << j.dump() << "\n";
     out.flush();
@@ -545,6 +552,7 @@ class Run {
   Communicators comms_;
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<Executor> executor_;
+  std::unique_ptr<launch::Heartbeat> heartbeat_;
 };
 
 }  // namespace
