@@ -25,6 +25,7 @@
 #include "dtrain/common/log.h"
 #include "ring_reduce_scatter.h"
 #include "src/failure.h"
+#include "src/host_dtype.h"
 
 namespace dtrain::comm {
 namespace {
@@ -103,11 +104,19 @@ class GlooCommunicator final : public Communicator {
   std::string_view backend() const override { return "gloo"; }
   MemorySpace memory_space() const override { return MemorySpace::kHost; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
+  bool supports(DType dtype) const override { return detail::host_supports(dtype); }
 
  protected:
   void do_group(std::span<const P2POp> ops) override;
 
-  void do_all_reduce(const float* send, float* recv, std::size_t count, ReduceOp op) override {
+  // Reductions run in fp32 (bf16 buffers are widened first, src/host_dtype.h); gathers, broadcasts and messages
+  // move the caller's bytes as they are.
+  void do_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    detail::reduce_in_fp32(send, count, recv, count, dtype,
+                           [&](const float* s, float* r) { all_reduce_fp32(s, r, count, op); });
+  }
+
+  void all_reduce_fp32(const float* send, float* recv, std::size_t count, ReduceOp op) {
     if (size() == 1) {
       if (send != recv) std::memcpy(recv, send, count * sizeof(float));
       return;
@@ -123,40 +132,47 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  void do_all_gather(const float* send, float* recv, std::size_t count) override {
-    const std::size_t offset = static_cast<std::size_t>(rank()) * count;
+  void do_all_gather(const void* send, void* recv, std::size_t count, DType dtype) override {
+    // As bytes: Gloo's all-gather only copies.
+    const std::size_t bytes = count * element_bytes(dtype);
+    auto* out = static_cast<std::uint8_t*>(recv);
+    const auto* in = static_cast<const std::uint8_t*>(send);
     if (size() == 1) {
-      if (send != recv) std::memcpy(recv, send, count * sizeof(float));
+      if (in != out) std::memcpy(out, in, bytes);
       return;
     }
     run_quarantined<gloo::AllgatherOptions>("ring all-gather", [&](gloo::AllgatherOptions& opts) {
-      if (send != recv + offset) opts.setInput(const_cast<float*>(send), count);  // else in place
-      opts.setOutput(recv, count * static_cast<std::size_t>(size()));
+      const std::size_t offset = static_cast<std::size_t>(rank()) * bytes;
+      if (in != out + offset) opts.setInput(const_cast<std::uint8_t*>(in), bytes);  // else in place
+      opts.setOutput(out, bytes * static_cast<std::size_t>(size()));
       opts.setTag(next_tag_++);
       opts.setTimeout(timeout_);
       gloo::allgather(opts);
     });
   }
 
-  void do_reduce_scatter(const float* send, float* recv, std::size_t count, ReduceOp op) override {
-    if (size() == 1) {
-      if (send != recv) std::memcpy(recv, send, count * sizeof(float));
-      return;
-    }
-    try {
-      call_gloo("ring reduce-scatter", [&] {
-        detail::ring_reduce_scatter(context_, send, recv, count, op, next_tag_++, timeout_, quarantine_);
-      });
-    } catch (...) {
-      do_abort();  // as in run_quarantined
-      throw;
-    }
+  void do_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    const std::size_t total = count * static_cast<std::size_t>(size());
+    detail::reduce_in_fp32(send, total, recv, count, dtype, [&](const float* s, float* r) {
+      if (size() == 1) {
+        if (s != r) std::memcpy(r, s, count * sizeof(float));
+        return;
+      }
+      try {
+        call_gloo("ring reduce-scatter",
+                  [&] { detail::ring_reduce_scatter(context_, s, r, count, op, next_tag_++, timeout_, quarantine_); });
+      } catch (...) {
+        do_abort();  // as in run_quarantined
+        throw;
+      }
+    });
   }
 
-  void do_broadcast(float* buffer, std::size_t count, int root) override {
+  void do_broadcast(void* buffer, std::size_t count, DType dtype, int root) override {
     if (size() == 1) return;
     run_quarantined<gloo::BroadcastOptions>("broadcast", [&](gloo::BroadcastOptions& opts) {
-      opts.setOutput(buffer, count);  // in place on every rank, the root included
+      // As bytes, in place on every rank, the root included.
+      opts.setOutput(static_cast<std::uint8_t*>(buffer), count * element_bytes(dtype));
       opts.setRoot(root);
       opts.setTag(next_tag_++);
       opts.setTimeout(timeout_);
@@ -227,7 +243,7 @@ void GlooCommunicator::do_group(std::span<const P2POp> ops) {
     if (op.peer != me || op.kind != P2POp::Kind::kRecv) continue;
     const P2POp* from = self_sends[op.tag].front();
     self_sends[op.tag].pop_front();
-    if (op.count > 0) std::memmove(op.buffer, from->buffer, op.count * sizeof(float));
+    if (op.count > 0) std::memmove(op.buffer, from->buffer, op.bytes());
   }
 
   struct Pending {
@@ -256,7 +272,7 @@ void GlooCommunicator::do_group(std::span<const P2POp> ops) {
       if (op.peer == me) continue;
       current = &op;
       void* data = op.count > 0 ? static_cast<void*>(op.buffer) : static_cast<void*>(&empty_);
-      pending.push_back({&op, context_->createUnboundBuffer(data, op.count * sizeof(float))});
+      pending.push_back({&op, context_->createUnboundBuffer(data, op.bytes())});
       const std::uint64_t slot = (detail::kP2PSlotPrefix << 56) | op.tag;
       if (op.kind == P2POp::Kind::kSend) {
         pending.back().buffer->send(op.peer, slot);

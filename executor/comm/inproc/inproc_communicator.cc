@@ -10,6 +10,9 @@
 // Between arrival and the end of phase A every rank is running this code, so the waits there need no timeout.
 // Point-to-point messages meet in per-(sender, receiver, tag) queues; whichever side comes second copies the data
 // while the first side waits, and a waiting side may withdraw only while its message is still unmatched.
+// Element types: the rounds move bytes; reductions always run on fp32 buffers (bf16 buffers are widened to fp32
+// first and rounded back after, src/host_dtype.h), while a contribution records the caller's dtype so that ranks
+// that disagree on it fail with a mismatch.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -27,6 +30,7 @@
 #include "dtrain/comm/inproc.h"
 #include "dtrain/common/error.h"
 #include "src/failure.h"
+#include "src/host_dtype.h"
 
 namespace dtrain::comm {
 namespace detail {
@@ -64,8 +68,9 @@ enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kBroadcast, 
 struct Contribution {
   CollectiveKind kind = CollectiveKind::kBarrier;
   ReduceOp op = ReduceOp::kSum;
-  const float* send = nullptr;
-  float* recv = nullptr;
+  DType dtype = DType::kFp32;  // the caller's; the buffers of a reduction are fp32 whatever it is
+  const void* send = nullptr;
+  void* recv = nullptr;
   std::size_t count = 0;
   int root = 0;
   int color = 0;
@@ -75,13 +80,13 @@ struct Contribution {
   std::string describe() const {
     switch (kind) {
       case CollectiveKind::kAllReduce:
-        return fmt::format("all_reduce({}, {})", to_string(op), floats(count));
+        return fmt::format("all_reduce({}, {})", to_string(op), describe_elements(count, dtype));
       case CollectiveKind::kAllGather:
-        return fmt::format("all_gather({} per rank)", floats(count));
+        return fmt::format("all_gather({} per rank)", describe_elements(count, dtype));
       case CollectiveKind::kReduceScatter:
-        return fmt::format("reduce_scatter({}, {} per rank)", to_string(op), floats(count));
+        return fmt::format("reduce_scatter({}, {} per rank)", to_string(op), describe_elements(count, dtype));
       case CollectiveKind::kBroadcast:
-        return fmt::format("broadcast({} from rank {})", floats(count), root);
+        return fmt::format("broadcast({} from rank {})", describe_elements(count, dtype), root);
       case CollectiveKind::kBarrier:
         return "barrier()";
       case CollectiveKind::kSplit:
@@ -91,10 +96,15 @@ struct Contribution {
   }
   // True when two ranks' calls can meet in one collective.
   bool agrees_with(const Contribution& o) const {
-    if (kind != o.kind || count != o.count) return false;
+    if (kind != o.kind || count != o.count || dtype != o.dtype) return false;
     if ((kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduceScatter) && op != o.op) return false;
     if (kind == CollectiveKind::kBroadcast && root != o.root) return false;
     return true;
+  }
+  // Bytes of one element of the buffers: reductions run on fp32, the other collectives move the caller's type.
+  std::size_t element_size() const {
+    const bool reduction = kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduceScatter;
+    return reduction ? sizeof(float) : element_bytes(dtype);
   }
 };
 
@@ -105,7 +115,7 @@ struct Round {
   int arrived = 0;
   int phase_a_done = 0;
   std::string mismatch;
-  std::vector<float> scratch;
+  std::vector<float> scratch;  // fp32 results of a reduction, or the bytes a gather or broadcast moves
   std::vector<std::shared_ptr<InprocGroupState>> split_group;
   std::vector<int> split_rank;
 };
@@ -165,10 +175,10 @@ using Clock = std::chrono::steady_clock;
 // x_0 op x_1 op ... op x_{n-1}, left to right, for elements [begin, end) of every part's send buffer at `offset`.
 void reduce_parts(const std::vector<Contribution>& parts, ReduceOp op, std::size_t offset, std::size_t begin,
                   std::size_t end, float* out) {
-  const float* first = parts[0].send + offset;
+  const float* first = static_cast<const float*>(parts[0].send) + offset;
   std::copy(first + begin, first + end, out + begin);
   for (std::size_t k = 1; k < parts.size(); ++k) {
-    const float* x = parts[k].send + offset;
+    const float* x = static_cast<const float*>(parts[k].send) + offset;
     if (op == ReduceOp::kSum) {
       for (std::size_t i = begin; i < end; ++i) out[i] = out[i] + x[i];
     } else {
@@ -177,11 +187,12 @@ void reduce_parts(const std::vector<Contribution>& parts, ReduceOp op, std::size
   }
 }
 
-Contribution contribution(CollectiveKind kind, const float* send, float* recv, std::size_t count,
+Contribution contribution(CollectiveKind kind, const void* send, void* recv, std::size_t count, DType dtype,
                           ReduceOp op = ReduceOp::kSum) {
   Contribution c;
   c.kind = kind;
   c.op = op;
+  c.dtype = dtype;
   c.send = send;
   c.recv = recv;
   c.count = count;
@@ -199,24 +210,32 @@ class InprocCommunicator final : public Communicator {
   std::string_view backend() const override { return "inproc"; }
   MemorySpace memory_space() const override { return MemorySpace::kHost; }
   std::chrono::milliseconds timeout() const override { return group_->world->options.timeout; }
+  bool supports(DType dtype) const override { return detail::host_supports(dtype); }
 
  protected:
   void do_group(std::span<const P2POp> ops) override;
-  void do_all_reduce(const float* send, float* recv, std::size_t count, ReduceOp op) override {
-    collective(contribution(CollectiveKind::kAllReduce, send, recv, count, op));
+  void do_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    detail::reduce_in_fp32(send, count, recv, count, dtype, [&](const float* s, float* r) {
+      collective(contribution(CollectiveKind::kAllReduce, s, r, count, dtype, op));
+    });
   }
-  void do_all_gather(const float* send, float* recv, std::size_t count) override {
-    collective(contribution(CollectiveKind::kAllGather, send, recv, count));
+  void do_all_gather(const void* send, void* recv, std::size_t count, DType dtype) override {
+    collective(contribution(CollectiveKind::kAllGather, send, recv, count, dtype));
   }
-  void do_reduce_scatter(const float* send, float* recv, std::size_t count, ReduceOp op) override {
-    collective(contribution(CollectiveKind::kReduceScatter, send, recv, count, op));
+  void do_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    const std::size_t total = count * static_cast<std::size_t>(size());
+    detail::reduce_in_fp32(send, total, recv, count, dtype, [&](const float* s, float* r) {
+      collective(contribution(CollectiveKind::kReduceScatter, s, r, count, dtype, op));
+    });
   }
-  void do_broadcast(float* buffer, std::size_t count, int root) override {
-    Contribution c = contribution(CollectiveKind::kBroadcast, buffer, buffer, count);
+  void do_broadcast(void* buffer, std::size_t count, DType dtype, int root) override {
+    Contribution c = contribution(CollectiveKind::kBroadcast, buffer, buffer, count, dtype);
     c.root = root;
     collective(c);
   }
-  void do_barrier() override { collective(contribution(CollectiveKind::kBarrier, nullptr, nullptr, 0)); }
+  void do_barrier() override {
+    collective(contribution(CollectiveKind::kBarrier, nullptr, nullptr, 0, DType::kFp32));
+  }
   std::unique_ptr<Communicator> do_split(int color, int key, std::string_view name) override;
   void do_abort() noexcept override {
     try {
@@ -313,14 +332,18 @@ void InprocCommunicator::prepare_round(Round& round) const {
   InprocGroupState& g = *group_;
   const int n = g.size;
   const Contribution& mine = round.parts[rank_];
+  // Scratch in floats, enough for the bytes of the round's elements.
+  auto floats_for = [&](std::size_t elements) {
+    return (elements * mine.element_size() + sizeof(float) - 1) / sizeof(float);
+  };
   switch (mine.kind) {
     case CollectiveKind::kAllReduce:
     case CollectiveKind::kBroadcast:
-      round.scratch.resize(mine.count);
+      round.scratch.resize(floats_for(mine.count));
       break;
     case CollectiveKind::kAllGather:
     case CollectiveKind::kReduceScatter:
-      round.scratch.resize(mine.count * static_cast<std::size_t>(n));
+      round.scratch.resize(floats_for(mine.count * static_cast<std::size_t>(n)));
       break;
     case CollectiveKind::kBarrier:
       break;
@@ -350,6 +373,8 @@ void InprocCommunicator::phase_a(Round& round) const {
   const auto n = static_cast<std::size_t>(group_->size);
   const auto r = static_cast<std::size_t>(rank_);
   const std::size_t count = mine.count;
+  const std::size_t bytes = count * mine.element_size();
+  auto* scratch_bytes = reinterpret_cast<unsigned char*>(round.scratch.data());
   switch (mine.kind) {
     case CollectiveKind::kAllReduce:
       // Balanced slices; every element is reduced by exactly one rank in the fixed rank order.
@@ -359,10 +384,10 @@ void InprocCommunicator::phase_a(Round& round) const {
       reduce_parts(round.parts, mine.op, r * count, 0, count, round.scratch.data() + r * count);
       break;
     case CollectiveKind::kAllGather:
-      std::memcpy(round.scratch.data() + r * count, mine.send, count * sizeof(float));
+      std::memcpy(scratch_bytes + r * bytes, mine.send, bytes);
       break;
     case CollectiveKind::kBroadcast:
-      if (rank_ == mine.root) std::memcpy(round.scratch.data(), mine.send, count * sizeof(float));
+      if (rank_ == mine.root) std::memcpy(scratch_bytes, mine.send, bytes);
       break;
     case CollectiveKind::kBarrier:
     case CollectiveKind::kSplit:
@@ -375,18 +400,20 @@ void InprocCommunicator::phase_b(Round& round) const {
   const auto n = static_cast<std::size_t>(group_->size);
   const auto r = static_cast<std::size_t>(rank_);
   const std::size_t count = mine.count;
+  const std::size_t bytes = count * mine.element_size();
+  const auto* scratch_bytes = reinterpret_cast<const unsigned char*>(round.scratch.data());
   switch (mine.kind) {
     case CollectiveKind::kAllReduce:
-      std::memcpy(mine.recv, round.scratch.data(), count * sizeof(float));
+      std::memcpy(mine.recv, scratch_bytes, bytes);
       break;
     case CollectiveKind::kReduceScatter:
-      std::memcpy(mine.recv, round.scratch.data() + r * count, count * sizeof(float));
+      std::memcpy(mine.recv, scratch_bytes + r * bytes, bytes);
       break;
     case CollectiveKind::kAllGather:
-      std::memcpy(mine.recv, round.scratch.data(), n * count * sizeof(float));
+      std::memcpy(mine.recv, scratch_bytes, n * bytes);
       break;
     case CollectiveKind::kBroadcast:
-      if (rank_ != mine.root) std::memcpy(mine.recv, round.scratch.data(), count * sizeof(float));
+      if (rank_ != mine.root) std::memcpy(mine.recv, scratch_bytes, bytes);
       break;
     case CollectiveKind::kBarrier:
     case CollectiveKind::kSplit:
@@ -412,7 +439,7 @@ std::shared_ptr<Round> InprocCommunicator::collective(const Contribution& mine) 
 }
 
 std::unique_ptr<Communicator> InprocCommunicator::do_split(int color, int key, std::string_view name) {
-  Contribution c = contribution(CollectiveKind::kSplit, nullptr, nullptr, 0);
+  Contribution c = contribution(CollectiveKind::kSplit, nullptr, nullptr, 0, DType::kFp32);
   c.color = color;
   c.key = key;
   c.name = name;
@@ -447,12 +474,12 @@ void InprocCommunicator::do_group(std::span<const P2POp> ops) {
       it->second.pop_front();
       if (it->second.empty()) others.erase(it);
       posted->matched = partner->matched = true;
-      if (partner->op.count != op.count) {
+      if (partner->op.count != op.count || partner->op.dtype != op.dtype) {
         Posted* s = is_send ? posted.get() : partner;
         Posted* r = is_send ? partner : posted.get();
-        std::string text =
-            fmt::format("rank {} sent {} with tag {} to rank {}, which posted a recv of {}", std::get<0>(key),
-                        detail::floats(s->op.count), op.tag, std::get<1>(key), detail::floats(r->op.count));
+        std::string text = fmt::format("rank {} sent {} with tag {} to rank {}, which posted a recv of {}",
+                                       std::get<0>(key), describe_elements(s->op.count, s->op.dtype), op.tag,
+                                       std::get<1>(key), describe_elements(r->op.count, r->op.dtype));
         posted->mismatch = partner->mismatch = text;
         posted->done = partner->done = true;
         if (mismatch.empty()) mismatch = text;
@@ -465,7 +492,7 @@ void InprocCommunicator::do_group(std::span<const P2POp> ops) {
   if (!to_copy.empty()) {
     lock.unlock();
     for (auto [s, r] : to_copy) {
-      if (s->op.count > 0) std::memcpy(r->op.buffer, s->op.buffer, s->op.count * sizeof(float));
+      if (s->op.count > 0) std::memcpy(r->op.buffer, s->op.buffer, s->op.bytes());
     }
     lock.lock();
     for (auto [s, r] : to_copy) s->done = r->done = true;

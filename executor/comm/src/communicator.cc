@@ -32,11 +32,29 @@ std::string_view to_string(ReduceOp op) {
   return "?";
 }
 
+std::size_t element_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::kFp32:
+      return 4;
+    case DType::kBf16:
+    case DType::kFp16:
+      return 2;
+    case DType::kFp8:
+      return 1;
+  }
+  return 4;
+}
+
+std::string describe_elements(std::size_t count, DType dtype) {
+  if (dtype == DType::kFp32) return detail::floats(count);
+  return fmt::format("{} {} value{}", count, to_string(dtype), count == 1 ? "" : "s");
+}
+
 std::string to_string(const P2POp& op) {
   if (op.kind == P2POp::Kind::kSend) {
-    return fmt::format("send({} to rank {}, tag {})", detail::floats(op.count), op.peer, op.tag);
+    return fmt::format("send({} to rank {}, tag {})", describe_elements(op.count, op.dtype), op.peer, op.tag);
   }
-  return fmt::format("recv({} from rank {}, tag {})", detail::floats(op.count), op.peer, op.tag);
+  return fmt::format("recv({} from rank {}, tag {})", describe_elements(op.count, op.dtype), op.peer, op.tag);
 }
 
 namespace {
@@ -47,12 +65,17 @@ Error invalid_argument(const Communicator& comm, std::string_view operation, std
                                     why));
 }
 
-// True when [a, a + a_count) and [b, b + b_count) share an element. Compares addresses as integers: the buffers may
-// be device pointers or unrelated arrays.
-bool overlaps(const float* a, std::size_t a_count, const float* b, std::size_t b_count) {
+// True when the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte. Compares addresses as integers: the
+// buffers may be device pointers or unrelated arrays.
+bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
   auto pa = reinterpret_cast<std::uintptr_t>(a);
   auto pb = reinterpret_cast<std::uintptr_t>(b);
-  return pa < pb + b_count * sizeof(float) && pb < pa + a_count * sizeof(float);
+  return pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+// base + index elements of `bytes` bytes each, as an address (never dereferenced).
+const void* offset(const void* base, std::size_t index, std::size_t bytes) {
+  return static_cast<const unsigned char*>(base) + index * bytes;
 }
 
 std::string describe_group_ops(std::span<const P2POp> ops) {
@@ -78,25 +101,46 @@ void Communicator::run_checked(std::string_view description, Fn&& fn) {
                             detail::describe_group(name(), rank(), size(), backend()), failure_));
   }
   const auto start = std::chrono::steady_clock::now();
+  current_operation_.assign(description);
   try {
     fn();
   } catch (const BackendFailure& f) {
+    current_operation_.clear();
     Error e = detail::failure_error(description, detail::describe_group(name(), rank(), size(), backend()), f,
                                     std::chrono::steady_clock::now() - start, timeout());
     failure_ = e.what();
     throw e;
   } catch (const Error& e) {
+    current_operation_.clear();
     if (e.category() == ErrorCategory::kComm) failure_ = e.what();
     throw;
+  } catch (...) {
+    current_operation_.clear();
+    throw;
   }
+  current_operation_.clear();
+}
+
+void Communicator::check_supported(std::string_view description, DType dtype) const {
+  if (supports(dtype)) return;
+  std::string supported;
+  for (DType d : {DType::kFp32, DType::kBf16, DType::kFp16, DType::kFp8}) {
+    if (!supports(d)) continue;
+    if (!supported.empty()) supported += ", ";
+    supported += to_string(d);
+  }
+  throw invalid_argument(*this, description,
+                         fmt::format("the {} backend does not support {} buffers (it supports {})", backend(),
+                                     to_string(dtype), supported));
 }
 
 void Communicator::group(std::span<const P2POp> ops) {
   const std::string description = describe_group_ops(ops);
   // Sends to self complete only against a receive from self in the same group (a later group could never be
   // posted while this one waits): pair them here, first-in first-out per tag, so that every backend fails alike.
-  std::map<Tag, std::vector<std::size_t>> self_sends;
+  std::map<Tag, std::vector<const P2POp*>> self_sends;
   for (const P2POp& op : ops) {
+    check_supported(description, op.dtype);
     if (op.peer < 0 || op.peer >= size()) {
       throw invalid_argument(*this, description, fmt::format("peer {} is not a rank of the group", op.peer));
     }
@@ -106,7 +150,7 @@ void Communicator::group(std::span<const P2POp> ops) {
     if (op.buffer == nullptr && op.count > 0) {
       throw invalid_argument(*this, description, "null buffer with a non-zero count");
     }
-    if (op.peer == rank() && op.kind == P2POp::Kind::kSend) self_sends[op.tag].push_back(op.count);
+    if (op.peer == rank() && op.kind == P2POp::Kind::kSend) self_sends[op.tag].push_back(&op);
   }
   for (const P2POp& op : ops) {
     if (op.peer != rank() || op.kind != P2POp::Kind::kRecv) continue;
@@ -115,10 +159,12 @@ void Communicator::group(std::span<const P2POp> ops) {
       throw invalid_argument(*this, description,
                              fmt::format("recv from self (tag {}) has no send to self in the same group", op.tag));
     }
-    if (pending.front() != op.count) {
+    const P2POp& send = *pending.front();
+    if (send.count != op.count || send.dtype != op.dtype) {
       throw invalid_argument(*this, description,
                              fmt::format("send to self of {} and recv from self of {} (tag {})",
-                                         detail::floats(pending.front()), detail::floats(op.count), op.tag));
+                                         describe_elements(send.count, send.dtype),
+                                         describe_elements(op.count, op.dtype), op.tag));
     }
     pending.erase(pending.begin());
   }
@@ -145,49 +191,78 @@ void Communicator::recv(float* buffer, std::size_t count, int peer, Tag tag) {
 }
 
 void Communicator::all_reduce(const float* send, float* recv, std::size_t count, ReduceOp op) {
-  const std::string description = fmt::format("all_reduce({}, {})", to_string(op), detail::floats(count));
-  if (count == 0) return;
-  if (send == nullptr || recv == nullptr) throw invalid_argument(*this, description, "null buffer");
-  if (send != recv && overlaps(send, count, recv, count)) {
-    throw invalid_argument(*this, description, "send and recv overlap without being the same buffer");
-  }
-  run_checked(description, [&] { do_all_reduce(send, recv, count, op); });
+  all_reduce(send, recv, count, DType::kFp32, op);
 }
 
 void Communicator::all_gather(const float* send, float* recv, std::size_t count) {
-  const std::string description = fmt::format("all_gather({} per rank)", detail::floats(count));
-  if (count == 0) return;
-  if (send == nullptr || recv == nullptr) throw invalid_argument(*this, description, "null buffer");
-  const std::size_t total = count * static_cast<std::size_t>(size());
-  if (send != recv + static_cast<std::size_t>(rank()) * count && overlaps(send, count, recv, total)) {
-    throw invalid_argument(*this, description, "send overlaps recv without being block rank() of it (in place)");
-  }
-  run_checked(description, [&] { do_all_gather(send, recv, count); });
+  all_gather(send, recv, count, DType::kFp32);
 }
 
 void Communicator::reduce_scatter(const float* send, float* recv, std::size_t count, ReduceOp op) {
-  const std::string description = fmt::format("reduce_scatter({}, {} per rank)", to_string(op), detail::floats(count));
-  if (count == 0) return;
-  if (send == nullptr || recv == nullptr) throw invalid_argument(*this, description, "null buffer");
-  const std::size_t total = count * static_cast<std::size_t>(size());
-  if (recv != send + static_cast<std::size_t>(rank()) * count && overlaps(send, total, recv, count)) {
-    throw invalid_argument(*this, description, "recv overlaps send without being block rank() of it (in place)");
-  }
-  run_checked(description, [&] { do_reduce_scatter(send, recv, count, op); });
+  reduce_scatter(send, recv, count, DType::kFp32, op);
 }
 
-void Communicator::broadcast(float* buffer, std::size_t count, int root) {
-  const std::string description = fmt::format("broadcast({} from rank {})", detail::floats(count), root);
+void Communicator::broadcast(float* buffer, std::size_t count, int root) { broadcast(buffer, count, DType::kFp32, root); }
+
+void Communicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  const std::string description = fmt::format("all_reduce({}, {})", to_string(op), describe_elements(count, dtype));
+  check_supported(description, dtype);
+  if (count == 0) return;
+  if (send == nullptr || recv == nullptr) throw invalid_argument(*this, description, "null buffer");
+  const std::size_t bytes = count * element_bytes(dtype);
+  if (send != recv && overlaps(send, bytes, recv, bytes)) {
+    throw invalid_argument(*this, description, "send and recv overlap without being the same buffer");
+  }
+  run_checked(description, [&] { do_all_reduce(send, recv, count, dtype, op); });
+}
+
+void Communicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+  const std::string description = fmt::format("all_gather({} per rank)", describe_elements(count, dtype));
+  check_supported(description, dtype);
+  if (count == 0) return;
+  if (send == nullptr || recv == nullptr) throw invalid_argument(*this, description, "null buffer");
+  const std::size_t bytes = element_bytes(dtype);
+  const std::size_t total = count * static_cast<std::size_t>(size());
+  if (send != offset(recv, static_cast<std::size_t>(rank()) * count, bytes) &&
+      overlaps(send, count * bytes, recv, total * bytes)) {
+    throw invalid_argument(*this, description, "send overlaps recv without being block rank() of it (in place)");
+  }
+  run_checked(description, [&] { do_all_gather(send, recv, count, dtype); });
+}
+
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
+  const std::string description =
+      fmt::format("reduce_scatter({}, {} per rank)", to_string(op), describe_elements(count, dtype));
+  check_supported(description, dtype);
+  if (count == 0) return;
+  if (send == nullptr || recv == nullptr) throw invalid_argument(*this, description, "null buffer");
+  const std::size_t bytes = element_bytes(dtype);
+  const std::size_t total = count * static_cast<std::size_t>(size());
+  if (recv != offset(send, static_cast<std::size_t>(rank()) * count, bytes) &&
+      overlaps(send, total * bytes, recv, count * bytes)) {
+    throw invalid_argument(*this, description, "recv overlaps send without being block rank() of it (in place)");
+  }
+  run_checked(description, [&] { do_reduce_scatter(send, recv, count, dtype, op); });
+}
+
+void Communicator::broadcast(void* buffer, std::size_t count, DType dtype, int root) {
+  const std::string description =
+      fmt::format("broadcast({} from rank {})", describe_elements(count, dtype), root);
+  check_supported(description, dtype);
   if (root < 0 || root >= size()) {
     throw invalid_argument(*this, description, fmt::format("root {} is not a rank of the group", root));
   }
   if (count == 0) return;
   if (buffer == nullptr) throw invalid_argument(*this, description, "null buffer");
-  run_checked(description, [&] { do_broadcast(buffer, count, root); });
+  run_checked(description, [&] { do_broadcast(buffer, count, dtype, root); });
 }
 
 void Communicator::barrier() {
   run_checked("barrier()", [&] { do_barrier(); });
+}
+
+void Communicator::synchronize() {
+  run_checked("synchronize()", [&] { do_synchronize(); });
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string_view name) {

@@ -29,6 +29,11 @@ Error failure_error(std::string_view operation, std::string_view group, const Ba
       return Error(ErrorCategory::kComm, ExitCode::kFailure,
                    fmt::format("comm: {} in {}: mismatch with a peer after {}: {}", operation, group,
                                format_seconds(elapsed), failure.what()));
+    case BackendFailure::Kind::kLocal:
+      // A CUDA or NCCL error on this rank: a runtime failure, not a peer to blame.
+      return Error(ErrorCategory::kComm, ExitCode::kFailure,
+                   fmt::format("comm: {} in {}: failed after {}: {}", operation, group, format_seconds(elapsed),
+                               failure.what()));
   }
   return Error(ErrorCategory::kComm, fmt::format("comm: {} in {}: {}", operation, group, failure.what()));
 }

@@ -23,6 +23,7 @@ std::string format_seconds(std::chrono::steady_clock::duration elapsed);
 //   "comm: <operation> in <group>: timed out after 1.00 s (timeout 1.00 s): <detail>"
 //   "comm: <operation> in <group>: peer failure after 0.02 s: <detail>"
 //   "comm: <operation> in <group>: mismatch with a peer after 0.00 s: <detail>"
+//   "comm: <operation> in <group>: failed after 0.00 s: <detail>"  (kLocal, exit code 1)
 Error failure_error(std::string_view operation, std::string_view group, const BackendFailure& failure,
                     std::chrono::steady_clock::duration elapsed, std::chrono::milliseconds timeout);
 

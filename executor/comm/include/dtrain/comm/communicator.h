@@ -3,18 +3,28 @@
 // A communicator connects the `size()` ranks of a group (the world, or a tensor-, pipeline- or data-parallel group
 // split from it); each rank holds its own Communicator object and knows itself as `rank()` in [0, size()).
 // Backends, one folder each under executor/comm/: inproc/ (ranks are threads of one process; unit tests),
-// gloo/ (ranks are processes, TCP), nccl/ (GPUs; a later backend). Creating a world is backend-specific (see
-// dtrain/comm/inproc.h and dtrain/comm/gloo.h); everything after that goes through this interface.
+// gloo/ (ranks are processes, TCP), nccl/ (GPUs, one rank per device). Creating a world is backend-specific (see
+// dtrain/comm/inproc.h, dtrain/comm/gloo.h and dtrain/comm/nccl.h); everything after that goes through this
+// interface.
 //
-// Buffers are raw `float*` plus an element count, in the memory space the backend reports (`memory_space()`: host
-// memory for inproc and Gloo, device memory for NCCL); nothing here dereferences them on the caller's behalf. On the
-// host backends a call returns when the data is in place; a device backend may return once the operation is
-// ordered on its stream, and says so in its header.
+// Buffers are raw pointers plus an element count, in the memory space the backend reports (`memory_space()`: host
+// memory for inproc and Gloo, device memory for NCCL); nothing here dereferences them on the caller's behalf. Every
+// operation has a typed form (`const void*` / `void*`, a count of elements and a dtrain::DType) and, for fp32, a
+// `float*` form that is the typed form with DType::kFp32. Which element types a backend moves and reduces is
+// `supports(dtype)`: inproc and Gloo support fp32 and bf16 (bf16 reductions are computed in fp32 and rounded to bf16
+// once, at the end), NCCL supports fp32, bf16 and fp16; an unsupported type is an invalid argument.
+//
+// Completion: on the host backends a call returns when the data is in place. A device backend returns once the
+// operation is ordered on its stream (see dtrain/comm/nccl.h); synchronize() then waits, with the timeout, for
+// everything this rank has issued on the communicator. Code that must run on every backend calls synchronize()
+// before it reads a result or reuses a buffer from the host (it returns at once on the host backends).
 //
 // Semantics every backend honours (the IR verifier simulates exactly these, see design.md section 5):
 //   - Point-to-point messages are matched by (sender, receiver, tag), never by arrival order: the IR gives every
 //     message a stable key and message_tag() turns it into a tag. Messages with the same (sender, receiver, tag)
-//     are matched first-in first-out. A send and its receive must agree on the count.
+//     are matched first-in first-out. A send and its receive must agree on the count and dtype. (NCCL has no
+//     tags: it matches the messages between two ranks by the order they are posted, which agrees with this rule as
+//     long as both ranks post them in the same order, as the IR's programs do; see dtrain/comm/nccl.h.)
 //   - A send completes only when its receive has been posted (no hidden buffering). Two ranks that must send to
 //     each other at once post both messages in one group(): a group posts all its sends and receives, then waits
 //     for all of them, like ncclGroupStart/ncclGroupEnd. A rank sending to itself must put the send and the
@@ -24,7 +34,8 @@
 //   - Every rank's result of all_reduce is bitwise identical, and results are bitwise reproducible from run to run
 //     for the same group size, counts and inputs (fixed reduction order; see each backend for its order).
 //   - Every blocking call gives up once it has waited `timeout()` for a peer (inproc: for the whole operation;
-//     gloo: for each step that needs a peer) and throws dtrain::Error (category comm, exit code 8 kPeerFailure)
+//     gloo: for each step that needs a peer; nccl: for each operation synchronize() waits on, and for NCCL to
+//     accept each call) and throws dtrain::Error (category comm, exit code 8 kPeerFailure)
 //     whose message names the operation, the group, this rank, the peer rank where there is one, and the elapsed
 //     time, e.g.
 //       comm: recv(4 floats from rank 1, tag 7) in group 'world' (rank 0 of 2, gloo): timed out after 1.00 s
@@ -48,6 +59,8 @@
 #include <string>
 #include <string_view>
 
+#include "dtrain/common/dtype.h"
+
 namespace dtrain::comm {
 
 // Message tag. Gloo carries it in a 64-bit slot whose top byte marks the kind of traffic, so tags are limited to
@@ -66,23 +79,37 @@ std::string_view to_string(ReduceOp op);
 // Where the buffers handed to a communicator must live.
 enum class MemorySpace { kHost, kDevice };
 
+// Bytes of one element of `dtype` in a communication buffer: 4 for fp32, 2 for bf16 and fp16, 1 for fp8.
+std::size_t element_bytes(DType dtype);
+
+// "4 floats" for fp32 (as every message has said since the float-only interface), "4 bf16 values" otherwise.
+std::string describe_elements(std::size_t count, DType dtype);
+
 // One send or receive of a group (see Communicator::group).
 struct P2POp {
   enum class Kind { kSend, kRecv };
   Kind kind = Kind::kSend;
-  float* buffer = nullptr;  // a send only reads it
-  std::size_t count = 0;    // floats
-  int peer = 0;             // rank in this communicator's group
+  void* buffer = nullptr;  // a send only reads it
+  std::size_t count = 0;   // elements of dtype
+  int peer = 0;            // rank in this communicator's group
   Tag tag = 0;
+  DType dtype = DType::kFp32;
 
   static P2POp send(const float* buffer, std::size_t count, int peer, Tag tag) {
-    return {Kind::kSend, const_cast<float*>(buffer), count, peer, tag};
+    return send(buffer, count, DType::kFp32, peer, tag);
   }
   static P2POp recv(float* buffer, std::size_t count, int peer, Tag tag) {
-    return {Kind::kRecv, buffer, count, peer, tag};
+    return recv(buffer, count, DType::kFp32, peer, tag);
   }
+  static P2POp send(const void* buffer, std::size_t count, DType dtype, int peer, Tag tag) {
+    return {Kind::kSend, const_cast<void*>(buffer), count, peer, tag, dtype};
+  }
+  static P2POp recv(void* buffer, std::size_t count, DType dtype, int peer, Tag tag) {
+    return {Kind::kRecv, buffer, count, peer, tag, dtype};
+  }
+  std::size_t bytes() const { return count * element_bytes(dtype); }
 };
-// "send(4 floats to rank 1, tag 7)" / "recv(4 floats from rank 1, tag 7)"
+// "send(4 floats to rank 1, tag 7)" / "recv(4 bf16 values from rank 1, tag 7)"
 std::string to_string(const P2POp& op);
 
 // Color of a rank that joins no group in Communicator::split.
@@ -100,6 +127,7 @@ class BackendFailure : public std::runtime_error {
     kTimeout,      // nothing happened within the timeout
     kPeerFailure,  // a peer died, closed its connection or aborted
     kMismatch,     // a peer called a different operation, count or root (a bug in the programs)
+    kLocal,        // this rank failed on its own: a CUDA or NCCL error that no peer caused
   };
   BackendFailure(Kind kind, std::string detail) : std::runtime_error(std::move(detail)), kind_(kind) {}
   Kind kind() const { return kind_; }
@@ -122,11 +150,14 @@ class Communicator {
   virtual std::string_view backend() const = 0;
   virtual MemorySpace memory_space() const = 0;
   virtual std::chrono::milliseconds timeout() const = 0;
+  // Whether this backend moves and reduces buffers of `dtype` (see the top of this header).
+  virtual bool supports(DType dtype) const = 0;
 
   // Posts every send and receive of `ops`, then waits until all of them have completed (or fails them all). Ops may
   // name any peer in [0, size()), this rank included. Throws dtrain::Error: comm on timeout, a dead peer, or a
   // count that disagrees with the matching message; internal for an invalid argument (peer out of range, tag above
-  // kMaxTag, null buffer with a non-zero count, a send to self with no receive from self in the same group).
+  // kMaxTag, null buffer with a non-zero count, a dtype the backend does not support, a send to self with no
+  // receive from self of the same count and dtype in the same group).
   void group(std::span<const P2POp> ops);
   // A group of one send / one receive. Throws as group().
   void send(const float* buffer, std::size_t count, int peer, Tag tag);
@@ -143,8 +174,21 @@ class Communicator {
   void reduce_scatter(const float* send, float* recv, std::size_t count, ReduceOp op);
   // Copies `count` floats of root's buffer into every other rank's buffer. root is a rank of this group.
   void broadcast(float* buffer, std::size_t count, int root);
-  // Returns once every rank of the group has entered it.
+
+  // The same four collectives on `count` elements of `dtype` (counts, blocks and in-place rules as above, in
+  // elements). Throws as above, and dtrain::Error (internal) naming the backend when !supports(dtype).
+  void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  void all_gather(const void* send, void* recv, std::size_t count, DType dtype);
+  void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
+  void broadcast(void* buffer, std::size_t count, DType dtype, int root);
+
+  // Returns once every rank of the group has entered it (on a device backend: and every operation this rank issued
+  // before it has completed).
   void barrier();
+  // Waits until every operation this rank has issued on this communicator has completed, so that its buffers may
+  // be read and reused. Returns at once on the host backends. A device backend waits with the timeout and throws
+  // dtrain::Error (comm) naming the operation that did not complete.
+  void synchronize();
 
   // Collective over this group: ranks that pass the same color form a new group, ordered by (key, rank in this
   // group); a rank passing kNoColor joins none and gets nullptr. Every rank of this group must call it, in the
@@ -165,23 +209,33 @@ class Communicator {
  protected:
   Communicator() = default;
 
-  // Backends implement these. Arguments are already validated, counts are non-zero, the communicator is usable.
-  // They throw BackendFailure for communication failures (the public wrapper adds the operation, group, rank and
-  // elapsed time to the message, and marks the communicator broken) and dtrain::Error for anything else.
+  // Backends implement these. Arguments are already validated (dtypes supported), counts are non-zero, the
+  // communicator is usable. They throw BackendFailure for communication failures (the public wrapper adds the
+  // operation, group, rank and elapsed time to the message, and marks the communicator broken) and dtrain::Error for
+  // anything else.
   virtual void do_group(std::span<const P2POp> ops) = 0;
-  virtual void do_all_reduce(const float* send, float* recv, std::size_t count, ReduceOp op) = 0;
-  virtual void do_all_gather(const float* send, float* recv, std::size_t count) = 0;
-  virtual void do_reduce_scatter(const float* send, float* recv, std::size_t count, ReduceOp op) = 0;
-  virtual void do_broadcast(float* buffer, std::size_t count, int root) = 0;
+  virtual void do_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) = 0;
+  virtual void do_all_gather(const void* send, void* recv, std::size_t count, DType dtype) = 0;
+  virtual void do_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) = 0;
+  virtual void do_broadcast(void* buffer, std::size_t count, DType dtype, int root) = 0;
   virtual void do_barrier() = 0;
+  // Host backends complete every call before returning: nothing to wait for.
+  virtual void do_synchronize() {}
   virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string_view name) = 0;
   virtual void do_abort() noexcept = 0;
+
+  // The description of the public operation now running ("all_reduce(sum, 4 floats)"), for a backend that reports
+  // later which of its operations did not complete. Empty outside an operation.
+  const std::string& current_operation() const { return current_operation_; }
 
  private:
   template <typename Fn>
   void run_checked(std::string_view description, Fn&& fn);
+  // Throws dtrain::Error (internal) naming the backend when it does not support dtype.
+  void check_supported(std::string_view description, DType dtype) const;
 
   std::string failure_;
+  std::string current_operation_;
 };
 
 }  // namespace dtrain::comm

@@ -1,0 +1,52 @@
+// Element types on the host backends (inproc, Gloo), private to dtrain::comm: bf16 conversions and the adapter that
+// computes a bf16 reduction in fp32.
+//
+// Why fp32: a bf16 sum rounded after every addition loses up to 8 bits over a few ranks and depends on the order of
+// the additions; widening the inputs, reducing in fp32 in the backend's fixed order and rounding once keeps the
+// result within one bf16 rounding of the exact fp32 reduction, and bitwise equal on every rank (every rank rounds the
+// same fp32 value). It costs a temporary fp32 copy of the buffers, which the host backends (tests, CPU runs) can
+// afford.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/common/error.h"
+
+namespace dtrain::comm::detail {
+
+// The fp32 value of a bf16 bit pattern (exact: bf16 is the top half of fp32).
+float bf16_to_float(std::uint16_t bits);
+// Rounds to the nearest bf16, ties to even; values beyond the largest bf16 round to infinity; NaN stays a (quiet)
+// NaN with its sign.
+std::uint16_t float_to_bf16(float value);
+
+// in: `count` bf16 values; returns them as fp32.
+std::vector<float> widen_bf16(const void* in, std::size_t count);
+// Rounds `count` fp32 values into `count` bf16 values at out.
+void narrow_to_bf16(const float* in, std::size_t count, void* out);
+
+// Runs reduce(const float* send, float* recv), the backend's fp32 reduction, for buffers of `dtype`: fp32 buffers
+// are passed through as they are (in place stays in place); bf16 buffers are widened into a temporary fp32 copy of
+// send (send_count elements), reduced into a temporary fp32 recv (recv_count elements) and rounded into recv. The
+// copy is taken before anything is written, so send and recv may share memory.
+template <typename Reduce>
+void reduce_in_fp32(const void* send, std::size_t send_count, void* recv, std::size_t recv_count, DType dtype,
+                    Reduce&& reduce) {
+  if (dtype == DType::kFp32) {
+    reduce(static_cast<const float*>(send), static_cast<float*>(recv));
+    return;
+  }
+  DTRAIN_CHECK(dtype == DType::kBf16, "host backends reduce fp32 and bf16 only");
+  const std::vector<float> wide_send = widen_bf16(send, send_count);
+  std::vector<float> wide_recv(recv_count);
+  reduce(wide_send.data(), wide_recv.data());
+  narrow_to_bf16(wide_recv.data(), recv_count, recv);
+}
+
+// fp32 and bf16: what the host backends support.
+inline bool host_supports(DType dtype) { return dtype == DType::kFp32 || dtype == DType::kBf16; }
+
+}  // namespace dtrain::comm::detail

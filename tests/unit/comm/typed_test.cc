@@ -1,0 +1,308 @@
+// The typed interface (const void* buffers, a count of elements and a dtrain::DType) on every host backend: fp32
+// through the typed signatures gives what the float* forms give; bf16 moves bitwise and reduces in fp32 with one
+// rounding at the end; an unsupported type is an invalid argument naming the backend; ranks that disagree on the type
+// fail with a mismatch (inproc, which checks it).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dtrain/comm/inproc.h"
+#include "dtrain/common/error.h"
+#include "harness.h"
+
+namespace dtrain::comm::testing {
+namespace {
+
+using Bf16 = std::uint16_t;  // a bf16 bit pattern
+
+// The bf16 pattern of a float that bf16 represents exactly (its low 16 bits are zero); the test values are chosen so.
+Bf16 bf16(float exact) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &exact, sizeof bits);
+  EXPECT_EQ(bits & 0xffffu, 0u) << exact << " is not exact in bf16";
+  return static_cast<Bf16>(bits >> 16);
+}
+
+float to_float(Bf16 value) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(value) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// exact_value() is an integer in [-32, 31]: exact in bf16 (8 significant bits), and so are sums of up to 4 of them.
+std::vector<Bf16> bf16_values(int rank, std::size_t count, int salt) {
+  std::vector<Bf16> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = bf16(exact_value(rank, i, salt));
+  return v;
+}
+
+std::vector<float> float_values(int rank, std::size_t count, int salt) {
+  std::vector<float> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = exact_value(rank, i, salt);
+  return v;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+class TypedTest : public ::testing::TestWithParam<Backend> {};
+
+TEST_P(TypedTest, Fp32ThroughTheTypedFormsMatchesTheFloatForms) {
+  constexpr std::size_t kCount = 33;
+  for (int size = 1; size <= 3; ++size) {
+    SCOPED_TRACE("world size " + std::to_string(size));
+    run_ranks(GetParam(), size, [size](Communicator& comm, std::vector<float>&) {
+      const auto n = static_cast<std::size_t>(size);
+      const std::vector<float> send = float_values(comm.rank(), kCount * n, 1);
+
+      std::vector<float> typed(kCount), plain(kCount);
+      comm.all_reduce(send.data(), typed.data(), kCount, DType::kFp32, ReduceOp::kSum);
+      comm.all_reduce(send.data(), plain.data(), kCount, ReduceOp::kSum);
+      EXPECT_EQ(typed, plain) << "all_reduce";
+
+      std::vector<float> gathered_typed(kCount * n), gathered_plain(kCount * n);
+      comm.all_gather(send.data(), gathered_typed.data(), kCount, DType::kFp32);
+      comm.all_gather(send.data(), gathered_plain.data(), kCount);
+      EXPECT_EQ(gathered_typed, gathered_plain) << "all_gather";
+
+      comm.reduce_scatter(send.data(), typed.data(), kCount, DType::kFp32, ReduceOp::kMax);
+      comm.reduce_scatter(send.data(), plain.data(), kCount, ReduceOp::kMax);
+      EXPECT_EQ(typed, plain) << "reduce_scatter";
+
+      std::vector<float> b_typed = comm.rank() == 0 ? send : std::vector<float>(kCount * n, 0.0f);
+      std::vector<float> b_plain = b_typed;
+      comm.broadcast(b_typed.data(), kCount, DType::kFp32, 0);
+      comm.broadcast(b_plain.data(), kCount, 0);
+      EXPECT_EQ(b_typed, b_plain) << "broadcast";
+
+      // A ring of typed fp32 messages.
+      const int right = (comm.rank() + 1) % size;
+      const int left = (comm.rank() + size - 1) % size;
+      std::vector<float> in(kCount, 0.0f);
+      const P2POp ops[] = {P2POp::send(send.data(), kCount, DType::kFp32, right, 5),
+                           P2POp::recv(in.data(), kCount, DType::kFp32, left, 5)};
+      comm.group(ops);
+      std::vector<float> expected_in = float_values(left, kCount * n, 1);
+      expected_in.resize(kCount);  // the first kCount values of left's send buffer
+      EXPECT_EQ(in, expected_in) << "typed fp32 message from rank " << left;
+    });
+  }
+}
+
+TEST_P(TypedTest, Bf16AllReduceAndReduceScatterAreExactForExactValues) {
+  for (int size = 1; size <= 4; ++size) {
+    SCOPED_TRACE("world size " + std::to_string(size));
+    auto results = run_ranks(GetParam(), size, [size](Communicator& comm, std::vector<float>& all) {
+      const auto n = static_cast<std::size_t>(size);
+      int salt = 0;
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+          ++salt;
+          const std::vector<Bf16> send = bf16_values(comm.rank(), count * n, salt);
+          std::vector<Bf16> recv(count * n, 0);
+          comm.all_reduce(send.data(), recv.data(), count * n, DType::kBf16, op);
+          std::vector<Bf16> in_place = send;
+          comm.all_reduce(in_place.data(), in_place.data(), count * n, DType::kBf16, op);
+          std::vector<Bf16> shard(count, 0);
+          comm.reduce_scatter(send.data(), shard.data(), count, DType::kBf16, op);
+          for (std::size_t i = 0; i < count * n; ++i) {
+            float expected = exact_value(0, i, salt);
+            for (int r = 1; r < size; ++r) {
+              expected = op == ReduceOp::kSum ? expected + exact_value(r, i, salt)
+                                              : std::max(expected, exact_value(r, i, salt));
+            }
+            ASSERT_EQ(recv[i], bf16(expected)) << to_string(op) << " count " << count << " element " << i;
+            ASSERT_EQ(in_place[i], bf16(expected)) << "in place, " << to_string(op) << " element " << i;
+            if (i / count == static_cast<std::size_t>(comm.rank())) {
+              ASSERT_EQ(shard[i % count], bf16(expected)) << "reduce_scatter, " << to_string(op) << " element " << i;
+            }
+          }
+          EXPECT_EQ(send, bf16_values(comm.rank(), count * n, salt)) << "the send buffer was modified";
+          for (Bf16 x : recv) all.push_back(to_float(x));
+        }
+      }
+    });
+    for (std::size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r], results[0]) << "rank " << r;
+  }
+}
+
+TEST_P(TypedTest, Bf16SumIsComputedInFp32AndRoundedOnce) {
+  // 1 + 2^-8 + 2^-8 = 1 + 2^-7, exact in bf16. Rounding to bf16 after each addition would lose both small terms
+  // (1 + 2^-8 is a tie that rounds to the even 1.0), whatever the order of the additions.
+  // Ties round to even: 1 + 2^-8 -> 1.0, and (1 + 2^-7) + 2^-8 -> 1 + 2^-6.
+  const float tiny = 1.0f / 256;
+  auto results = run_ranks(GetParam(), 3, [tiny](Communicator& comm, std::vector<float>& all) {
+    const std::vector<Bf16> sends[] = {{bf16(1.0f), bf16(1.0f), bf16(1.0f + 2 * tiny)},
+                                       {bf16(tiny), bf16(tiny), bf16(tiny)},
+                                       {bf16(tiny), bf16(0.0f), bf16(0.0f)}};
+    const std::vector<Bf16>& send = sends[comm.rank()];
+    std::vector<Bf16> recv(3, 0);
+    comm.all_reduce(send.data(), recv.data(), 3, DType::kBf16, ReduceOp::kSum);
+    EXPECT_EQ(recv[0], bf16(1.0f + 2 * tiny)) << to_float(recv[0]);
+    EXPECT_EQ(recv[1], bf16(1.0f)) << "a tie rounds to even: " << to_float(recv[1]);
+    EXPECT_EQ(recv[2], bf16(1.0f + 4 * tiny)) << "a tie rounds to even: " << to_float(recv[2]);
+    for (Bf16 x : recv) all.push_back(to_float(x));
+  });
+  EXPECT_EQ(results[1], results[0]);
+  EXPECT_EQ(results[2], results[0]);
+}
+
+TEST_P(TypedTest, Bf16MovesBitwiseThroughGatherBroadcastAndMessages) {
+  for (int size = 1; size <= 4; ++size) {
+    SCOPED_TRACE("world size " + std::to_string(size));
+    run_ranks(GetParam(), size, [size](Communicator& comm, std::vector<float>&) {
+      const auto n = static_cast<std::size_t>(size);
+      const auto me = static_cast<std::size_t>(comm.rank());
+      // Arbitrary patterns, NaNs and subnormals included: nothing may convert them.
+      auto pattern = [](std::size_t rank, std::size_t i) { return static_cast<Bf16>(0x7fc1 + 977 * rank + 31 * i); };
+      constexpr std::size_t kCount = 101;
+      std::vector<Bf16> mine(kCount);
+      for (std::size_t i = 0; i < kCount; ++i) mine[i] = pattern(me, i);
+
+      std::vector<Bf16> gathered(kCount * n, 0);
+      comm.all_gather(mine.data(), gathered.data(), kCount, DType::kBf16);
+      std::vector<Bf16> in_place(kCount * n, 0);
+      std::copy(mine.begin(), mine.end(), in_place.begin() + static_cast<std::ptrdiff_t>(me * kCount));
+      comm.all_gather(in_place.data() + me * kCount, in_place.data(), kCount, DType::kBf16);
+      for (std::size_t r = 0; r < n; ++r) {
+        for (std::size_t i = 0; i < kCount; ++i) {
+          ASSERT_EQ(gathered[r * kCount + i], pattern(r, i)) << "block " << r << " element " << i;
+          ASSERT_EQ(in_place[r * kCount + i], pattern(r, i)) << "in place, block " << r << " element " << i;
+        }
+      }
+
+      const int root = size - 1;
+      std::vector<Bf16> buffer = comm.rank() == root ? mine : std::vector<Bf16>(kCount, 0);
+      comm.broadcast(buffer.data(), kCount, DType::kBf16, root);
+      for (std::size_t i = 0; i < kCount; ++i) ASSERT_EQ(buffer[i], pattern(root, i)) << "broadcast element " << i;
+
+      const int right = (comm.rank() + 1) % size;
+      const int left = (comm.rank() + size - 1) % size;
+      std::vector<Bf16> in(kCount, 0);
+      const P2POp ops[] = {P2POp::send(mine.data(), kCount, DType::kBf16, right, message_tag("bf16 ring")),
+                           P2POp::recv(in.data(), kCount, DType::kBf16, left, message_tag("bf16 ring"))};
+      comm.group(ops);  // size 1: a message to self
+      for (std::size_t i = 0; i < kCount; ++i) {
+        ASSERT_EQ(in[i], pattern(static_cast<std::size_t>(left), i)) << "message element " << i;
+      }
+    });
+  }
+}
+
+TEST_P(TypedTest, UnsupportedTypeIsAnInvalidArgumentNamingTheBackend) {
+  run_ranks(GetParam(), 1, [](Communicator& comm, std::vector<float>&) {
+    EXPECT_TRUE(comm.supports(DType::kFp32));
+    EXPECT_TRUE(comm.supports(DType::kBf16));
+    EXPECT_FALSE(comm.supports(DType::kFp16));
+    EXPECT_FALSE(comm.supports(DType::kFp8));
+    std::uint16_t x[4] = {};
+    try {
+      comm.all_reduce(x, x, 4, DType::kFp16, ReduceOp::kSum);
+      ADD_FAILURE() << "fp16 all_reduce did not throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.category(), ErrorCategory::kInternal);
+      const std::string expected = "comm: all_reduce(sum, 4 fp16 values) in group 'world' (rank 0 of 1, " +
+                                   std::string(comm.backend()) + "): invalid argument: the " +
+                                   std::string(comm.backend()) +
+                                   " backend does not support fp16 buffers (it supports fp32, bf16)";
+      EXPECT_EQ(std::string(e.what()), expected);
+    }
+    // The check comes before anything else, zero counts included, and does not break the communicator.
+    EXPECT_THROW(comm.broadcast(x, 0, DType::kFp8, 0), Error);
+    const P2POp ops[] = {P2POp::send(x, 2, DType::kFp16, 0, 1), P2POp::recv(x + 2, 2, DType::kFp16, 0, 1)};
+    EXPECT_THROW(comm.group(ops), Error);
+    EXPECT_TRUE(comm.failure().empty()) << comm.failure();
+    float y = 1.0f;
+    comm.all_reduce(&y, &y, 1, ReduceOp::kSum);
+    EXPECT_EQ(y, 1.0f);
+  });
+}
+
+TEST_P(TypedTest, SendToSelfMustAgreeOnTheType) {
+  run_ranks(GetParam(), 1, [](Communicator& comm, std::vector<float>&) {
+    float out[2] = {1.0f, 2.0f};
+    float in[2] = {};
+    const P2POp ops[] = {P2POp::send(out, 2, 0, 9), P2POp::recv(in, 4, DType::kBf16, 0, 9)};
+    try {
+      comm.group(ops);
+      ADD_FAILURE() << "a send to self of 2 floats matched a recv of 4 bf16 values";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.category(), ErrorCategory::kInternal);
+      EXPECT_TRUE(contains(e.what(), "send to self of 2 floats and recv from self of 4 bf16 values (tag 9)"))
+          << e.what();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TypedTest,
+                         ::testing::Values(Backend::kInproc, Backend::kGlooThreads, Backend::kGlooProcesses),
+                         backend_name);
+
+TEST(InprocTyped, RanksThatDisagreeOnTheTypeFailWithAMismatch) {
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  EXPECT_THROW(InprocWorld::run(2,
+                                [&](Communicator& comm) {
+                                  std::vector<float> x(4);
+                                  try {
+                                    if (comm.rank() == 0) {
+                                      comm.all_reduce(x.data(), x.data(), 4, ReduceOp::kSum);
+                                    } else {
+                                      comm.all_reduce(x.data(), x.data(), 4, DType::kBf16, ReduceOp::kSum);
+                                    }
+                                  } catch (const Error& e) {
+                                    std::lock_guard lock(mutex);
+                                    messages.push_back(e.what());
+                                    throw;
+                                  }
+                                }),
+               Error);
+  ASSERT_EQ(messages.size(), 2u);
+  for (const auto& m : messages) {
+    EXPECT_TRUE(contains(m, "mismatch with a peer")) << m;
+    EXPECT_TRUE(contains(m, "all_reduce(sum, 4 floats)")) << m;
+    EXPECT_TRUE(contains(m, "all_reduce(sum, 4 bf16 values)")) << m;
+  }
+}
+
+TEST(InprocTyped, MessagesThatDisagreeOnTheTypeFailWithAMismatch) {
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  EXPECT_THROW(InprocWorld::run(2,
+                                [&](Communicator& comm) {
+                                  std::vector<float> x(4);
+                                  try {
+                                    if (comm.rank() == 0) comm.send(x.data(), 2, 1, 3);
+                                    if (comm.rank() == 1) {
+                                      const P2POp op = P2POp::recv(x.data(), 2, DType::kBf16, 0, 3);
+                                      comm.group(std::span<const P2POp>(&op, 1));
+                                    }
+                                  } catch (const Error& e) {
+                                    std::lock_guard lock(mutex);
+                                    messages.push_back(e.what());
+                                    throw;
+                                  }
+                                }),
+               Error);
+  ASSERT_EQ(messages.size(), 2u);
+  for (const auto& m : messages) {
+    EXPECT_TRUE(contains(m, "rank 0 sent 2 floats with tag 3 to rank 1, which posted a recv of 2 bf16 values")) << m;
+  }
+}
+
+TEST(ElementBytes, OfEveryType) {
+  EXPECT_EQ(element_bytes(DType::kFp32), 4u);
+  EXPECT_EQ(element_bytes(DType::kBf16), 2u);
+  EXPECT_EQ(element_bytes(DType::kFp16), 2u);
+  EXPECT_EQ(element_bytes(DType::kFp8), 1u);
+  EXPECT_EQ(describe_elements(1, DType::kFp32), "1 float");
+  EXPECT_EQ(describe_elements(3, DType::kBf16), "3 bf16 values");
+  EXPECT_EQ(to_string(P2POp::send(nullptr, 1, DType::kBf16, 2, 7)), "send(1 bf16 value to rank 2, tag 7)");
+}
+
+}  // namespace
+}  // namespace dtrain::comm::testing
