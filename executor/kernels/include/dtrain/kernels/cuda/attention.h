@@ -17,8 +17,10 @@
 //
 // This first version multiplies tiles with fp32 FMAs from shared memory (tiles held as fp32, a 4x4 register tile per
 // thread); it is written to be obviously right, not fast: tensor cores (mma.sync / wgmma) are the next step.
-// Supported head_dim: 16, 32, 64, 128 (compile-time tile widths). Dynamic shared memory up to 163 KB per block
-// (dKV kernel, head_dim 128), within Hopper's 227 KB. Scratch: D, batch * n_heads * seq floats, from the pool.
+// Supported head_dim: 16, 32, 64, 128 (compile-time tile widths). Dynamic shared memory up to 162 KiB per block
+// (dKV kernel, head_dim 128), within Hopper's 227 KiB (an A100 has 163 KiB: head_dim 128 backward just fits).
+// Scratch: D, batch * n_heads * seq floats, from the pool. D is computed from the stored bf16 O (what FlashAttention
+// does), the CPU backend's from its fp32 O: one more source of the bf16-sized difference between the two.
 //
 // Dropout on the probabilities (AttentionDropout, p > 0) draws the CPU backend's masks bit for bit (the Philox
 // contract of dropout.h), computed inside the kernels.
