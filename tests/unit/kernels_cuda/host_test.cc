@@ -81,6 +81,8 @@ class ScopedEnv {
 
 TEST(ContextOptions, EnvironmentSwitches) {
   {
+    ::unsetenv("DTRAIN_CUDA_SYNC");  // the defaults, whatever the caller's environment holds
+    ::unsetenv("DTRAIN_CUDA_POOL");
     const ContextOptions o = ContextOptions::from_environment();
     EXPECT_FALSE(o.sync_after_launch);
     EXPECT_TRUE(o.pool_caching);
