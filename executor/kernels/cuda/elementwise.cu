@@ -1,0 +1,318 @@
+// Elementwise kernels of the CUDA backend: casts, fills, bias add and gradient, residual add and dropout, GELU and
+// SwiGLU, RoPE. Each is a grid-stride loop over independent elements (one writer per output element), computed in
+// fp32 and rounded once.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/check.h"
+#include "cuda/context_impl.h"
+#include "cuda/device.cuh"
+#include "dtrain/common/error.h"
+#include "dtrain/kernels/cuda/activation.h"
+#include "dtrain/kernels/cuda/dropout.h"
+#include "dtrain/kernels/cuda/elementwise.h"
+#include "dtrain/kernels/cuda/rope.h"
+
+namespace dtrain::kernels::cuda {
+
+namespace detail {
+
+namespace {
+
+__global__ void probe_kernel() {}
+
+}  // namespace
+
+cudaError_t probe_kernel_image() {
+  cudaFuncAttributes attributes{};
+  return cudaFuncGetAttributes(&attributes, probe_kernel);
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::as_device;
+using detail::global_thread;
+using detail::grid_threads;
+using detail::kThreads;
+using detail::stream_of;
+using detail::to_float;
+
+template <class F>
+__global__ void __launch_bounds__(kThreads) map_kernel(std::int64_t n, F f) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_threads()) f(i);
+}
+
+// f(i) for i in [0, n) on the context's stream.
+template <class F>
+void launch_map(Context& ctx, std::int64_t n, const F& f, const char* name) {
+  DTRAIN_CHECK(n >= 0, std::string(name) + ": negative size");
+  if (n == 0) return;
+  map_kernel<F><<<detail::grid_for(n), kThreads, 0, stream_of(ctx)>>>(n, f);
+  DTRAIN_CUDA_CHECK_LAUNCH(ctx, name);
+}
+
+__device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCubic = 0.044715f;
+
+// ---- casts and fills ----
+
+struct CastToBf16 {
+  const float* x;
+  __nv_bfloat16* y;
+  __device__ void operator()(std::int64_t i) const { y[i] = __float2bfloat16(x[i]); }
+};
+struct CastToFp32 {
+  const __nv_bfloat16* x;
+  float* y;
+  __device__ void operator()(std::int64_t i) const { y[i] = __bfloat162float(x[i]); }
+};
+template <class T>
+struct Fill {
+  T value;
+  T* x;
+  __device__ void operator()(std::int64_t i) const { x[i] = value; }
+};
+
+// ---- bias ----
+
+template <class T>
+struct BiasAdd {
+  std::int64_t cols;
+  const T* bias;
+  T* y;
+  __device__ void operator()(std::int64_t i) const {
+    detail::store_as(y + i, to_float(y[i]) + to_float(bias[i % cols]));
+  }
+};
+struct BiasGradTerm {
+  std::int64_t cols;
+  const __nv_bfloat16* dy;
+  __device__ void operator()(std::int64_t r, std::int64_t c, float (&v)[1]) const {
+    v[0] = __bfloat162float(dy[r * cols + c]);
+  }
+};
+
+// ---- residual and dropout ----
+
+struct ResidualAdd {
+  const __nv_bfloat16* a;
+  const __nv_bfloat16* b;
+  __nv_bfloat16* out;
+  __device__ void operator()(std::int64_t i) const {
+    out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+  }
+};
+struct DropoutAdd {
+  std::int64_t seq, hidden, sample_begin, seq_begin, seq_total;
+  detail::DeviceDropout drop;
+  const __nv_bfloat16* x;
+  const __nv_bfloat16* residual;  // may be nullptr
+  __nv_bfloat16* out;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t j = i % hidden;
+    const std::int64_t row = i / hidden;
+    const std::int64_t b = row / seq;
+    const std::int64_t s = row % seq;
+    const auto e = static_cast<std::uint64_t>(((sample_begin + b) * seq_total + seq_begin + s) * hidden + j);
+    const float v = __bfloat162float(x[i]) * detail::dropout_scale(drop, e);
+    out[i] = __float2bfloat16(residual != nullptr ? __bfloat162float(residual[i]) + v : v);
+  }
+};
+
+// ---- activations ----
+
+struct GeluForward {
+  const __nv_bfloat16* x;
+  __nv_bfloat16* y;
+  __device__ void operator()(std::int64_t i) const {
+    const float v = __bfloat162float(x[i]);
+    const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
+    y[i] = __float2bfloat16(v * sigmoid(2.0f * u));
+  }
+};
+struct GeluBackward {
+  const __nv_bfloat16* x;
+  const __nv_bfloat16* dy;
+  __nv_bfloat16* dx;  // may alias dy: each element is read before it is written, by the same thread
+  __device__ void operator()(std::int64_t i) const {
+    const float v = __bfloat162float(x[i]);
+    const float u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
+    const float s = sigmoid(2.0f * u);
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+    dx[i] = __float2bfloat16(__bfloat162float(dy[i]) * (s + v * s * (1.0f - s) * 2.0f * du));
+  }
+};
+struct SwigluForward {
+  std::int64_t ffn;
+  const __nv_bfloat16* gate_up;
+  __nv_bfloat16* y;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t t = i / ffn;
+    const std::int64_t j = i % ffn;
+    const float g = __bfloat162float(gate_up[t * 2 * ffn + j]);
+    const float u = __bfloat162float(gate_up[t * 2 * ffn + ffn + j]);
+    y[i] = __float2bfloat16(g * sigmoid(g) * u);
+  }
+};
+struct SwigluBackward {
+  std::int64_t ffn;
+  const __nv_bfloat16* gate_up;
+  const __nv_bfloat16* dy;
+  __nv_bfloat16* dgate_up;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t t = i / ffn;
+    const std::int64_t j = i % ffn;
+    const float g = __bfloat162float(gate_up[t * 2 * ffn + j]);
+    const float u = __bfloat162float(gate_up[t * 2 * ffn + ffn + j]);
+    const float d = __bfloat162float(dy[i]);
+    const float s = sigmoid(g);
+    dgate_up[t * 2 * ffn + ffn + j] = __float2bfloat16(d * (g * s));
+    dgate_up[t * 2 * ffn + j] = __float2bfloat16(d * u * (s * (1.0f + g * (1.0f - s))));
+  }
+};
+
+// ---- RoPE ----
+
+struct Rope {
+  std::int64_t seq, n_heads, half, row_stride;
+  float direction;  // +1 forward, -1 backward (the inverse rotation)
+  const float* cos;
+  const float* sin;
+  __nv_bfloat16* x;
+  __device__ void operator()(std::int64_t i) const {
+    const std::int64_t pair = i % half;
+    const std::int64_t rest = i / half;
+    const std::int64_t head = rest % n_heads;
+    const std::int64_t token = rest / n_heads;
+    const std::int64_t pos = token % seq;
+    __nv_bfloat16* h = x + token * row_stride + head * 2 * half;
+    const float x1 = __bfloat162float(h[pair]);
+    const float x2 = __bfloat162float(h[pair + half]);
+    const float c = cos[pos * half + pair];
+    const float s = direction * sin[pos * half + pair];
+    h[pair] = __float2bfloat16(x1 * c - x2 * s);
+    h[pair + half] = __float2bfloat16(x2 * c + x1 * s);
+  }
+};
+
+void rope(Context& ctx, const RopeShape& s, const float* cos, const float* sin, bf16* x, float direction,
+          const char* name) {
+  DTRAIN_CHECK(s.batch >= 0 && s.seq >= 0 && s.n_heads >= 0, std::string(name) + ": negative dimension");
+  DTRAIN_CHECK(s.head_dim > 0 && s.head_dim % 2 == 0, std::string(name) + ": head_dim must be positive and even");
+  DTRAIN_CHECK(s.row_stride >= s.n_heads * s.head_dim, std::string(name) + ": row_stride smaller than the heads");
+  const std::int64_t half = s.head_dim / 2;
+  launch_map(ctx, s.batch * s.seq * s.n_heads * half,
+             Rope{s.seq, s.n_heads, half, s.row_stride, direction, cos, sin, as_device(x)}, name);
+}
+
+void check_hidden_layout(const HiddenLayout& l, float p) {
+  DTRAIN_CHECK(p >= 0.0f && p < 1.0f, "dropout probability must be in [0, 1)");
+  DTRAIN_CHECK(l.batch >= 0 && l.hidden >= 0, "dropout: negative dimension");
+  DTRAIN_CHECK(l.seq > 0 && l.seq_begin + l.seq <= l.seq_total, "dropout: sequence slice outside the sequence");
+}
+
+}  // namespace
+
+void cast_fp32_to_bf16(Context& ctx, std::int64_t n, const float* x, bf16* y) {
+  launch_map(ctx, n, CastToBf16{x, as_device(y)}, "cast_fp32_to_bf16");
+}
+
+void cast_bf16_to_fp32(Context& ctx, std::int64_t n, const bf16* x, float* y) {
+  launch_map(ctx, n, CastToFp32{as_device(x), y}, "cast_bf16_to_fp32");
+}
+
+void fill(Context& ctx, std::int64_t n, float value, float* x) { launch_map(ctx, n, Fill<float>{value, x}, "fill"); }
+
+void fill(Context& ctx, std::int64_t n, float value, bf16* x) {
+  launch_map(ctx, n, Fill<bf16>{to_bf16(value), x}, "fill (bf16)");
+}
+
+void bias_add(Context& ctx, std::int64_t rows, std::int64_t cols, const bf16* bias, bf16* y) {
+  if (cols == 0) return;
+  launch_map(ctx, rows * cols, BiasAdd<__nv_bfloat16>{cols, as_device(bias), as_device(y)}, "bias_add (bf16)");
+}
+
+void bias_add(Context& ctx, std::int64_t rows, std::int64_t cols, const float* bias, float* y) {
+  if (cols == 0) return;
+  launch_map(ctx, rows * cols, BiasAdd<float>{cols, bias, y}, "bias_add");
+}
+
+void bias_grad(Context& ctx, std::int64_t rows, std::int64_t cols, const bf16* dy, float* dbias) {
+  DTRAIN_CHECK(rows >= 0 && cols >= 0, "bias_grad: negative dimension");
+  detail::column_sums<1>(ctx, rows, cols, BiasGradTerm{cols, as_device(dy)}, dbias, nullptr, "bias_grad");
+}
+
+void residual_add(Context& ctx, std::int64_t n, const bf16* a, const bf16* b, bf16* out) {
+  launch_map(ctx, n, ResidualAdd{as_device(a), as_device(b), as_device(out)}, "residual_add");
+}
+
+void dropout_add_forward(Context& ctx, const HiddenLayout& l, const bf16* x, const bf16* residual, float p,
+                         const DropoutKey& key, bf16* out) {
+  const std::int64_t n = l.batch * l.seq * l.hidden;
+  if (p == 0.0f) {
+    if (residual != nullptr) {
+      residual_add(ctx, n, residual, x, out);
+    } else if (out != x) {
+      copy_on_device(ctx, out, x, static_cast<std::size_t>(n) * sizeof(bf16));
+    }
+    return;
+  }
+  check_hidden_layout(l, p);
+  check_dropout_key(key);
+  launch_map(ctx, n,
+             DropoutAdd{l.seq, l.hidden, l.sample_begin, l.seq_begin, l.seq_total, detail::make_device_dropout(key, p),
+                        as_device(x), as_device(residual), as_device(out)},
+             "dropout_add_forward");
+}
+
+void dropout_add_backward(Context& ctx, const HiddenLayout& l, const bf16* dout, float p, const DropoutKey& key,
+                          bf16* dx) {
+  const std::int64_t n = l.batch * l.seq * l.hidden;
+  if (p == 0.0f) {
+    if (dx != dout) copy_on_device(ctx, dx, dout, static_cast<std::size_t>(n) * sizeof(bf16));
+    return;
+  }
+  check_hidden_layout(l, p);
+  check_dropout_key(key);
+  launch_map(ctx, n,
+             DropoutAdd{l.seq, l.hidden, l.sample_begin, l.seq_begin, l.seq_total, detail::make_device_dropout(key, p),
+                        as_device(dout), nullptr, as_device(dx)},
+             "dropout_add_backward");
+}
+
+void gelu_forward(Context& ctx, std::int64_t n, const bf16* x, bf16* y) {
+  launch_map(ctx, n, GeluForward{as_device(x), as_device(y)}, "gelu_forward");
+}
+
+void gelu_backward(Context& ctx, std::int64_t n, const bf16* x, const bf16* dy, bf16* dx) {
+  launch_map(ctx, n, GeluBackward{as_device(x), as_device(dy), as_device(dx)}, "gelu_backward");
+}
+
+void swiglu_forward(Context& ctx, std::int64_t tokens, std::int64_t ffn, const bf16* gate_up, bf16* y) {
+  if (ffn == 0) return;
+  launch_map(ctx, tokens * ffn, SwigluForward{ffn, as_device(gate_up), as_device(y)}, "swiglu_forward");
+}
+
+void swiglu_backward(Context& ctx, std::int64_t tokens, std::int64_t ffn, const bf16* gate_up, const bf16* dy,
+                     bf16* dgate_up) {
+  if (ffn == 0) return;
+  launch_map(ctx, tokens * ffn, SwigluBackward{ffn, as_device(gate_up), as_device(dy), as_device(dgate_up)},
+             "swiglu_backward");
+}
+
+void rope_forward(Context& ctx, const RopeShape& shape, const float* cos, const float* sin, bf16* x) {
+  rope(ctx, shape, cos, sin, x, 1.0f, "rope_forward");
+}
+
+void rope_backward(Context& ctx, const RopeShape& shape, const float* cos, const float* sin, bf16* dx) {
+  rope(ctx, shape, cos, sin, dx, -1.0f, "rope_backward");
+}
+
+}  // namespace dtrain::kernels::cuda

@@ -1,0 +1,126 @@
+// The host-side parts of the CUDA backend, which run (and must pass) on machines without a GPU: bf16 conversions,
+// the pool's size classes, the environment switches, and how a missing device is reported.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "dtrain/common/error.h"
+#include "dtrain/kernels/cuda/bf16.h"
+#include "dtrain/kernels/cuda/context.h"
+#include "dtrain/kernels/cuda/memory.h"
+
+namespace dtrain::kernels::cuda {
+namespace {
+
+TEST(Bf16, RoundsToNearestTiesToEven) {
+  EXPECT_EQ(to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(to_bf16(-2.0f), 0xc000);
+  EXPECT_EQ(from_bf16(0x3f80), 1.0f);
+  // 1 + 2^-8 lies halfway between 1 (even mantissa) and 1 + 2^-7: ties go to the even one.
+  EXPECT_EQ(to_bf16(1.0f + 0x1.0p-8f), 0x3f80);
+  // 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even).
+  EXPECT_EQ(to_bf16(1.0f + 3 * 0x1.0p-8f), 0x3f82);
+  // Just above the halfway point rounds up.
+  EXPECT_EQ(to_bf16(std::nextafter(1.0f + 0x1.0p-8f, 2.0f)), 0x3f81);
+}
+
+TEST(Bf16, OverflowInfinityAndNaN) {
+  EXPECT_EQ(to_bf16(std::numeric_limits<float>::max()), 0x7f80);  // rounds up past the largest bf16: +inf
+  EXPECT_EQ(to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(to_bf16(-std::numeric_limits<float>::infinity()), 0xff80);
+  EXPECT_EQ(to_bf16(std::numeric_limits<float>::quiet_NaN()), 0x7fc0);
+  EXPECT_EQ(to_bf16(-std::numeric_limits<float>::quiet_NaN()), 0xffc0);
+  // A NaN whose payload sits only in the low 16 bits would become infinity if truncated; it must stay a NaN.
+  EXPECT_TRUE(std::isnan(from_bf16(to_bf16(std::bit_cast<float>(0x7f800001u)))));
+}
+
+TEST(Bf16, EveryBf16RoundTripsExactly) {
+  for (std::uint32_t bits = 0; bits <= 0xffffu; ++bits) {
+    const auto x = static_cast<bf16>(bits);
+    const float f = from_bf16(x);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(to_bf16(f), x) << "bits 0x" << std::hex << bits;
+  }
+}
+
+TEST(DevicePoolSizeClass, SmallRequestsRoundTo512Bytes) {
+  EXPECT_EQ(DevicePool::size_class(0), 0u);
+  EXPECT_EQ(DevicePool::size_class(1), 512u);
+  EXPECT_EQ(DevicePool::size_class(512), 512u);
+  EXPECT_EQ(DevicePool::size_class(513), 1024u);
+  EXPECT_EQ(DevicePool::size_class(std::size_t{1} << 20), std::size_t{1} << 20);
+}
+
+TEST(DevicePoolSizeClass, LargeRequestsRoundToQuartersOfTheirPowerOfTwo) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  EXPECT_EQ(DevicePool::size_class(kMiB + 1), kMiB + kMiB / 4);
+  EXPECT_EQ(DevicePool::size_class(3'000'000), 6 * (2 * kMiB / 4));  // 2^21 / 4 = 512 KiB steps: 6 of them
+  EXPECT_EQ(DevicePool::size_class(8 * kMiB), 8 * kMiB);
+  for (std::size_t bytes = kMiB + 1; bytes < 64 * kMiB; bytes = bytes * 3 / 2 + 7) {
+    const std::size_t c = DevicePool::size_class(bytes);
+    EXPECT_GE(c, bytes);
+    EXPECT_LE(c - bytes, bytes / 4) << bytes;  // at most 25% slack, as memory.h promises
+  }
+}
+
+// Sets an environment variable for the life of the object.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+TEST(ContextOptions, EnvironmentSwitches) {
+  {
+    ::unsetenv("DTRAIN_CUDA_SYNC");  // the defaults, whatever the caller's environment holds
+    ::unsetenv("DTRAIN_CUDA_POOL");
+    const ContextOptions o = ContextOptions::from_environment();
+    EXPECT_FALSE(o.sync_after_launch);
+    EXPECT_TRUE(o.pool_caching);
+  }
+  {
+    ScopedEnv sync("DTRAIN_CUDA_SYNC", "1");
+    ScopedEnv pool("DTRAIN_CUDA_POOL", "0");
+    const ContextOptions o = ContextOptions::from_environment();
+    EXPECT_TRUE(o.sync_after_launch);
+    EXPECT_FALSE(o.pool_caching);
+  }
+  ScopedEnv bad("DTRAIN_CUDA_SYNC", "yes");
+  try {
+    (void)ContextOptions::from_environment();
+    FAIL() << "DTRAIN_CUDA_SYNC=yes was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), ErrorCategory::kInput);
+    EXPECT_NE(std::string(e.what()).find("DTRAIN_CUDA_SYNC=yes: expected 0 or 1"), std::string::npos) << e.what();
+  }
+}
+
+// Without a GPU (this test's point on CI machines) the reason names the missing device and creating a context throws
+// with the same text; with one, the reason is empty.
+TEST(Device, MissingDeviceIsReportedNotCrashed) {
+  const std::string reason = device_unavailable_reason(0);
+  if (device_count() == 0) {
+    EXPECT_EQ(reason.rfind("no CUDA device: ", 0), 0u) << reason;
+    try {
+      Context ctx;
+      FAIL() << "a Context was created without a device";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
+    }
+  } else {
+    EXPECT_EQ(reason, "");
+    EXPECT_NE(device_unavailable_reason(device_count()).find("no CUDA device: device"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::kernels::cuda
