@@ -18,8 +18,8 @@ demo=${TMPDIR:-/tmp}/dtrain-demo
 rm -rf "$demo" && mkdir -p "$demo"
 build/bin/dtexec tokenize --input /usr/share/common-licenses/GPL-3 --output "$demo/gpl.tokens"
 build/bin/dtlaunch --nproc 4 -- build/bin/dtexec train --model examples/models/tiny.toml --plan auto \
-  --data "$demo/gpl.tokens" --epochs 20 --steps 60 --seed 1 --threads 1 --checkpoint-dir "$demo/ckpt" \
-  --checkpoint-every 20 --resume --metrics "$demo/metrics.jsonl"
+  --data "$demo/gpl.tokens" --epochs 20 --steps 300 --seed 1 --threads 1 --checkpoint-dir "$demo/ckpt" \
+  --checkpoint-every 100 --resume --metrics "$demo/metrics.jsonl"
 echo "(per-step metrics: $demo/metrics.jsonl; checkpoints: $demo/ckpt; a rank that fails restarts from the newest)"
 
 echo "== dtplan explain: GPT-3 175B on 1024 A100-80GB (examples/)"
