@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # README quick start, first command: installs the Debian packages dtrain needs (root), builds everything in build/,
-# and runs the main job on built-in examples: a short training of the tiny GPT on 4 CPU ranks under dtlaunch (the
-# GPL-3 text as data), then the plan for GPT-3 175B on 1024 A100 GPUs, explained.
+# and runs the main job on built-in examples: a short training of the tiny Llama-style model on 4 CPU ranks under
+# dtlaunch (the GPL-3 text as data), then the plan for GPT-3 175B on 1024 A100 GPUs, explained.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,7 +13,7 @@ echo "== configure and build (build/)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$(nproc)"
 
-echo "== train: tiny GPT on 4 ranks (dtlaunch --nproc 4 -- dtexec train), the GPL-3 text as data"
+echo "== train: tiny Llama-style model on 4 ranks (dtlaunch --nproc 4 -- dtexec train), the GPL-3 text as data"
 demo=${TMPDIR:-/tmp}/dtrain-demo
 rm -rf "$demo" && mkdir -p "$demo"
 build/bin/dtexec tokenize --input /usr/share/common-licenses/GPL-3 --output "$demo/gpl.tokens"
