@@ -6,7 +6,10 @@
 #   3. compute-sanitizer memcheck over the CUDA kernel tests and the NCCL tests, with the caching pool off
 #      (DTRAIN_CUDA_POOL=0) so that out-of-bounds accesses hit the allocation's end; skipped, saying so, when
 #      compute-sanitizer is not installed;
-#   4. gpu_kernels_bench (GEMM TFLOP/s, attention, AdamW) and nccl_bench (all-reduce bus bandwidth).
+#   4. gpu_kernels_bench (GEMM TFLOP/s, attention, AdamW) and nccl_bench (all-reduce bus bandwidth);
+#   5. for bench/models/llama-8x4096.toml and llama-1b.toml: dtplan's predicted single-GPU step on this GPU type, and
+#      PyTorch eager and torch.compile (bench/torch_gpu_train.py, when python3 has torch with CUDA) at the plan's
+#      micro-batch, for the comparison with dtrain's own step (dtexec --device cuda, not built yet).
 #
 #   bench/gpu.sh [BUILD_DIR]
 #
@@ -68,9 +71,28 @@ echo "== gpu_kernels_bench"
 echo "== nccl_bench (bf16)"
 "$build/bin/nccl_bench" --dtype bf16 | tee "$logs/nccl_bench.txt"
 
+gpu_type=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | sed 's/^NVIDIA //; s/ /-/g')
+for model in llama-8x4096 llama-1b; do
+  echo "== $model: dtplan's prediction on one ${gpu_type:-H100-SXM}, and PyTorch"
+  cluster=$logs/one-gpu.toml
+  sed "s/^gpu = .*/gpu = \"${gpu_type:-H100-SXM}\"/" examples/clusters/dgx-h100.toml >"$cluster"
+  plan=$("$build/bin/dtplan" plan --model "bench/models/$model.toml" --cluster "$cluster" --gpus 1 2>&1) || true
+  echo "$plan" | tee "$logs/plan-$model.txt"
+  micro=$(echo "$plan" | sed -n 's/.* mb=\([0-9]*\) .*/\1/p' | head -1)
+  result[plan $model]=$(echo "$plan" | sed -n 's/^ *predicted \([0-9.]* ms\) per step.*(\(.*MFU\)).*/\1, \2/p')
+  if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    python3 bench/torch_gpu_train.py "bench/models/$model.toml" --micro-batch "${micro:-1}" |
+      tee "$logs/torch-$model.txt"
+    result[torch $model]=$(grep -E '^(eager|compile)' "$logs/torch-$model.txt" | awk '{printf "%s %s ms (MFU %s); ", $1, $3, $10}')
+  else
+    result[torch $model]="not run: python3 has no torch with CUDA"
+  fi
+done
+
 echo
 echo "GPU check summary ($(date -u +%Y-%m-%dT%H:%MZ), logs in $logs)"
-for k in tests "memcheck kernels_cuda_test" "memcheck comm_nccl_test"; do
+for k in tests "memcheck kernels_cuda_test" "memcheck comm_nccl_test" "plan llama-8x4096" "torch llama-8x4096" \
+  "plan llama-1b" "torch llama-1b"; do
   printf '  %-28s %s\n' "$k" "${result[$k]}"
 done
 printf '  %-28s %s\n' "kernel throughput" "$logs/gpu_kernels_bench.txt" "NCCL bus bandwidth" "$logs/nccl_bench.txt"
