@@ -36,6 +36,14 @@
 // unbound buffers waiting for a peer's notification, not those in its transmit queue), so that rank reports the
 // timeout instead of the dead peer (seen in the killed-peer test, for the rank sending to the victim).
 //
+// After a failure: Gloo 0.5's event-loop thread may still signal (and write into) the unbound buffers of a failed
+// operation after the error has reached the caller. dtrain keeps the buffers it made (the options objects of Gloo's
+// collectives, its own rings and message groups) alive until the communicator is gone, and closes the connections
+// before it throws, which waits out the event-loop thread; after the throw no Gloo thread touches the caller's memory.
+// Buffers that Gloo's own collectives make internally (gloo::allreduce's ring, gloo::barrier) are freed by Gloo as the
+// error unwinds, while the event-loop thread may still be signalling them: ThreadSanitizer reports that inside Gloo
+// (tests/tsan.supp suppresses exactly those two signalling frames).
+//
 // SIGPIPE: Gloo writes to sockets with writev(2), which raises SIGPIPE when the peer has died; the default action
 // would kill this process silently instead of reporting the dead peer. connect_gloo() therefore sets SIGPIPE to
 // SIG_IGN when it is at its default (SIG_DFL) and leaves any handler the program installed alone; writes to a
