@@ -17,7 +17,8 @@
 // activations in bf16 converts inside its kernels.
 //
 // Threading: one backend object may serve several executors (one per rank thread in the tests); the CPU backend is
-// stateless. Errors: dtrain::Error (internal) for misuse, (io) where memory runs out.
+// stateless. Errors: a backend reports failures as dtrain::Error; the CPU backend's allocate lets std::bad_alloc
+// through, as the std::vector tensors it replaced did.
 #pragma once
 
 #include <algorithm>
