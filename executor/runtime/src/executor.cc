@@ -10,25 +10,22 @@
 
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
-#include "dtrain/kernels/activation.h"
+#include "dtrain/exec/backend.h"
 #include "dtrain/kernels/attention.h"
-#include "dtrain/kernels/cross_entropy.h"
 #include "dtrain/kernels/dropout.h"
-#include "dtrain/kernels/embedding.h"
-#include "dtrain/kernels/linear.h"
 #include "dtrain/kernels/lr_schedule.h"
-#include "dtrain/kernels/norm.h"
 #include "dtrain/kernels/optimizer.h"
 #include "dtrain/kernels/rope.h"
 
 namespace dtrain::exec {
 
 namespace k = dtrain::kernels;
-namespace kc = dtrain::kernels::cpu;
 using ir::Instr;
 using ir::Opcode;
 using ir::What;
-using Tensor = std::vector<float>;
+// Tensors live in the backend's memory; the interpreter reaches their elements only through Backend calls.
+using Tensor = Buffer<float>;
+using Ids = Buffer<std::int32_t>;
 
 // ---------------------------------------------------------------------------------------------------------------
 // Communicators
@@ -73,7 +70,7 @@ struct HeadState {
 struct ChunkState {
   std::vector<LayerState> layers;
   HeadState head;
-  std::vector<std::int32_t> ids, targets;
+  Ids ids, targets;
   Tensor input;     // received activation
   Tensor grad_out;  // gradient of the chunk's output (received)
   Tensor cur;       // the tensor flowing through the body
@@ -93,7 +90,7 @@ struct Executor::Impl {
   Impl(const model::ModelDescription& model, const ir::Program& program, Communicators& communicators, const DataSource& source,
        const ExecutorOptions& options)
       : md(model), m(model.model), prog(program), comms(communicators), data(source), opt(options),
-        layout(model.model, program) {
+        be(options.backend != nullptr ? *options.backend : cpu_backend()), layout(model.model, program) {
     if (m.dropout > 0 && prog.sequence_parallel && prog.tp > 1) {
       throw input_error("the CPU executor runs dropout without sequence parallelism only (set dropout = 0 or "
                         "sequence_parallel=false)");
@@ -114,19 +111,23 @@ struct Executor::Impl {
     fc1_cols = m.activation == model::ActivationKind::kSwiGlu ? 2 * fl : fl;
     auto [vb, ve] = vocab_range(m.vocab, prog.tp_rank, prog.tp);
     vocab = k::VocabShard{vb, ve};
-    params.assign(static_cast<std::size_t>(layout.size()), 0.0f);
-    grads.assign(params.size(), 0.0f);
-    layout.initialise(opt.seed, params.data());
+    {
+      std::vector<float> initial(static_cast<std::size_t>(layout.size()), 0.0f);
+      layout.initialise(opt.seed, initial.data());
+      params = upload(initial);
+    }
+    grads = Tensor(be, params.size());
     if (m.position == model::PositionKind::kRope) {
-      rope_cos.resize(static_cast<std::size_t>(m.seq_len * d / 2));
-      rope_sin.resize(rope_cos.size());
-      k::rope_table(m.rope_theta, m.seq_len, d, rope_cos.data(), rope_sin.data());
+      std::vector<float> cos(static_cast<std::size_t>(m.seq_len * d / 2)), sin(cos.size());
+      k::rope_table(m.rope_theta, m.seq_len, d, cos.data(), sin.data());
+      rope_cos = upload(cos);
+      rope_sin = upload(sin);
     }
     plan_owned_ranges();
     std::int64_t n = 0;
     for (auto [b, e] : owned_ranges) n += e - b;
-    m1.assign(static_cast<std::size_t>(n), 0.0f);
-    m2.assign(static_cast<std::size_t>(n), 0.0f);
+    m1 = Tensor(be, static_cast<std::size_t>(n));
+    m2 = Tensor(be, static_cast<std::size_t>(n));
     sched.lr = md.training.lr;
     sched.min_lr = md.training.min_lr;
     sched.warmup_steps = md.training.warmup_steps;
@@ -141,6 +142,7 @@ struct Executor::Impl {
   Communicators& comms;
   const DataSource& data;
   ExecutorOptions opt;
+  Backend& be;
   ParamLayout layout;
   Tensor params, grads, m1, m2;
   std::vector<std::pair<std::int64_t, std::int64_t>> owned_ranges;
@@ -169,6 +171,19 @@ struct Executor::Impl {
     const TensorSpec* t = layout.find(name);
     return t == nullptr ? nullptr : grads.data() + t->offset;
   }
+  // A host array in backend memory.
+  template <typename T>
+  Buffer<T> upload(const std::vector<T>& host) {
+    Buffer<T> out(be, host.size());
+    be.copy_to_backend(out.data(), host.data(), host.size() * sizeof(T));
+    return out;
+  }
+  // t.resize(n) for a tensor that may not have met the backend yet (a pass state's first use).
+  void sized(Tensor& t, std::size_t n) {
+    if (t.backend() == nullptr) t = Tensor(be, n);
+    else t.resize(n);
+  }
+
   static std::string L(int layer, const char* name) { return fmt::format("layers.{}.{}", layer, name); }
   const float* vocab_weight() {
     return m.tied_embeddings ? P("embed.tokens.weight") : P("head.logits.weight");
@@ -231,40 +246,40 @@ struct Executor::Impl {
   // ---- tensors along the flow ----
 
   void all_gather_rows(Tensor& t, std::int64_t cols) {
-    Tensor full(static_cast<std::size_t>(T * cols));
+    Tensor full(be, static_cast<std::size_t>(T * cols));
     timed([&] { comms.tp->all_gather(t.data(), full.data(), static_cast<std::size_t>(Tl * cols)); });
     t.swap(full);
   }
   void reduce_scatter_rows(Tensor& t, std::int64_t cols) {
-    Tensor part(static_cast<std::size_t>(Tl * cols));
+    Tensor part(be, static_cast<std::size_t>(Tl * cols));
     timed([&] { comms.tp->reduce_scatter(t.data(), part.data(), static_cast<std::size_t>(Tl * cols), comm::ReduceOp::kSum); });
     t.swap(part);
   }
 
   void norm_forward(const std::string& prefix, const Tensor& x, Tensor& y, Tensor& a, Tensor& b) {
     std::int64_t rows = static_cast<std::int64_t>(x.size()) / h;
-    y.resize(x.size());
+    sized(y, x.size());
     k::NormShape shape{rows, h};
     if (m.norm == model::NormKind::kLayerNorm) {
-      a.resize(static_cast<std::size_t>(rows));
-      b.resize(static_cast<std::size_t>(rows));
-      kc::layernorm_forward(shape, x.data(), P(prefix + ".weight"), P(prefix + ".bias"),
+      sized(a, static_cast<std::size_t>(rows));
+      sized(b, static_cast<std::size_t>(rows));
+      be.layernorm_forward(shape, x.data(), P(prefix + ".weight"), P(prefix + ".bias"),
                             static_cast<float>(m.norm_eps), y.data(), a.data(), b.data());
     } else {
-      b.resize(static_cast<std::size_t>(rows));
-      kc::rmsnorm_forward(shape, x.data(), P(prefix + ".weight"), static_cast<float>(m.norm_eps), y.data(),
+      sized(b, static_cast<std::size_t>(rows));
+      be.rmsnorm_forward(shape, x.data(), P(prefix + ".weight"), static_cast<float>(m.norm_eps), y.data(),
                           b.data());
     }
   }
   void norm_backward(const std::string& prefix, const Tensor& x, const Tensor& a, const Tensor& b, Tensor& dy) {
     std::int64_t rows = static_cast<std::int64_t>(x.size()) / h;
-    Tensor dx(x.size());
+    Tensor dx(be, x.size());
     k::NormShape shape{rows, h};
     if (m.norm == model::NormKind::kLayerNorm) {
-      kc::layernorm_backward(shape, x.data(), P(prefix + ".weight"), a.data(), b.data(), dy.data(), dx.data(),
+      be.layernorm_backward(shape, x.data(), P(prefix + ".weight"), a.data(), b.data(), dy.data(), dx.data(),
                              G(prefix + ".weight"), G(prefix + ".bias"));
     } else {
-      kc::rmsnorm_backward(shape, x.data(), P(prefix + ".weight"), b.data(), dy.data(), dx.data(),
+      be.rmsnorm_backward(shape, x.data(), P(prefix + ".weight"), b.data(), dy.data(), dx.data(),
                            G(prefix + ".weight"));
     }
     dy.swap(dx);
@@ -273,20 +288,16 @@ struct Executor::Impl {
   // out = residual + dropout(branch + bias), on the rows held here.
   void residual_forward(const Tensor& residual, Tensor& branch, const float* bias, int layer, k::DropoutSite site) {
     std::int64_t rows = static_cast<std::int64_t>(branch.size()) / h;
-    if (bias != nullptr) {
-      for (std::int64_t r = 0; r < rows; ++r) {
-        for (std::int64_t j = 0; j < h; ++j) branch[static_cast<std::size_t>(r * h + j)] += bias[j];
-      }
-    }
+    if (bias != nullptr) be.add_bias_rows(rows, h, bias, branch.data());
     if (m.dropout > 0) {
       k::HiddenLayout hl{prog.micro_batch, m.seq_len, h, sample_base(current_mb) - step * opt.global_batch, 0,
                          m.seq_len};
       k::DropoutKey key{opt.seed, static_cast<std::uint64_t>(step), static_cast<std::uint32_t>(layer), site};
-      Tensor out(branch.size());
-      kc::dropout_add_forward(hl, branch.data(), residual.data(), static_cast<float>(m.dropout), key, out.data());
+      Tensor out(be, branch.size());
+      be.dropout_add_forward(hl, branch.data(), residual.data(), static_cast<float>(m.dropout), key, out.data());
       branch.swap(out);
     } else {
-      kc::residual_add(static_cast<std::int64_t>(branch.size()), branch.data(), residual.data(), branch.data());
+      be.residual_add(static_cast<std::int64_t>(branch.size()), branch.data(), residual.data(), branch.data());
     }
   }
   // Gradient through out = residual + dropout(branch + bias): keeps dout for the residual path, returns the branch's.
@@ -296,14 +307,9 @@ struct Executor::Impl {
       k::HiddenLayout hl{prog.micro_batch, m.seq_len, h, sample_base(current_mb) - step * opt.global_batch, 0,
                          m.seq_len};
       k::DropoutKey key{opt.seed, static_cast<std::uint64_t>(step), static_cast<std::uint32_t>(layer), site};
-      kc::dropout_add_backward(hl, dout.data(), static_cast<float>(m.dropout), key, dout.data());
+      be.dropout_add_backward(hl, dout.data(), static_cast<float>(m.dropout), key, dout.data());
     }
-    if (dbias != nullptr) {
-      std::int64_t rows = static_cast<std::int64_t>(dout.size()) / h;
-      for (std::int64_t r = 0; r < rows; ++r) {
-        for (std::int64_t j = 0; j < h; ++j) dbias[j] += dout[static_cast<std::size_t>(r * h + j)];
-      }
-    }
+    if (dbias != nullptr) be.accumulate_bias_grad(static_cast<std::int64_t>(dout.size()) / h, h, dout.data(), dbias);
   }
 
   int current_mb = 0;
@@ -314,22 +320,22 @@ struct Executor::Impl {
     const std::string& op = in.name;
     const int l = in.layer;
     if (op == "embed.tokens") {
-      cur.assign(static_cast<std::size_t>(T * h), 0.0f);
-      kc::embedding_forward(T, h, st.ids.data(), P("embed.tokens.weight"), vocab, cur.data());
+      cur = Tensor(be, static_cast<std::size_t>(T * h));
+      be.embedding_forward(T, h, st.ids.data(), P("embed.tokens.weight"), vocab, cur.data());
       return;
     }
     if (op == "embed.positions") {
       std::int64_t rows = static_cast<std::int64_t>(cur.size()) / h;
       const float* pos = P("embed.positions.weight");
       for_each_sequence_piece(token_offset(rows), rows, [&](std::int64_t, std::int64_t p0, std::int64_t len, std::int64_t row) {
-        kc::position_embedding_forward(1, len, h, pos + p0 * h, cur.data() + row * h);
+        be.position_embedding_forward(1, len, h, pos + p0 * h, cur.data() + row * h);
       });
       if (m.dropout > 0) {
         k::HiddenLayout hl{prog.micro_batch, m.seq_len, h, sample_base(current_mb) - step * opt.global_batch, 0,
                            m.seq_len};
         k::DropoutKey key{opt.seed, static_cast<std::uint64_t>(step), 0, k::DropoutSite::kEmbedding};
-        Tensor zeros(cur.size(), 0.0f), out(cur.size());
-        kc::dropout_add_forward(hl, cur.data(), zeros.data(), static_cast<float>(m.dropout), key, out.data());
+        Tensor zeros(be, cur.size()), out(be, cur.size());
+        be.dropout_add_forward(hl, cur.data(), zeros.data(), static_cast<float>(m.dropout), key, out.data());
         cur.swap(out);
       }
       return;
@@ -344,29 +350,28 @@ struct Executor::Impl {
     if (op == "head.logits") {
       HeadState& hs = st.head;
       if (!sp) hs.yg = cur;
-      hs.logits.resize(static_cast<std::size_t>(T * (vocab.end - vocab.begin)));
-      kc::linear_forward({T, h, vocab.end - vocab.begin}, cur.data(), vocab_weight(), nullptr, hs.logits.data());
+      sized(hs.logits, static_cast<std::size_t>(T * (vocab.end - vocab.begin)));
+      be.linear_forward({T, h, vocab.end - vocab.begin}, cur.data(), vocab_weight(), nullptr, hs.logits.data());
       return;
     }
     if (op == "head.cross_entropy") {
       HeadState& hs = st.head;
       auto tokens = static_cast<std::size_t>(T);
       if (in.index <= 0) {
-        hs.max.resize(tokens);
-        kc::cross_entropy_max(T, hs.logits.data(), vocab, hs.max.data());
+        sized(hs.max, tokens);
+        be.cross_entropy_max(T, hs.logits.data(), vocab, hs.max.data());
       }
       if (in.index < 0 || in.index == 1) {
-        hs.sum_exp.resize(tokens);
-        hs.target_logit.resize(tokens);
-        kc::cross_entropy_sum_exp(T, hs.logits.data(), st.targets.data(), vocab, hs.max.data(), hs.sum_exp.data(),
+        sized(hs.sum_exp, tokens);
+        sized(hs.target_logit, tokens);
+        be.cross_entropy_sum_exp(T, hs.logits.data(), st.targets.data(), vocab, hs.max.data(), hs.sum_exp.data(),
                                   hs.target_logit.data());
       }
       if (in.index < 0 || in.index == 2) {
-        Tensor loss(tokens);
-        kc::cross_entropy_loss(T, hs.max.data(), hs.sum_exp.data(), hs.target_logit.data(), loss.data());
+        Tensor loss(be, tokens);
+        be.cross_entropy_loss(T, hs.max.data(), hs.sum_exp.data(), hs.target_logit.data(), loss.data());
         if (prog.tp_rank == 0) {
-          double sum = 0;
-          for (float v : loss) sum += v;
+          double sum = be.sum(T, loss.data());
           loss_sum += sum / (static_cast<double>(opt.global_batch) * static_cast<double>(m.seq_len));
         }
       }
@@ -378,29 +383,29 @@ struct Executor::Impl {
       norm_forward(L(l, "attn.norm"), ls.x, ls.y1, ls.n1a, ls.n1b);
       cur = ls.y1;
     } else if (op == "attn.qkv") {
-      Tensor y(static_cast<std::size_t>(T * qkv_cols));
-      kc::linear_forward({T, h, qkv_cols}, cur.data(), P(L(l, "attn.qkv.weight")), P_opt(L(l, "attn.qkv.bias")),
+      Tensor y(be, static_cast<std::size_t>(T * qkv_cols));
+      be.linear_forward({T, h, qkv_cols}, cur.data(), P(L(l, "attn.qkv.weight")), P_opt(L(l, "attn.qkv.bias")),
                          y.data());
       if (!sp) ls.y1 = cur;  // the gathered input, kept for the weight gradient
       cur.swap(y);
     } else if (op == "attn.rope") {
-      kc::rope_forward({prog.micro_batch, m.seq_len, Hl, d, qkv_cols}, rope_cos.data(), rope_sin.data(), cur.data());
-      kc::rope_forward({prog.micro_batch, m.seq_len, KVl, d, qkv_cols}, rope_cos.data(), rope_sin.data(),
+      be.rope_forward({prog.micro_batch, m.seq_len, Hl, d, qkv_cols}, rope_cos.data(), rope_sin.data(), cur.data());
+      be.rope_forward({prog.micro_batch, m.seq_len, KVl, d, qkv_cols}, rope_cos.data(), rope_sin.data(),
                        cur.data() + Hl * d);
     } else if (op == "attn.core") {
       const Tensor& qkv = recompute ? ls.qkv : cur;
       if (!recompute) ls.qkv = cur;
-      ls.o.resize(static_cast<std::size_t>(T * Hl * d));
-      ls.lse.resize(static_cast<std::size_t>(prog.micro_batch * Hl * m.seq_len));
+      sized(ls.o, static_cast<std::size_t>(T * Hl * d));
+      sized(ls.lse, static_cast<std::size_t>(prog.micro_batch * Hl * m.seq_len));
       k::AttentionShape shape{prog.micro_batch, m.seq_len, Hl, KVl, d, qkv_cols, qkv_cols};
       k::AttentionDropout drop;
       k::AttentionDropout* dp = attention_dropout(drop, l);
-      kc::attention_forward(shape, qkv.data(), qkv.data() + Hl * d, qkv.data() + (Hl + KVl) * d, ls.o.data(),
+      be.attention_forward(shape, qkv.data(), qkv.data() + Hl * d, qkv.data() + (Hl + KVl) * d, ls.o.data(),
                             ls.lse.data(), dp);
       if (!recompute) cur = ls.o;
     } else if (op == "attn.proj") {
-      Tensor y(static_cast<std::size_t>(T * h));
-      kc::linear_forward({T, Hl * d, h}, cur.data(), P(L(l, "attn.proj.weight")), nullptr, y.data());
+      Tensor y(be, static_cast<std::size_t>(T * h));
+      be.linear_forward({T, Hl * d, h}, cur.data(), P(L(l, "attn.proj.weight")), nullptr, y.data());
       cur.swap(y);
     } else if (op == "attn.residual") {
       residual_forward(ls.x, cur, P_opt(L(l, "attn.proj.bias")), l, k::DropoutSite::kAttentionOutput);
@@ -409,21 +414,21 @@ struct Executor::Impl {
       norm_forward(L(l, "mlp.norm"), ls.x2, ls.y2, ls.n2a, ls.n2b);
       cur = ls.y2;
     } else if (op == "mlp.fc1") {
-      Tensor y(static_cast<std::size_t>(T * fc1_cols));
-      kc::linear_forward({T, h, fc1_cols}, cur.data(), P(L(l, "mlp.fc1.weight")), P_opt(L(l, "mlp.fc1.bias")),
+      Tensor y(be, static_cast<std::size_t>(T * fc1_cols));
+      be.linear_forward({T, h, fc1_cols}, cur.data(), P(L(l, "mlp.fc1.weight")), P_opt(L(l, "mlp.fc1.bias")),
                          y.data());
       if (!sp) ls.y2 = cur;
       cur.swap(y);
       ls.a = cur;
     } else if (op == "mlp.act") {
-      Tensor y(static_cast<std::size_t>(T * fl));
-      if (m.activation == model::ActivationKind::kSwiGlu) kc::swiglu_forward(T, fl, cur.data(), y.data());
-      else kc::gelu_forward(T * fl, cur.data(), y.data());
+      Tensor y(be, static_cast<std::size_t>(T * fl));
+      if (m.activation == model::ActivationKind::kSwiGlu) be.swiglu_forward(T, fl, cur.data(), y.data());
+      else be.gelu_forward(T * fl, cur.data(), y.data());
       cur.swap(y);
       ls.g = cur;
     } else if (op == "mlp.fc2") {
-      Tensor y(static_cast<std::size_t>(T * h));
-      kc::linear_forward({T, fl, h}, cur.data(), P(L(l, "mlp.fc2.weight")), nullptr, y.data());
+      Tensor y(be, static_cast<std::size_t>(T * h));
+      be.linear_forward({T, fl, h}, cur.data(), P(L(l, "mlp.fc2.weight")), nullptr, y.data());
       cur.swap(y);
     } else if (op == "mlp.residual") {
       residual_forward(ls.x2, cur, P_opt(L(l, "mlp.fc2.bias")), l, k::DropoutSite::kMlpOutput);
@@ -458,13 +463,13 @@ struct Executor::Impl {
     if (in.pass == ir::Pass::kBackwardWeight) dy = stash;
     if (weight_grad) {
       const Tensor& x = sp && !st.gathered.empty() && uses_gathered(in.name) ? st.gathered : saved_input;
-      kc::linear_backward_weight(shape, dy->data(), x.data(), dw, db);
+      be.linear_backward_weight(shape, dy->data(), x.data(), dw, db);
       if (uses_gathered(in.name)) st.gathered.clear();
     }
     if (in.pass == ir::Pass::kBackwardInput) *stash = cur;
     if (input_grad) {
-      Tensor dx(static_cast<std::size_t>(T * in_features));
-      kc::linear_backward_input(shape, cur.data(), w, dx.data());
+      Tensor dx(be, static_cast<std::size_t>(T * in_features));
+      be.linear_backward_input(shape, cur.data(), w, dx.data());
       cur.swap(dx);
     }
     if (in.pass == ir::Pass::kBackwardWeight) stash->clear();
@@ -479,9 +484,9 @@ struct Executor::Impl {
     if (op == "head.cross_entropy") {
       HeadState& hs = st.head;
       float dl = static_cast<float>(1.0 / (static_cast<double>(opt.global_batch) * static_cast<double>(m.seq_len)));
-      Tensor dloss(static_cast<std::size_t>(T), dl);
-      cur.resize(hs.logits.size());
-      kc::cross_entropy_backward(T, hs.logits.data(), st.targets.data(), vocab, hs.max.data(), hs.sum_exp.data(),
+      Tensor dloss(be, static_cast<std::size_t>(T), dl);
+      sized(cur, hs.logits.size());
+      be.cross_entropy_backward(T, hs.logits.data(), st.targets.data(), vocab, hs.max.data(), hs.sum_exp.data(),
                                  dloss.data(), cur.data());
       return;
     }
@@ -502,16 +507,16 @@ struct Executor::Impl {
         k::HiddenLayout hl{prog.micro_batch, m.seq_len, h, sample_base(current_mb) - step * opt.global_batch, 0,
                            m.seq_len};
         k::DropoutKey key{opt.seed, static_cast<std::uint64_t>(step), 0, k::DropoutSite::kEmbedding};
-        kc::dropout_add_backward(hl, cur.data(), static_cast<float>(m.dropout), key, cur.data());
+        be.dropout_add_backward(hl, cur.data(), static_cast<float>(m.dropout), key, cur.data());
       }
       float* dpos = G("embed.positions.weight");
       for_each_sequence_piece(token_offset(rows), rows, [&](std::int64_t, std::int64_t p0, std::int64_t len, std::int64_t row) {
-        kc::position_embedding_backward(1, len, h, cur.data() + row * h, dpos + p0 * h);
+        be.position_embedding_backward(1, len, h, cur.data() + row * h, dpos + p0 * h);
       });
       return;
     }
     if (op == "embed.tokens") {
-      kc::embedding_backward(T, h, st.ids.data(), cur.data(), vocab, G("embed.tokens.weight"));
+      be.embedding_backward(T, h, st.ids.data(), cur.data(), vocab, G("embed.tokens.weight"));
       return;
     }
     LayerState& ls = st.layers[static_cast<std::size_t>(l - current_first_layer)];
@@ -520,40 +525,40 @@ struct Executor::Impl {
     } else if (op == "mlp.fc2") {
       linear_backward(in, &ls, st, cur, fl, h, P(L(l, "mlp.fc2.weight")), G(L(l, "mlp.fc2.weight")), nullptr, ls.g);
     } else if (op == "mlp.act") {
-      Tensor dx(ls.a.size());
-      if (m.activation == model::ActivationKind::kSwiGlu) kc::swiglu_backward(T, fl, ls.a.data(), cur.data(), dx.data());
-      else kc::gelu_backward(T * fl, ls.a.data(), cur.data(), dx.data());
+      Tensor dx(be, ls.a.size());
+      if (m.activation == model::ActivationKind::kSwiGlu) be.swiglu_backward(T, fl, ls.a.data(), cur.data(), dx.data());
+      else be.gelu_backward(T * fl, ls.a.data(), cur.data(), dx.data());
       cur.swap(dx);
     } else if (op == "mlp.fc1") {
       linear_backward(in, &ls, st, cur, h, fc1_cols, P(L(l, "mlp.fc1.weight")), G(L(l, "mlp.fc1.weight")),
                       G_opt(L(l, "mlp.fc1.bias")), ls.y2);
     } else if (op == "mlp.norm") {
       norm_backward(L(l, "mlp.norm"), ls.x2, ls.n2a, ls.n2b, cur);
-      kc::residual_add(static_cast<std::int64_t>(cur.size()), cur.data(), ls.res_grad.data(), cur.data());
+      be.residual_add(static_cast<std::int64_t>(cur.size()), cur.data(), ls.res_grad.data(), cur.data());
     } else if (op == "attn.residual") {
       residual_backward(cur, ls.res_grad, G_opt(L(l, "attn.proj.bias")), l, k::DropoutSite::kAttentionOutput);
     } else if (op == "attn.proj") {
       linear_backward(in, &ls, st, cur, Hl * d, h, P(L(l, "attn.proj.weight")), G(L(l, "attn.proj.weight")), nullptr,
                       ls.o);
     } else if (op == "attn.core") {
-      Tensor dqkv(static_cast<std::size_t>(T * qkv_cols), 0.0f);
+      Tensor dqkv(be, static_cast<std::size_t>(T * qkv_cols));
       k::AttentionShape shape{prog.micro_batch, m.seq_len, Hl, KVl, d, qkv_cols, qkv_cols};
       k::AttentionDropout drop;
       k::AttentionDropout* dp = attention_dropout(drop, l);
       const float* q = ls.qkv.data();
-      kc::attention_backward(shape, q, q + Hl * d, q + (Hl + KVl) * d, ls.o.data(), ls.lse.data(), cur.data(),
+      be.attention_backward(shape, q, q + Hl * d, q + (Hl + KVl) * d, ls.o.data(), ls.lse.data(), cur.data(),
                              dqkv.data(), dqkv.data() + Hl * d, dqkv.data() + (Hl + KVl) * d, dp);
       cur.swap(dqkv);
     } else if (op == "attn.rope") {
-      kc::rope_backward({prog.micro_batch, m.seq_len, Hl, d, qkv_cols}, rope_cos.data(), rope_sin.data(), cur.data());
-      kc::rope_backward({prog.micro_batch, m.seq_len, KVl, d, qkv_cols}, rope_cos.data(), rope_sin.data(),
+      be.rope_backward({prog.micro_batch, m.seq_len, Hl, d, qkv_cols}, rope_cos.data(), rope_sin.data(), cur.data());
+      be.rope_backward({prog.micro_batch, m.seq_len, KVl, d, qkv_cols}, rope_cos.data(), rope_sin.data(),
                         cur.data() + Hl * d);
     } else if (op == "attn.qkv") {
       linear_backward(in, &ls, st, cur, h, qkv_cols, P(L(l, "attn.qkv.weight")), G(L(l, "attn.qkv.weight")),
                       G_opt(L(l, "attn.qkv.bias")), ls.y1);
     } else if (op == "attn.norm") {
       norm_backward(L(l, "attn.norm"), ls.x, ls.n1a, ls.n1b, cur);
-      kc::residual_add(static_cast<std::int64_t>(cur.size()), cur.data(), ls.res_grad.data(), cur.data());
+      be.residual_add(static_cast<std::int64_t>(cur.size()), cur.data(), ls.res_grad.data(), cur.data());
     } else {
       throw internal_error(fmt::format("unknown op '{}'", op));
     }
@@ -572,7 +577,7 @@ struct Executor::Impl {
       }
       case What::kSavedInput: {
         const Tensor& shard = saved_input_for(in, st);
-        st.gathered.resize(static_cast<std::size_t>(T * h));
+        sized(st.gathered, static_cast<std::size_t>(T * h));
         timed([&] { comms.tp->all_gather(shard.data(), st.gathered.data(), shard.size()); });
         break;
       }
@@ -728,8 +733,8 @@ struct Executor::Impl {
     for (int b = 0; b < prog.micro_batch; ++b) {
       data.sample(base + b, m.seq_len, ids.data() + b * m.seq_len, targets.data() + b * m.seq_len);
     }
-    if (in.what == What::kTokens || in.what == What::kBatch) st.ids = ids;
-    if (in.what == What::kTargets || in.what == What::kBatch) (other ? *other : st).targets = targets;
+    if (in.what == What::kTokens || in.what == What::kBatch) st.ids = upload(ids);
+    if (in.what == What::kTargets || in.what == What::kBatch) (other ? *other : st).targets = upload(targets);
   }
 
   // Consecutive SEND/RECV of one group, starting at pc; returns how many instructions they took.
@@ -766,7 +771,7 @@ struct Executor::Impl {
         // act of chunk c-1 is the input of chunk c; grad of chunk c+1's input is chunk c's output gradient.
         Tensor& dst = in.what == What::kActivation ? state(in.chunk + 1, in.mb).input
                                                    : state(in.chunk - 1, in.mb).grad_out;
-        dst.assign(static_cast<std::size_t>(in.count), 0.0f);
+        dst = Tensor(be, static_cast<std::size_t>(in.count));
         ops.push_back(comm::P2POp::recv(dst.data(), dst.size(), peer, tag));
       }
     }
@@ -785,24 +790,35 @@ struct Executor::Impl {
       float pair[2] = {static_cast<float>(in.what == What::kGradNorm ? local_grad_norm_squared() : loss_sum), 0.0f};
       double exact = in.what == What::kGradNorm ? local_grad_norm_squared() : loss_sum;
       pair[1] = static_cast<float>(exact - static_cast<double>(pair[0]));
-      timed([&] { comms.world->all_reduce(pair, pair, 2, comm::ReduceOp::kSum); });
+      Tensor wire(be, 2);  // the communicator reads backend memory
+      be.copy_to_backend(wire.data(), pair, sizeof(pair));
+      timed([&] { comms.world->all_reduce(wire.data(), wire.data(), 2, comm::ReduceOp::kSum); });
+      be.copy_to_host(pair, wire.data(), sizeof(pair));
       out = static_cast<double>(pair[0]) + static_cast<double>(pair[1]);
       if (in.what == What::kGradNorm) grad_norm_squared_total = out;
       else loss_total = out;
       return;
     }
     if (in.on == ir::CommGroup::kTp && in.what == What::kReplicatedGrads) {
-      Tensor buf;
       std::vector<const TensorSpec*> parts;
+      std::size_t total = 0;
       for (const auto& t : layout.tensors()) {
-        if (t.chunk == in.chunk && t.tp_replicated && t.unit >= in.layer && t.unit < in.layer_end) parts.push_back(&t);
+        if (t.chunk == in.chunk && t.tp_replicated && t.unit >= in.layer && t.unit < in.layer_end) {
+          parts.push_back(&t);
+          total += static_cast<std::size_t>(t.numel());
+        }
       }
-      for (const auto* t : parts) buf.insert(buf.end(), grads.data() + t->offset, grads.data() + t->offset + t->numel());
-      check_count(in, static_cast<std::int64_t>(buf.size()));
+      check_count(in, static_cast<std::int64_t>(total));
+      Tensor buf(be, total);
+      std::size_t at = 0;
+      for (const auto* t : parts) {
+        be.copy(buf.data() + at, grads.data() + t->offset, static_cast<std::size_t>(t->numel()) * sizeof(float));
+        at += static_cast<std::size_t>(t->numel());
+      }
       timed([&] { comms.tp->all_reduce(buf.data(), buf.data(), buf.size(), comm::ReduceOp::kSum); });
       std::size_t pos = 0;
       for (const auto* t : parts) {
-        std::copy_n(buf.data() + pos, t->numel(), grads.data() + t->offset);
+        be.copy(grads.data() + t->offset, buf.data() + pos, static_cast<std::size_t>(t->numel()) * sizeof(float));
         pos += static_cast<std::size_t>(t->numel());
       }
       return;
@@ -823,19 +839,22 @@ struct Executor::Impl {
       return;
     }
     std::int64_t shard = shard_of_range.at(b);
-    Tensor buf(static_cast<std::size_t>(shard * prog.dp), 0.0f);
+    Tensor buf(be, static_cast<std::size_t>(shard * prog.dp));
+    auto copy_floats = [&](float* dst, const float* src, std::int64_t count) {
+      be.copy(dst, src, static_cast<std::size_t>(count) * sizeof(float));
+    };
     float* flat = in.op == Opcode::kReduceScatter ? grads.data() : params.data();
     std::int64_t mine = b + prog.dp_rank * shard;
     std::int64_t mine_n = std::max<std::int64_t>(0, std::min(e, mine + shard) - mine);
     if (in.op == Opcode::kReduceScatter) {
-      std::copy_n(flat + b, n, buf.data());
+      copy_floats(buf.data(), flat + b, n);
       timed([&] { comms.dp->reduce_scatter(buf.data(), buf.data() + prog.dp_rank * shard, static_cast<std::size_t>(shard),
                                comm::ReduceOp::kSum); });
-      std::copy_n(buf.data() + prog.dp_rank * shard, mine_n, flat + mine);
+      copy_floats(flat + mine, buf.data() + prog.dp_rank * shard, mine_n);
     } else {  // all-gather of the updated parameters
-      std::copy_n(flat + mine, mine_n, buf.data() + prog.dp_rank * shard);
+      copy_floats(buf.data() + prog.dp_rank * shard, flat + mine, mine_n);
       timed([&] { comms.dp->all_gather(buf.data() + prog.dp_rank * shard, buf.data(), static_cast<std::size_t>(shard)); });
-      std::copy_n(buf.data(), n, flat + b);
+      copy_floats(flat + b, buf.data(), n);
     }
   }
   double grad_norm_squared_total = 0;
@@ -850,9 +869,9 @@ struct Executor::Impl {
 
   // This rank's share of the squared gradient norm: each parameter counted once over the whole job.
   double local_grad_norm_squared() {
-    double sum = 0;
+    std::vector<ConstSpan> spans;
     auto add = [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) sum += static_cast<double>(grads[static_cast<std::size_t>(i)]) * grads[static_cast<std::size_t>(i)];
+      if (b < e) spans.push_back({grads.data() + b, e - b});
     };
     bool sharded = prog.distributed_optimizer && prog.dp > 1;
     if (!sharded && prog.dp_rank != 0) return 0;  // data-parallel replicas hold the same reduced gradients
@@ -866,7 +885,7 @@ struct Executor::Impl {
       }
       for (auto [ob, oe] : owned_ranges) add(std::max(b, ob), std::min(e, oe));
     }
-    return sum;
+    return be.sum_squares(spans);
   }
 
   void optimizer_step() {
@@ -899,7 +918,7 @@ struct Executor::Impl {
       }
       moment += oe - ob;
     }
-    kc::adamw_step(cfg, buffers.data(), static_cast<std::int64_t>(buffers.size()));
+    be.adamw_step(cfg, buffers.data(), static_cast<std::int64_t>(buffers.size()));
   }
   double last_lr = 0;
 
@@ -924,7 +943,7 @@ struct Executor::Impl {
     loss_total = 0;
     comm_seconds = 0;
     slices.clear();
-    std::fill(grads.begin(), grads.end(), 0.0f);
+    be.fill(static_cast<std::int64_t>(grads.size()), 0.0f, grads.data());
     plan_recompute_full = false;
     for (const auto& b : prog.bodies) {
       for (const auto& in : b->instrs) {
@@ -1000,12 +1019,26 @@ Executor::~Executor() = default;
 
 StepMetrics Executor::run_step(std::int64_t step) { return impl_->run(step); }
 const ParamLayout& Executor::layout() const { return impl_->layout; }
-float* Executor::params() { return impl_->params.data(); }
-const float* Executor::params() const { return impl_->params.data(); }
-const float* Executor::grads() const { return impl_->grads.data(); }
+Backend& Executor::backend() const { return impl_->be; }
+
+namespace {
+// The accessors below hand out backend pointers as host pointers.
+template <typename T>
+T* host_view(const Backend& backend, T* ptr) {
+  if (!backend.host_accessible()) {
+    throw internal_error(fmt::format("the executor's tensors are in {} memory; host access to them is not implemented",
+                                     backend.name()));
+  }
+  return ptr;
+}
+}  // namespace
+
+float* Executor::params() { return host_view(impl_->be, impl_->params.data()); }
+const float* Executor::params() const { return host_view(impl_->be, impl_->params.data()); }
+const float* Executor::grads() const { return host_view(impl_->be, impl_->grads.data()); }
 const std::vector<std::pair<std::int64_t, std::int64_t>>& Executor::owned() const { return impl_->owned_ranges; }
-float* Executor::exp_avg() { return impl_->m1.data(); }
-float* Executor::exp_avg_sq() { return impl_->m2.data(); }
+float* Executor::exp_avg() { return host_view(impl_->be, impl_->m1.data()); }
+float* Executor::exp_avg_sq() { return host_view(impl_->be, impl_->m2.data()); }
 std::int64_t Executor::owned_size() const { return static_cast<std::int64_t>(impl_->m1.size()); }
 const std::vector<ir::Slice>& Executor::trace() const { return impl_->slices; }
 

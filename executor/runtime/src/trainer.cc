@@ -251,6 +251,7 @@ class Run {
     eo.seed = o_.seed;
     eo.global_batch = plan_.inputs.global_batch;
     eo.record_trace = !o_.trace_path.empty();
+    eo.backend = &cpu_backend();  // dtexec runs on the CPU; the CUDA backend is issue 8
     executor_ = std::make_unique<Executor>(model_, program_, comms_, *data_, eo);
     TrainResult result;
     result.plan_digest = plan_.digest;

@@ -1,5 +1,6 @@
-// The interpreter: runs one rank's program, one training step at a time, on the CPU backend (fp32 kernels from
-// dtrain::kernels, collectives from a dtrain::comm::Communicator).
+// The interpreter: runs one rank's program, one training step at a time, on a device backend (backend.h: where the
+// tensors live and what computes on them; the CPU backend runs the fp32 kernels of dtrain::kernels) with collectives
+// from a dtrain::comm::Communicator, which receives pointers into the backend's memory.
 //
 // It executes the schedule instruction by instruction and each FWD/BWD through its stage body: a "current tensor"
 // flows through the body's COMPUTE ops (each calls a kernel and keeps what its backward needs), and the body's
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "dtrain/comm/communicator.h"
+#include "dtrain/exec/backend.h"
 #include "dtrain/exec/data.h"
 #include "dtrain/exec/params.h"
 #include "dtrain/ir/program.h"
@@ -37,6 +39,8 @@ struct ExecutorOptions {
   std::uint64_t seed = 1;
   std::int64_t global_batch = 0;  // sequences per step (the plan's)
   bool record_trace = false;
+  // Where the tensors live and the kernels run; must outlive the executor. nullptr: cpu_backend().
+  Backend* backend = nullptr;
 };
 
 // The communicators of one rank: the world and the groups its program names (split from the world).
@@ -63,7 +67,10 @@ class Executor {
   StepMetrics run_step(std::int64_t step);
 
   const ParamLayout& layout() const;
-  // Parameters, gradients and Adam moments (moments only for the elements this rank updates; see owned()).
+  Backend& backend() const;
+  // Parameters, gradients and Adam moments (moments only for the elements this rank updates; see owned()), in the
+  // backend's memory: host pointers only when backend().host_accessible(); otherwise these throw dtrain::Error
+  // (internal) until the executor has host copies for them.
   float* params();
   const float* params() const;
   // Gradients of the last step (reduced; with the distributed optimizer only the owned elements are complete).
