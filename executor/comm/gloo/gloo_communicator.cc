@@ -14,7 +14,6 @@
 #include <csignal>
 #include <cstring>
 #include <deque>
-#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -158,13 +157,11 @@ class GlooCommunicator final : public Communicator {
         if (s != r) std::memcpy(r, s, count * sizeof(float));
         return;
       }
-      try {
+      // The ring keeps its own buffers in the quarantine.
+      closing_on_failure(nullptr, [&] {
         call_gloo("ring reduce-scatter",
                   [&] { detail::ring_reduce_scatter(context_, s, r, count, op, next_tag_++, timeout_, quarantine_); });
-      } catch (...) {
-        do_abort();  // as in run_quarantined
-        throw;
-      }
+      });
     });
   }
 
@@ -200,21 +197,35 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
-  // Runs one Gloo collective on an options object (and so unbound buffers) that outlives a failure: see
-  // detail::Quarantine. A failure closes the connections (do_abort): that makes the peers fail fast, and it takes
+  struct PendingMessage {
+    const P2POp* op;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  };
+
+  // Runs fn; when it throws, `keep` (the operation's Gloo buffers, if any) goes to the quarantine (see
+  // detail::Quarantine) and the connections are closed (do_abort): that makes the peers fail fast, and it takes
   // each pair's lock, which the device thread holds while it writes into or signals a buffer, so once the caller
   // sees the error no Gloo thread touches its memory any more.
-  template <typename Options, typename Fn>
-  void run_quarantined(std::string_view what, Fn&& fn) {
-    auto opts = std::make_shared<Options>(context_);
+  template <typename Fn>
+  void closing_on_failure(std::shared_ptr<void> keep, Fn&& fn) {
     try {
-      call_gloo(what, [&] { fn(*opts); });
+      fn();
     } catch (...) {
-      quarantine_.push_back(std::move(opts));
+      if (keep) quarantine_.push_back(std::move(keep));
       do_abort();
       throw;
     }
   }
+
+  // One Gloo collective on an options object (and so unbound buffers) that outlives a failure.
+  template <typename Options, typename Fn>
+  void run_quarantined(std::string_view what, Fn&& fn) {
+    auto opts = std::make_shared<Options>(context_);
+    closing_on_failure(opts, [&] { call_gloo(what, [&] { fn(*opts); }); });
+  }
+
+  // Posts the messages of a group to other ranks into `pending` and waits for them until `deadline`.
+  void post_and_wait(std::span<const P2POp> ops, std::vector<PendingMessage>& pending, Clock::time_point deadline);
 
   // Declared first, so destroyed last: after the context and the device (whose destructor joins the thread that
   // may still touch these).
@@ -246,27 +257,15 @@ void GlooCommunicator::do_group(std::span<const P2POp> ops) {
     if (op.count > 0) std::memmove(op.buffer, from->buffer, op.bytes());
   }
 
-  struct Pending {
-    const P2POp* op;
-    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
-  };
-  auto pending_ptr = std::make_shared<std::vector<Pending>>();
-  std::vector<Pending>& pending = *pending_ptr;
+  auto pending = std::make_shared<std::vector<PendingMessage>>();
+  closing_on_failure(pending, [&] { post_and_wait(ops, *pending, deadline); });
+}
+
+void GlooCommunicator::post_and_wait(std::span<const P2POp> ops, std::vector<PendingMessage>& pending,
+                                     Clock::time_point deadline) {
+  const int me = rank();
   pending.reserve(ops.size());
   const P2POp* current = nullptr;
-  // On failure, whatever is thrown, the buffers go to the quarantine and the connections are closed (see
-  // run_quarantined).
-  struct OnThrow {
-    GlooCommunicator& self;
-    std::shared_ptr<std::vector<Pending>>& pending;
-    int uncaught = std::uncaught_exceptions();
-    ~OnThrow() {
-      if (std::uncaught_exceptions() > uncaught) {
-        self.quarantine_.push_back(std::move(pending));
-        self.do_abort();
-      }
-    }
-  } on_throw{*this, pending_ptr};
   try {
     for (const P2POp& op : ops) {
       if (op.peer == me) continue;
@@ -280,7 +279,7 @@ void GlooCommunicator::do_group(std::span<const P2POp> ops) {
         pending.back().buffer->recv(op.peer, slot);
       }
     }
-    for (Pending& p : pending) {
+    for (PendingMessage& p : pending) {
       current = p.op;
       const auto left = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
                                  std::chrono::milliseconds(0));
