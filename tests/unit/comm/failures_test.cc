@@ -220,8 +220,8 @@ TEST(GlooProcessFailures, PeerKilledMidCollectiveFailsTheOthersCleanly) {
     const std::string message = read_file(dir.path() / ("error." + std::to_string(r)));
     EXPECT_TRUE(statuses[r].exited) << "rank " << r << " signal " << statuses[r].signal;
     EXPECT_EQ(statuses[r].exit_code, static_cast<int>(ExitCode::kPeerFailure)) << "rank " << r << ": " << message;
-    EXPECT_TRUE(contains(message, "comm: all_reduce(max, 262144 floats) in group 'world' (rank " + std::to_string(r) +
-                                      " of 4, gloo): "))
+    EXPECT_TRUE(contains(
+        message, "comm: all_reduce(max, 262144 floats) in group 'world' (rank " + std::to_string(r) + " of 4, gloo): "))
         << "rank " << r << ": " << message;
     const bool peer_failure = contains(message, "): peer failure after");
     EXPECT_TRUE(peer_failure || contains(message, "): timed out after")) << "rank " << r << ": " << message;
@@ -363,48 +363,29 @@ TEST(InprocFailures, RankThatThrowsAbortsTheWorld) {
 }
 
 TEST(InprocFailures, MismatchedCollectivesNameBothCalls) {
-  std::mutex mutex;
-  std::vector<std::string> messages;
-  EXPECT_THROW(InprocWorld::run(2,
-                                [&](Communicator& comm) {
-                                  std::vector<float> x(4 + comm.rank());
-                                  try {
-                                    comm.all_reduce(x.data(), x.data(), x.size(), ReduceOp::kSum);
-                                  } catch (const Error& e) {
-                                    EXPECT_EQ(e.exit_code(), ExitCode::kFailure);
-                                    std::lock_guard lock(mutex);
-                                    messages.push_back(e.what());
-                                    throw;
-                                  }
-                                }),
-               Error);
-  ASSERT_EQ(messages.size(), 2u);
-  for (const auto& m : messages) {
-    EXPECT_TRUE(contains(m, "mismatch with a peer")) << m;
-    EXPECT_TRUE(contains(m, "all_reduce(sum, 4 floats)")) << m;
-    EXPECT_TRUE(contains(m, "all_reduce(sum, 5 floats)")) << m;
+  const auto errors = inproc_errors(2, [](Communicator& comm) {
+    std::vector<float> x(4 + comm.rank());
+    comm.all_reduce(x.data(), x.data(), x.size(), ReduceOp::kSum);
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& e : errors) {
+    EXPECT_EQ(e.exit_code, ExitCode::kFailure);
+    EXPECT_TRUE(contains(e.message, "mismatch with a peer")) << e.message;
+    EXPECT_TRUE(contains(e.message, "all_reduce(sum, 4 floats)")) << e.message;
+    EXPECT_TRUE(contains(e.message, "all_reduce(sum, 5 floats)")) << e.message;
   }
 }
 
 TEST(InprocFailures, MismatchedMessageCountsNameBothSides) {
-  std::mutex mutex;
-  std::vector<std::string> messages;
-  EXPECT_THROW(InprocWorld::run(2,
-                                [&](Communicator& comm) {
-                                  std::vector<float> x(5);
-                                  try {
-                                    if (comm.rank() == 0) comm.send(x.data(), 4, 1, 3);
-                                    if (comm.rank() == 1) comm.recv(x.data(), 5, 0, 3);
-                                  } catch (const Error& e) {
-                                    std::lock_guard lock(mutex);
-                                    messages.push_back(e.what());
-                                    throw;
-                                  }
-                                }),
-               Error);
-  ASSERT_EQ(messages.size(), 2u);
-  for (const auto& m : messages) {
-    EXPECT_TRUE(contains(m, "rank 0 sent 4 floats with tag 3 to rank 1, which posted a recv of 5 floats")) << m;
+  const auto errors = inproc_errors(2, [](Communicator& comm) {
+    std::vector<float> x(5);
+    if (comm.rank() == 0) comm.send(x.data(), 4, 1, 3);
+    if (comm.rank() == 1) comm.recv(x.data(), 5, 0, 3);
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& e : errors) {
+    EXPECT_TRUE(contains(e.message, "rank 0 sent 4 floats with tag 3 to rank 1, which posted a recv of 5 floats"))
+        << e.message;
   }
 }
 

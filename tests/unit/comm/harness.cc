@@ -70,6 +70,23 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ignored);
 }
 
+std::vector<RankError> inproc_errors(int size, const std::function<void(Communicator&)>& body) {
+  std::mutex mutex;
+  std::vector<RankError> errors;
+  EXPECT_THROW(InprocWorld::run(size,
+                                [&](Communicator& comm) {
+                                  try {
+                                    body(comm);
+                                  } catch (const Error& e) {
+                                    std::lock_guard lock(mutex);
+                                    errors.push_back({e.exit_code(), e.what()});
+                                    throw;
+                                  }
+                                }),
+               Error);
+  return errors;
+}
+
 float exact_value(int rank, std::size_t i, int salt) {
   return static_cast<float>(
       static_cast<int>((static_cast<std::size_t>(rank + 1) * 37 + i * 11 + static_cast<std::size_t>(salt) * 5) % 64) -

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dtrain/comm/communicator.h"
+#include "dtrain/common/error.h"
 
 namespace dtrain::comm::testing {
 
@@ -75,6 +76,14 @@ struct FileStoreWorld {
 };
 FileStoreWorld connect_file_store(const std::filesystem::path& store_dir, int rank, int size,
                                   std::chrono::milliseconds timeout);
+
+// Runs `body` on an in-process world of `size` ranks, expecting the run to fail (a non-fatal gtest failure if it does
+// not): the dtrain::Error each rank's body threw, in the order they were thrown.
+struct RankError {
+  ExitCode exit_code;
+  std::string message;
+};
+std::vector<RankError> inproc_errors(int size, const std::function<void(Communicator&)>& body);
 
 // Exactly representable test values in [-32, 31]: sums of up to 2^18 of them are exact in fp32 in any order.
 float exact_value(int rank, std::size_t i, int salt = 0);

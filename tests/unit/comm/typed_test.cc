@@ -243,54 +243,35 @@ INSTANTIATE_TEST_SUITE_P(Backends, TypedTest,
                          backend_name);
 
 TEST(InprocTyped, RanksThatDisagreeOnTheTypeFailWithAMismatch) {
-  std::mutex mutex;
-  std::vector<std::string> messages;
-  EXPECT_THROW(InprocWorld::run(2,
-                                [&](Communicator& comm) {
-                                  std::vector<float> x(4);
-                                  try {
-                                    if (comm.rank() == 0) {
-                                      comm.all_reduce(x.data(), x.data(), 4, ReduceOp::kSum);
-                                    } else {
-                                      comm.all_reduce(x.data(), x.data(), 4, DType::kBf16, ReduceOp::kSum);
-                                    }
-                                  } catch (const Error& e) {
-                                    std::lock_guard lock(mutex);
-                                    messages.push_back(e.what());
-                                    throw;
-                                  }
-                                }),
-               Error);
-  ASSERT_EQ(messages.size(), 2u);
-  for (const auto& m : messages) {
-    EXPECT_TRUE(contains(m, "mismatch with a peer")) << m;
-    EXPECT_TRUE(contains(m, "all_reduce(sum, 4 floats)")) << m;
-    EXPECT_TRUE(contains(m, "all_reduce(sum, 4 bf16 values)")) << m;
+  const auto errors = inproc_errors(2, [](Communicator& comm) {
+    std::vector<float> x(4);
+    if (comm.rank() == 0) {
+      comm.all_reduce(x.data(), x.data(), 4, ReduceOp::kSum);
+    } else {
+      comm.all_reduce(x.data(), x.data(), 4, DType::kBf16, ReduceOp::kSum);
+    }
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& e : errors) {
+    EXPECT_TRUE(contains(e.message, "mismatch with a peer")) << e.message;
+    EXPECT_TRUE(contains(e.message, "all_reduce(sum, 4 floats)")) << e.message;
+    EXPECT_TRUE(contains(e.message, "all_reduce(sum, 4 bf16 values)")) << e.message;
   }
 }
 
 TEST(InprocTyped, MessagesThatDisagreeOnTheTypeFailWithAMismatch) {
-  std::mutex mutex;
-  std::vector<std::string> messages;
-  EXPECT_THROW(InprocWorld::run(2,
-                                [&](Communicator& comm) {
-                                  std::vector<float> x(4);
-                                  try {
-                                    if (comm.rank() == 0) comm.send(x.data(), 2, 1, 3);
-                                    if (comm.rank() == 1) {
-                                      const P2POp op = P2POp::recv(x.data(), 2, DType::kBf16, 0, 3);
-                                      comm.group(std::span<const P2POp>(&op, 1));
-                                    }
-                                  } catch (const Error& e) {
-                                    std::lock_guard lock(mutex);
-                                    messages.push_back(e.what());
-                                    throw;
-                                  }
-                                }),
-               Error);
-  ASSERT_EQ(messages.size(), 2u);
-  for (const auto& m : messages) {
-    EXPECT_TRUE(contains(m, "rank 0 sent 2 floats with tag 3 to rank 1, which posted a recv of 2 bf16 values")) << m;
+  const auto errors = inproc_errors(2, [](Communicator& comm) {
+    std::vector<float> x(4);
+    if (comm.rank() == 0) comm.send(x.data(), 2, 1, 3);
+    if (comm.rank() == 1) {
+      const P2POp op = P2POp::recv(x.data(), 2, DType::kBf16, 0, 3);
+      comm.group(std::span<const P2POp>(&op, 1));
+    }
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& e : errors) {
+    EXPECT_TRUE(contains(e.message, "rank 0 sent 2 floats with tag 3 to rank 1, which posted a recv of 2 bf16 values"))
+        << e.message;
   }
 }
 
