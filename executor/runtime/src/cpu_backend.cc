@@ -1,8 +1,10 @@
 // The CPU backend: host memory and the fp32 kernels of dtrain::kernels::cpu, so that the interpreter computes exactly
-// what it computed when it called them directly. The element-wise work keeps the loops it replaced (same order, same
+// what it computed when it called them directly; and bf16 kernels that emulate the CUDA backend's numerics on top of
+// them. The element-wise work keeps the loops it replaced (same order, same
 // accumulator types): the executor's results are compared bit-for-bit across layouts and against PyTorch.
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "dtrain/exec/backend.h"
 #include "dtrain/kernels/activation.h"
@@ -22,27 +24,12 @@ namespace {
 namespace k = dtrain::kernels;
 namespace kc = dtrain::kernels::cpu;
 
-class CpuBackend final : public Backend {
+// The fp32 kernels: dtrain::kernels::cpu as they are.
+class CpuFp32Kernels final : public Kernels<float> {
  public:
-  std::string_view name() const override { return "cpu"; }
-  bool host_accessible() const override { return true; }
-
-  // operator new, as std::allocator: the same alignment the kernels saw when the tensors were std::vectors.
-  void* allocate(std::size_t bytes) override {
-    void* p = ::operator new(bytes);
-    std::memset(p, 0, bytes);
-    return p;
+  void from_fp32(std::int64_t n, const float* x, float* y) override {
+    if (n > 0 && x != y) std::memcpy(y, x, static_cast<std::size_t>(n) * sizeof(float));
   }
-  void deallocate(void* ptr, std::size_t) noexcept override { ::operator delete(ptr); }
-  void copy(void* dst, const void* src, std::size_t bytes) override {
-    if (bytes > 0) std::memcpy(dst, src, bytes);
-  }
-  void copy_to_backend(void* dst, const void* host_src, std::size_t bytes) override { copy(dst, host_src, bytes); }
-  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override { copy(host_dst, src, bytes); }
-  void fill(std::int64_t n, float value, float* x) override {
-    for (std::int64_t i = 0; i < n; ++i) x[i] = value;
-  }
-
   void add_bias_rows(std::int64_t rows, std::int64_t cols, const float* bias, float* x) override {
     for (std::int64_t r = 0; r < rows; ++r) {
       for (std::int64_t j = 0; j < cols; ++j) x[r * cols + j] += bias[j];
@@ -53,19 +40,6 @@ class CpuBackend final : public Backend {
       for (std::int64_t j = 0; j < cols; ++j) dbias[j] += dy[r * cols + j];
     }
   }
-  double sum(std::int64_t n, const float* x) override {
-    double s = 0;
-    for (std::int64_t i = 0; i < n; ++i) s += x[i];
-    return s;
-  }
-  double sum_squares(const std::vector<ConstSpan>& spans) override {
-    double s = 0;
-    for (const auto& span : spans) {
-      for (std::int64_t i = 0; i < span.size; ++i) s += static_cast<double>(span.data[i]) * span.data[i];
-    }
-    return s;
-  }
-
   void linear_forward(const k::LinearShape& shape, const float* x, const float* weight, const float* bias,
                       float* y) override {
     kc::linear_forward(shape, x, weight, bias, y);
@@ -160,19 +134,278 @@ class CpuBackend final : public Backend {
                              k::VocabShard shard, const float* max, float* sum_exp, float* target_logit) override {
     kc::cross_entropy_sum_exp(tokens, logits, targets, shard, max, sum_exp, target_logit);
   }
-  void cross_entropy_loss(std::int64_t tokens, const float* max, const float* sum_exp, const float* target_logit,
-                          float* loss) override {
-    kc::cross_entropy_loss(tokens, max, sum_exp, target_logit, loss);
-  }
   void cross_entropy_backward(std::int64_t tokens, const float* logits, const std::int32_t* targets,
                               k::VocabShard shard, const float* max, const float* sum_exp, const float* dloss,
                               float* dlogits) override {
     kc::cross_entropy_backward(tokens, logits, targets, shard, max, sum_exp, dloss, dlogits);
   }
 
+};
+
+// The bf16 kernels: each call widens its bf16 inputs to fp32 (exact), runs the fp32 kernel and rounds every bf16
+// output once (to nearest, ties to even). That is the contract of the CUDA kernels (compute in fp32, round the
+// output once), so this is the host reference for mixed-precision runs. It costs a temporary fp32 copy of every
+// operand: for tests and CPU runs of bf16 numerics, not for speed.
+class CpuBf16Kernels final : public Kernels<bf16> {
+ public:
+  void from_fp32(std::int64_t n, const float* x, bf16* y) override { narrow(x, n, y); }
+  void add_bias_rows(std::int64_t rows, std::int64_t cols, const bf16* bias, bf16* x) override {
+    Wide wx = widen(x, rows * cols), wb = widen(bias, cols);
+    fp32_.add_bias_rows(rows, cols, wb.data(), wx.data());
+    narrow(wx, x);
+  }
+  void accumulate_bias_grad(std::int64_t rows, std::int64_t cols, const bf16* dy, float* dbias) override {
+    fp32_.accumulate_bias_grad(rows, cols, widen(dy, rows * cols).data(), dbias);
+  }
+
+  void linear_forward(const k::LinearShape& s, const bf16* x, const bf16* weight, const bf16* bias,
+                      bf16* y) override {
+    Wide wy(static_cast<std::size_t>(s.tokens * s.out_features));
+    Wide wb = widen(bias, s.out_features);
+    kc::linear_forward(s, widen(x, s.tokens * s.in_features).data(),
+                       widen(weight, s.out_features * s.in_features).data(), bias ? wb.data() : nullptr, wy.data());
+    narrow(wy, y);
+  }
+  void linear_backward_input(const k::LinearShape& s, const bf16* dy, const bf16* weight, bf16* dx) override {
+    Wide wdx(static_cast<std::size_t>(s.tokens * s.in_features));
+    kc::linear_backward_input(s, widen(dy, s.tokens * s.out_features).data(),
+                              widen(weight, s.out_features * s.in_features).data(), wdx.data());
+    narrow(wdx, dx);
+  }
+  void linear_backward_weight(const k::LinearShape& s, const bf16* dy, const bf16* x, float* dweight,
+                              float* dbias) override {
+    kc::linear_backward_weight(s, widen(dy, s.tokens * s.out_features).data(),
+                               widen(x, s.tokens * s.in_features).data(), dweight, dbias);
+  }
+
+  void layernorm_forward(const k::NormShape& s, const bf16* x, const float* gamma, const float* beta, float eps,
+                         bf16* y, float* mean, float* rstd) override {
+    Wide wy(static_cast<std::size_t>(s.rows * s.hidden));
+    kc::layernorm_forward(s, widen(x, s.rows * s.hidden).data(), gamma, beta, eps, wy.data(), mean, rstd);
+    narrow(wy, y);
+  }
+  void layernorm_backward(const k::NormShape& s, const bf16* x, const float* gamma, const float* mean,
+                          const float* rstd, const bf16* dy, bf16* dx, float* dgamma, float* dbeta) override {
+    Wide wdx(static_cast<std::size_t>(s.rows * s.hidden));
+    kc::layernorm_backward(s, widen(x, s.rows * s.hidden).data(), gamma, mean, rstd,
+                           widen(dy, s.rows * s.hidden).data(), wdx.data(), dgamma, dbeta);
+    narrow(wdx, dx);
+  }
+  void rmsnorm_forward(const k::NormShape& s, const bf16* x, const float* gamma, float eps, bf16* y,
+                       float* rstd) override {
+    Wide wy(static_cast<std::size_t>(s.rows * s.hidden));
+    kc::rmsnorm_forward(s, widen(x, s.rows * s.hidden).data(), gamma, eps, wy.data(), rstd);
+    narrow(wy, y);
+  }
+  void rmsnorm_backward(const k::NormShape& s, const bf16* x, const float* gamma, const float* rstd, const bf16* dy,
+                        bf16* dx, float* dgamma) override {
+    Wide wdx(static_cast<std::size_t>(s.rows * s.hidden));
+    kc::rmsnorm_backward(s, widen(x, s.rows * s.hidden).data(), gamma, rstd, widen(dy, s.rows * s.hidden).data(),
+                         wdx.data(), dgamma);
+    narrow(wdx, dx);
+  }
+
+  void embedding_forward(std::int64_t tokens, std::int64_t hidden, const std::int32_t* ids, const bf16* table,
+                         k::VocabShard shard, bf16* out) override {
+    Wide wo(static_cast<std::size_t>(tokens * hidden));
+    kc::embedding_forward(tokens, hidden, ids, widen(table, (shard.end - shard.begin) * hidden).data(), shard,
+                          wo.data());
+    narrow(wo, out);
+  }
+  void embedding_backward(std::int64_t tokens, std::int64_t hidden, const std::int32_t* ids, const bf16* dout,
+                          k::VocabShard shard, float* dtable) override {
+    kc::embedding_backward(tokens, hidden, ids, widen(dout, tokens * hidden).data(), shard, dtable);
+  }
+  void position_embedding_forward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const bf16* pos,
+                                  bf16* x) override {
+    Wide wx = widen(x, batch * seq * hidden);
+    kc::position_embedding_forward(batch, seq, hidden, widen(pos, seq * hidden).data(), wx.data());
+    narrow(wx, x);
+  }
+  void position_embedding_backward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const bf16* dx,
+                                   float* dpos) override {
+    kc::position_embedding_backward(batch, seq, hidden, widen(dx, batch * seq * hidden).data(), dpos);
+  }
+
+  void dropout_add_forward(const k::HiddenLayout& layout, const bf16* x, const bf16* residual, float p,
+                           const k::DropoutKey& key, bf16* out) override {
+    const std::int64_t n = layout.batch * layout.seq * layout.hidden;
+    Wide wx = widen(x, n), wr = widen(residual, n), wo(static_cast<std::size_t>(n));
+    kc::dropout_add_forward(layout, wx.data(), residual ? wr.data() : nullptr, p, key, wo.data());
+    narrow(wo, out);
+  }
+  void dropout_add_backward(const k::HiddenLayout& layout, const bf16* dout, float p, const k::DropoutKey& key,
+                            bf16* dx) override {
+    const std::int64_t n = layout.batch * layout.seq * layout.hidden;
+    Wide w = widen(dout, n);
+    kc::dropout_add_backward(layout, w.data(), p, key, w.data());
+    narrow(w, dx);
+  }
+  void residual_add(std::int64_t n, const bf16* a, const bf16* b, bf16* out) override {
+    Wide wa = widen(a, n);
+    kc::residual_add(n, wa.data(), widen(b, n).data(), wa.data());
+    narrow(wa, out);
+  }
+
+  void gelu_forward(std::int64_t n, const bf16* x, bf16* y) override {
+    Wide wy(static_cast<std::size_t>(n));
+    kc::gelu_forward(n, widen(x, n).data(), wy.data());
+    narrow(wy, y);
+  }
+  void gelu_backward(std::int64_t n, const bf16* x, const bf16* dy, bf16* dx) override {
+    Wide wdx(static_cast<std::size_t>(n));
+    kc::gelu_backward(n, widen(x, n).data(), widen(dy, n).data(), wdx.data());
+    narrow(wdx, dx);
+  }
+  void swiglu_forward(std::int64_t tokens, std::int64_t ffn, const bf16* gate_up, bf16* y) override {
+    Wide wy(static_cast<std::size_t>(tokens * ffn));
+    kc::swiglu_forward(tokens, ffn, widen(gate_up, tokens * 2 * ffn).data(), wy.data());
+    narrow(wy, y);
+  }
+  void swiglu_backward(std::int64_t tokens, std::int64_t ffn, const bf16* gate_up, const bf16* dy,
+                       bf16* dgate_up) override {
+    Wide wd(static_cast<std::size_t>(tokens * 2 * ffn));
+    kc::swiglu_backward(tokens, ffn, widen(gate_up, tokens * 2 * ffn).data(), widen(dy, tokens * ffn).data(),
+                        wd.data());
+    narrow(wd, dgate_up);
+  }
+
+  // The heads sit at a row stride inside the fused QKV activation: only they are read and written back.
+  void rope_forward(const k::RopeShape& s, const float* cos, const float* sin, bf16* x) override {
+    const std::int64_t rows = s.batch * s.seq, cols = s.n_heads * s.head_dim;
+    Wide w = widen_rows(x, rows, cols, s.row_stride);
+    kc::rope_forward(s, cos, sin, w.data());
+    narrow_rows(w.data(), rows, cols, s.row_stride, x);
+  }
+  void rope_backward(const k::RopeShape& s, const float* cos, const float* sin, bf16* dx) override {
+    const std::int64_t rows = s.batch * s.seq, cols = s.n_heads * s.head_dim;
+    Wide w = widen_rows(dx, rows, cols, s.row_stride);
+    kc::rope_backward(s, cos, sin, w.data());
+    narrow_rows(w.data(), rows, cols, s.row_stride, dx);
+  }
+
+  void attention_forward(const k::AttentionShape& s, const bf16* q, const bf16* kk, const bf16* v, bf16* o,
+                         float* lse, const k::AttentionDropout* dropout) override {
+    const std::int64_t rows = s.batch * s.seq, qc = s.n_heads * s.head_dim, kvc = s.n_kv_heads * s.head_dim;
+    Wide wo(static_cast<std::size_t>(rows * qc));
+    kc::attention_forward(s, widen_rows(q, rows, qc, s.q_stride).data(), widen_rows(kk, rows, kvc, s.kv_stride).data(),
+                          widen_rows(v, rows, kvc, s.kv_stride).data(), wo.data(), lse, dropout);
+    narrow(wo, o);
+  }
+  void attention_backward(const k::AttentionShape& s, const bf16* q, const bf16* kk, const bf16* v, const bf16* o,
+                          const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv,
+                          const k::AttentionDropout* dropout) override {
+    const std::int64_t rows = s.batch * s.seq, qc = s.n_heads * s.head_dim, kvc = s.n_kv_heads * s.head_dim;
+    Wide wdq(strided_size(rows, qc, s.q_stride)), wdk(strided_size(rows, kvc, s.kv_stride)), wdv(wdk.size());
+    kc::attention_backward(s, widen_rows(q, rows, qc, s.q_stride).data(),
+                           widen_rows(kk, rows, kvc, s.kv_stride).data(), widen_rows(v, rows, kvc, s.kv_stride).data(),
+                           widen(o, rows * qc).data(), lse, widen(dout, rows * qc).data(), wdq.data(), wdk.data(),
+                           wdv.data(), dropout);
+    narrow_rows(wdq.data(), rows, qc, s.q_stride, dq);
+    narrow_rows(wdk.data(), rows, kvc, s.kv_stride, dk);
+    narrow_rows(wdv.data(), rows, kvc, s.kv_stride, dv);
+  }
+
+  void cross_entropy_max(std::int64_t tokens, const bf16* logits, k::VocabShard shard, float* max) override {
+    kc::cross_entropy_max(tokens, widen(logits, tokens * (shard.end - shard.begin)).data(), shard, max);
+  }
+  void cross_entropy_sum_exp(std::int64_t tokens, const bf16* logits, const std::int32_t* targets,
+                             k::VocabShard shard, const float* max, float* sum_exp, float* target_logit) override {
+    kc::cross_entropy_sum_exp(tokens, widen(logits, tokens * (shard.end - shard.begin)).data(), targets, shard, max,
+                              sum_exp, target_logit);
+  }
+  void cross_entropy_backward(std::int64_t tokens, const bf16* logits, const std::int32_t* targets,
+                              k::VocabShard shard, const float* max, const float* sum_exp, const float* dloss,
+                              bf16* dlogits) override {
+    Wide w = widen(logits, tokens * (shard.end - shard.begin));
+    kc::cross_entropy_backward(tokens, w.data(), targets, shard, max, sum_exp, dloss, w.data());
+    narrow(w, dlogits);
+  }
+
+ private:
+  using Wide = std::vector<float>;
+
+  // n values (none for nullptr).
+  static Wide widen(const bf16* x, std::int64_t n) {
+    Wide w;
+    if (x == nullptr) return w;
+    w.resize(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) w[static_cast<std::size_t>(i)] = kernels::cuda::from_bf16(x[i]);
+    return w;
+  }
+  static void narrow(const float* x, std::int64_t n, bf16* y) {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = kernels::cuda::to_bf16(x[i]);
+  }
+  static void narrow(const Wide& x, bf16* y) { narrow(x.data(), static_cast<std::int64_t>(x.size()), y); }
+  // Elements spanned by `rows` rows of `cols` values `stride` apart.
+  static std::size_t strided_size(std::int64_t rows, std::int64_t cols, std::int64_t stride) {
+    return rows == 0 ? 0 : static_cast<std::size_t>((rows - 1) * stride + cols);
+  }
+  // The same strided layout in fp32; the gaps between rows are 0.
+  static Wide widen_rows(const bf16* x, std::int64_t rows, std::int64_t cols, std::int64_t stride) {
+    Wide w(strided_size(rows, cols, stride), 0.0f);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t j = 0; j < cols; ++j) {
+        w[static_cast<std::size_t>(r * stride + j)] = kernels::cuda::from_bf16(x[r * stride + j]);
+      }
+    }
+    return w;
+  }
+  static void narrow_rows(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t stride, bf16* y) {
+    for (std::int64_t r = 0; r < rows; ++r) narrow(x + r * stride, cols, y + r * stride);
+  }
+
+  CpuFp32Kernels fp32_;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "cpu"; }
+  bool host_accessible() const override { return true; }
+
+  // operator new, as std::allocator: the same alignment the kernels saw when the tensors were std::vectors.
+  void* allocate(std::size_t bytes) override {
+    void* p = ::operator new(bytes);
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  void deallocate(void* ptr, std::size_t) noexcept override { ::operator delete(ptr); }
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+  void copy_to_backend(void* dst, const void* host_src, std::size_t bytes) override { copy(dst, host_src, bytes); }
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override { copy(host_dst, src, bytes); }
+  void fill(std::int64_t n, float value, float* x) override {
+    for (std::int64_t i = 0; i < n; ++i) x[i] = value;
+  }
+
+  double sum(std::int64_t n, const float* x) override {
+    double s = 0;
+    for (std::int64_t i = 0; i < n; ++i) s += x[i];
+    return s;
+  }
+  double sum_squares(const std::vector<ConstSpan>& spans) override {
+    double s = 0;
+    for (const auto& span : spans) {
+      for (std::int64_t i = 0; i < span.size; ++i) s += static_cast<double>(span.data[i]) * span.data[i];
+    }
+    return s;
+  }
+
+  void cross_entropy_loss(std::int64_t tokens, const float* max, const float* sum_exp, const float* target_logit,
+                          float* loss) override {
+    kc::cross_entropy_loss(tokens, max, sum_exp, target_logit, loss);
+  }
   void adamw_step(const k::AdamWConfig& config, const k::AdamWBuffer* buffers, std::int64_t count) override {
     kc::adamw_step(config, buffers, count);
   }
+
+  Kernels<float>* fp32_kernels() override { return &fp32_; }
+  Kernels<bf16>* bf16_kernels() override { return &bf16_; }
+
+ private:
+  CpuFp32Kernels fp32_;
+  CpuBf16Kernels bf16_;
 };
 
 }  // namespace

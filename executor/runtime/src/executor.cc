@@ -24,7 +24,9 @@ using ir::Instr;
 using ir::Opcode;
 using ir::What;
 // Tensors live in the backend's memory; the interpreter reaches their elements only through Backend calls.
-using Tensor = Buffer<float>;
+// Activations and their gradients are of the executor's activation type A (float or bf16); master weights,
+// gradients, optimizer state and statistics are fp32.
+using F32 = Buffer<float>;
 using Ids = Buffer<std::int32_t>;
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -52,30 +54,38 @@ Communicators split_communicators(comm::Communicator& world, const ir::Program& 
 
 namespace {
 
+template <typename A>
 struct LayerState {
-  Tensor x, n1a, n1b, y1;   // attention norm: input, statistics (mean/rstd or rstd), output
-  Tensor qkv, o, lse;       // attention: q|k|v after rope, output, log-sum-exp
-  Tensor x2, n2a, n2b, y2;  // MLP norm
-  Tensor a, g;              // fc1 output, activation output
-  Tensor res_grad;          // backward: gradient along the residual path
-  std::map<std::string, Tensor> dy;  // zero-bubble: output gradients of linear layers, for their weight gradients
+  Buffer<A> x, y1;       // attention norm: input, output
+  F32 n1a, n1b;          // its statistics (mean/rstd or rstd)
+  Buffer<A> qkv, o;      // attention: q|k|v after rope, output
+  F32 lse;               // log-sum-exp
+  Buffer<A> x2, y2;      // MLP norm input, output
+  F32 n2a, n2b;          // its statistics
+  Buffer<A> a, g;        // fc1 output, activation output
+  Buffer<A> res_grad;    // backward: gradient along the residual path
+  std::map<std::string, Buffer<A>> dy;  // zero-bubble: output gradients of linear layers, for their weight gradients
 };
 
+template <typename A>
 struct HeadState {
-  Tensor x, na, nb, y, yg;  // final norm input, statistics, output (y: as held; yg: gathered, without SP)
-  Tensor logits, max, sum_exp, target_logit;
-  Tensor dy_logits;
+  Buffer<A> x, y, yg;  // final norm input, output (y: as held; yg: gathered, without SP)
+  F32 na, nb;          // its statistics
+  Buffer<A> logits;
+  F32 max, sum_exp, target_logit;
+  Buffer<A> dy_logits;
 };
 
+template <typename A>
 struct ChunkState {
-  std::vector<LayerState> layers;
-  HeadState head;
+  std::vector<LayerState<A>> layers;
+  HeadState<A> head;
   Ids ids, targets;
-  Tensor input;     // received activation
-  Tensor grad_out;  // gradient of the chunk's output (received)
-  Tensor cur;       // the tensor flowing through the body
-  Tensor rcur;      // the forward tensor while recomputing a layer
-  Tensor gathered;  // a saved input re-gathered for a weight gradient
+  Buffer<A> input;     // received activation
+  Buffer<A> grad_out;  // gradient of the chunk's output (received)
+  Buffer<A> cur;       // the tensor flowing through the body
+  Buffer<A> rcur;      // the forward tensor while recomputing a layer
+  Buffer<A> gathered;  // a saved input re-gathered for a weight gradient
   int units_done = 0;
   bool weights_done = false;
 };
@@ -84,13 +94,29 @@ double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::ste
   return std::chrono::duration<double>(b - a).count();
 }
 
-}  // namespace
+// What the Executor sees of the interpreter, whatever its activation type.
+struct InterpreterBase {
+  virtual ~InterpreterBase() = default;
+  virtual StepMetrics run(std::int64_t step_index) = 0;
+  virtual const ParamLayout& param_layout() const = 0;
+  virtual Backend& backend() = 0;
+  virtual F32& param_buffer() = 0;
+  virtual F32& grad_buffer() = 0;
+  virtual F32& exp_avg_buffer() = 0;
+  virtual F32& exp_avg_sq_buffer() = 0;
+  virtual const std::vector<std::pair<std::int64_t, std::int64_t>>& owned() const = 0;
+  virtual const std::vector<ir::Slice>& trace() const = 0;
+};
 
-struct Executor::Impl {
-  Impl(const model::ModelDescription& model, const ir::Program& program, Communicators& communicators, const DataSource& source,
-       const ExecutorOptions& options)
-      : md(model), m(model.model), prog(program), comms(communicators), data(source), opt(options),
-        be(options.backend != nullptr ? *options.backend : cpu_backend()), layout(model.model, program) {
+template <typename A>
+struct Interpreter final : InterpreterBase {
+  using Tensor = Buffer<A>;  // an activation or activation gradient
+  static constexpr DType kAct = kDTypeOf<A>;
+
+  Interpreter(const model::ModelDescription& model, const ir::Program& program, Communicators& communicators,
+              const DataSource& source, const ExecutorOptions& options, Backend& backend)
+      : md(model), m(model.model), prog(program), comms(communicators), data(source), opt(options), be(backend),
+        kern(backend.kernels<A>()), layout(model.model, program) {
     if (m.dropout > 0 && prog.sequence_parallel && prog.tp > 1) {
       throw input_error("the CPU executor runs dropout without sequence parallelism only (set dropout = 0 or "
                         "sequence_parallel=false)");
@@ -116,7 +142,8 @@ struct Executor::Impl {
       layout.initialise(opt.seed, initial.data());
       params = upload(initial);
     }
-    grads = Tensor(be, params.size());
+    grads = F32(be, params.size());
+    if constexpr (!std::is_same_v<A, float>) weights = Tensor(be, params.size());
     if (m.position == model::PositionKind::kRope) {
       std::vector<float> cos(static_cast<std::size_t>(m.seq_len * d / 2)), sin(cos.size());
       k::rope_table(m.rope_theta, m.seq_len, d, cos.data(), sin.data());
@@ -126,8 +153,8 @@ struct Executor::Impl {
     plan_owned_ranges();
     std::int64_t n = 0;
     for (auto [b, e] : owned_ranges) n += e - b;
-    m1 = Tensor(be, static_cast<std::size_t>(n));
-    m2 = Tensor(be, static_cast<std::size_t>(n));
+    m1 = F32(be, static_cast<std::size_t>(n));
+    m2 = F32(be, static_cast<std::size_t>(n));
     sched.lr = md.training.lr;
     sched.min_lr = md.training.min_lr;
     sched.warmup_steps = md.training.warmup_steps;
@@ -143,8 +170,12 @@ struct Executor::Impl {
   const DataSource& data;
   ExecutorOptions opt;
   Backend& be;
+  Kernels<A>& kern;
   ParamLayout layout;
-  Tensor params, grads, m1, m2;
+  F32 params, grads, m1, m2;
+  // For A != float: the weights the passes read, params rounded to A at the start of every step (after the optimizer
+  // and, with the distributed optimizer, the parameter all-gather; after a checkpoint was loaded into params).
+  Tensor weights;
   std::vector<std::pair<std::int64_t, std::int64_t>> owned_ranges;
   // distributed optimizer: shard size of each bucket (by the flat range's begin)
   std::map<std::int64_t, std::int64_t> shard_of_range;
@@ -152,8 +183,8 @@ struct Executor::Impl {
   std::int64_t T = 0, Tl = 0, h = 0, d = 0, Hl = 0, KVl = 0, fl = 0, qkv_cols = 0, fc1_cols = 0;
   bool sp = false;
   k::VocabShard vocab;
-  Tensor rope_cos, rope_sin;
-  std::map<std::pair<int, int>, ChunkState> states;
+  F32 rope_cos, rope_sin;
+  std::map<std::pair<int, int>, ChunkState<A>> states;
   std::map<std::tuple<int, int, int>, Tensor> outgoing;  // (what, chunk, mb) -> tensor to send
   std::int64_t step = 0;
   double loss_sum = 0;
@@ -163,9 +194,15 @@ struct Executor::Impl {
 
   float* P(const std::string& name) { return params.data() + layout.at(name).offset; }
   float* G(const std::string& name) { return grads.data() + layout.at(name).offset; }
-  float* P_opt(const std::string& name) {
+  // The weights as the passes read them (type A).
+  const A* weight_base() {
+    if constexpr (std::is_same_v<A, float>) return params.data();
+    else return weights.data();
+  }
+  const A* W(const std::string& name) { return weight_base() + layout.at(name).offset; }
+  const A* W_opt(const std::string& name) {
     const TensorSpec* t = layout.find(name);
-    return t == nullptr ? nullptr : params.data() + t->offset;
+    return t == nullptr ? nullptr : weight_base() + t->offset;
   }
   float* G_opt(const std::string& name) {
     const TensorSpec* t = layout.find(name);
@@ -179,14 +216,15 @@ struct Executor::Impl {
     return out;
   }
   // t.resize(n) for a tensor that may not have met the backend yet (a pass state's first use).
-  void sized(Tensor& t, std::size_t n) {
-    if (t.backend() == nullptr) t = Tensor(be, n);
+  template <typename E>
+  void sized(Buffer<E>& t, std::size_t n) {
+    if (t.backend() == nullptr) t = Buffer<E>(be, n);
     else t.resize(n);
   }
 
   static std::string L(int layer, const char* name) { return fmt::format("layers.{}.{}", layer, name); }
-  const float* vocab_weight() {
-    return m.tied_embeddings ? P("embed.tokens.weight") : P("head.logits.weight");
+  const A* vocab_weight() {
+    return m.tied_embeddings ? W("embed.tokens.weight") : W("head.logits.weight");
   }
   float* vocab_weight_grad() {
     return m.tied_embeddings ? G("embed.tokens.weight") : G("head.logits.weight");
@@ -247,57 +285,57 @@ struct Executor::Impl {
 
   void all_gather_rows(Tensor& t, std::int64_t cols) {
     Tensor full(be, static_cast<std::size_t>(T * cols));
-    timed([&] { comms.tp->all_gather(t.data(), full.data(), static_cast<std::size_t>(Tl * cols)); });
+    timed([&] { comms.tp->all_gather(t.data(), full.data(), static_cast<std::size_t>(Tl * cols), kAct); });
     t.swap(full);
   }
   void reduce_scatter_rows(Tensor& t, std::int64_t cols) {
     Tensor part(be, static_cast<std::size_t>(Tl * cols));
-    timed([&] { comms.tp->reduce_scatter(t.data(), part.data(), static_cast<std::size_t>(Tl * cols), comm::ReduceOp::kSum); });
+    timed([&] { comms.tp->reduce_scatter(t.data(), part.data(), static_cast<std::size_t>(Tl * cols), kAct, comm::ReduceOp::kSum); });
     t.swap(part);
   }
 
-  void norm_forward(const std::string& prefix, const Tensor& x, Tensor& y, Tensor& a, Tensor& b) {
+  void norm_forward(const std::string& prefix, const Tensor& x, Tensor& y, F32& a, F32& b) {
     std::int64_t rows = static_cast<std::int64_t>(x.size()) / h;
     sized(y, x.size());
     k::NormShape shape{rows, h};
     if (m.norm == model::NormKind::kLayerNorm) {
       sized(a, static_cast<std::size_t>(rows));
       sized(b, static_cast<std::size_t>(rows));
-      be.layernorm_forward(shape, x.data(), P(prefix + ".weight"), P(prefix + ".bias"),
+      kern.layernorm_forward(shape, x.data(), P(prefix + ".weight"), P(prefix + ".bias"),
                             static_cast<float>(m.norm_eps), y.data(), a.data(), b.data());
     } else {
       sized(b, static_cast<std::size_t>(rows));
-      be.rmsnorm_forward(shape, x.data(), P(prefix + ".weight"), static_cast<float>(m.norm_eps), y.data(),
+      kern.rmsnorm_forward(shape, x.data(), P(prefix + ".weight"), static_cast<float>(m.norm_eps), y.data(),
                           b.data());
     }
   }
-  void norm_backward(const std::string& prefix, const Tensor& x, const Tensor& a, const Tensor& b, Tensor& dy) {
+  void norm_backward(const std::string& prefix, const Tensor& x, const F32& a, const F32& b, Tensor& dy) {
     std::int64_t rows = static_cast<std::int64_t>(x.size()) / h;
     Tensor dx(be, x.size());
     k::NormShape shape{rows, h};
     if (m.norm == model::NormKind::kLayerNorm) {
-      be.layernorm_backward(shape, x.data(), P(prefix + ".weight"), a.data(), b.data(), dy.data(), dx.data(),
+      kern.layernorm_backward(shape, x.data(), P(prefix + ".weight"), a.data(), b.data(), dy.data(), dx.data(),
                              G(prefix + ".weight"), G(prefix + ".bias"));
     } else {
-      be.rmsnorm_backward(shape, x.data(), P(prefix + ".weight"), b.data(), dy.data(), dx.data(),
+      kern.rmsnorm_backward(shape, x.data(), P(prefix + ".weight"), b.data(), dy.data(), dx.data(),
                            G(prefix + ".weight"));
     }
     dy.swap(dx);
   }
 
   // out = residual + dropout(branch + bias), on the rows held here.
-  void residual_forward(const Tensor& residual, Tensor& branch, const float* bias, int layer, k::DropoutSite site) {
+  void residual_forward(const Tensor& residual, Tensor& branch, const A* bias, int layer, k::DropoutSite site) {
     std::int64_t rows = static_cast<std::int64_t>(branch.size()) / h;
-    if (bias != nullptr) be.add_bias_rows(rows, h, bias, branch.data());
+    if (bias != nullptr) kern.add_bias_rows(rows, h, bias, branch.data());
     if (m.dropout > 0) {
       k::HiddenLayout hl{prog.micro_batch, m.seq_len, h, sample_base(current_mb) - step * opt.global_batch, 0,
                          m.seq_len};
       k::DropoutKey key{opt.seed, static_cast<std::uint64_t>(step), static_cast<std::uint32_t>(layer), site};
       Tensor out(be, branch.size());
-      be.dropout_add_forward(hl, branch.data(), residual.data(), static_cast<float>(m.dropout), key, out.data());
+      kern.dropout_add_forward(hl, branch.data(), residual.data(), static_cast<float>(m.dropout), key, out.data());
       branch.swap(out);
     } else {
-      be.residual_add(static_cast<std::int64_t>(branch.size()), branch.data(), residual.data(), branch.data());
+      kern.residual_add(static_cast<std::int64_t>(branch.size()), branch.data(), residual.data(), branch.data());
     }
   }
   // Gradient through out = residual + dropout(branch + bias): keeps dout for the residual path, returns the branch's.
@@ -307,68 +345,68 @@ struct Executor::Impl {
       k::HiddenLayout hl{prog.micro_batch, m.seq_len, h, sample_base(current_mb) - step * opt.global_batch, 0,
                          m.seq_len};
       k::DropoutKey key{opt.seed, static_cast<std::uint64_t>(step), static_cast<std::uint32_t>(layer), site};
-      be.dropout_add_backward(hl, dout.data(), static_cast<float>(m.dropout), key, dout.data());
+      kern.dropout_add_backward(hl, dout.data(), static_cast<float>(m.dropout), key, dout.data());
     }
-    if (dbias != nullptr) be.accumulate_bias_grad(static_cast<std::int64_t>(dout.size()) / h, h, dout.data(), dbias);
+    if (dbias != nullptr) kern.accumulate_bias_grad(static_cast<std::int64_t>(dout.size()) / h, h, dout.data(), dbias);
   }
 
   int current_mb = 0;
 
   // ---- body ops ----
 
-  void forward_op(const Instr& in, ChunkState& st, Tensor& cur, bool recompute) {
+  void forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur, bool recompute) {
     const std::string& op = in.name;
     const int l = in.layer;
     if (op == "embed.tokens") {
       cur = Tensor(be, static_cast<std::size_t>(T * h));
-      be.embedding_forward(T, h, st.ids.data(), P("embed.tokens.weight"), vocab, cur.data());
+      kern.embedding_forward(T, h, st.ids.data(), W("embed.tokens.weight"), vocab, cur.data());
       return;
     }
     if (op == "embed.positions") {
       std::int64_t rows = static_cast<std::int64_t>(cur.size()) / h;
-      const float* pos = P("embed.positions.weight");
+      const A* pos = W("embed.positions.weight");
       for_each_sequence_piece(token_offset(rows), rows, [&](std::int64_t, std::int64_t p0, std::int64_t len, std::int64_t row) {
-        be.position_embedding_forward(1, len, h, pos + p0 * h, cur.data() + row * h);
+        kern.position_embedding_forward(1, len, h, pos + p0 * h, cur.data() + row * h);
       });
       if (m.dropout > 0) {
         k::HiddenLayout hl{prog.micro_batch, m.seq_len, h, sample_base(current_mb) - step * opt.global_batch, 0,
                            m.seq_len};
         k::DropoutKey key{opt.seed, static_cast<std::uint64_t>(step), 0, k::DropoutSite::kEmbedding};
         Tensor zeros(be, cur.size()), out(be, cur.size());
-        be.dropout_add_forward(hl, cur.data(), zeros.data(), static_cast<float>(m.dropout), key, out.data());
+        kern.dropout_add_forward(hl, cur.data(), zeros.data(), static_cast<float>(m.dropout), key, out.data());
         cur.swap(out);
       }
       return;
     }
     if (op == "head.norm") {
-      HeadState& hs = st.head;
+      HeadState<A>& hs = st.head;
       hs.x = cur;
       norm_forward("head.norm", hs.x, hs.y, hs.na, hs.nb);
       cur = hs.y;
       return;
     }
     if (op == "head.logits") {
-      HeadState& hs = st.head;
+      HeadState<A>& hs = st.head;
       if (!sp) hs.yg = cur;
       sized(hs.logits, static_cast<std::size_t>(T * (vocab.end - vocab.begin)));
-      be.linear_forward({T, h, vocab.end - vocab.begin}, cur.data(), vocab_weight(), nullptr, hs.logits.data());
+      kern.linear_forward({T, h, vocab.end - vocab.begin}, cur.data(), vocab_weight(), nullptr, hs.logits.data());
       return;
     }
     if (op == "head.cross_entropy") {
-      HeadState& hs = st.head;
+      HeadState<A>& hs = st.head;
       auto tokens = static_cast<std::size_t>(T);
       if (in.index <= 0) {
         sized(hs.max, tokens);
-        be.cross_entropy_max(T, hs.logits.data(), vocab, hs.max.data());
+        kern.cross_entropy_max(T, hs.logits.data(), vocab, hs.max.data());
       }
       if (in.index < 0 || in.index == 1) {
         sized(hs.sum_exp, tokens);
         sized(hs.target_logit, tokens);
-        be.cross_entropy_sum_exp(T, hs.logits.data(), st.targets.data(), vocab, hs.max.data(), hs.sum_exp.data(),
+        kern.cross_entropy_sum_exp(T, hs.logits.data(), st.targets.data(), vocab, hs.max.data(), hs.sum_exp.data(),
                                   hs.target_logit.data());
       }
       if (in.index < 0 || in.index == 2) {
-        Tensor loss(be, tokens);
+        F32 loss(be, tokens);
         be.cross_entropy_loss(T, hs.max.data(), hs.sum_exp.data(), hs.target_logit.data(), loss.data());
         if (prog.tp_rank == 0) {
           double sum = be.sum(T, loss.data());
@@ -377,20 +415,20 @@ struct Executor::Impl {
       }
       return;
     }
-    LayerState& ls = st.layers[static_cast<std::size_t>(l - current_first_layer)];
+    LayerState<A>& ls = st.layers[static_cast<std::size_t>(l - current_first_layer)];
     if (op == "attn.norm") {
       ls.x = cur;
       norm_forward(L(l, "attn.norm"), ls.x, ls.y1, ls.n1a, ls.n1b);
       cur = ls.y1;
     } else if (op == "attn.qkv") {
       Tensor y(be, static_cast<std::size_t>(T * qkv_cols));
-      be.linear_forward({T, h, qkv_cols}, cur.data(), P(L(l, "attn.qkv.weight")), P_opt(L(l, "attn.qkv.bias")),
+      kern.linear_forward({T, h, qkv_cols}, cur.data(), W(L(l, "attn.qkv.weight")), W_opt(L(l, "attn.qkv.bias")),
                          y.data());
       if (!sp) ls.y1 = cur;  // the gathered input, kept for the weight gradient
       cur.swap(y);
     } else if (op == "attn.rope") {
-      be.rope_forward({prog.micro_batch, m.seq_len, Hl, d, qkv_cols}, rope_cos.data(), rope_sin.data(), cur.data());
-      be.rope_forward({prog.micro_batch, m.seq_len, KVl, d, qkv_cols}, rope_cos.data(), rope_sin.data(),
+      kern.rope_forward({prog.micro_batch, m.seq_len, Hl, d, qkv_cols}, rope_cos.data(), rope_sin.data(), cur.data());
+      kern.rope_forward({prog.micro_batch, m.seq_len, KVl, d, qkv_cols}, rope_cos.data(), rope_sin.data(),
                        cur.data() + Hl * d);
     } else if (op == "attn.core") {
       const Tensor& qkv = recompute ? ls.qkv : cur;
@@ -400,38 +438,38 @@ struct Executor::Impl {
       k::AttentionShape shape{prog.micro_batch, m.seq_len, Hl, KVl, d, qkv_cols, qkv_cols};
       k::AttentionDropout drop;
       k::AttentionDropout* dp = attention_dropout(drop, l);
-      be.attention_forward(shape, qkv.data(), qkv.data() + Hl * d, qkv.data() + (Hl + KVl) * d, ls.o.data(),
+      kern.attention_forward(shape, qkv.data(), qkv.data() + Hl * d, qkv.data() + (Hl + KVl) * d, ls.o.data(),
                             ls.lse.data(), dp);
       if (!recompute) cur = ls.o;
     } else if (op == "attn.proj") {
       Tensor y(be, static_cast<std::size_t>(T * h));
-      be.linear_forward({T, Hl * d, h}, cur.data(), P(L(l, "attn.proj.weight")), nullptr, y.data());
+      kern.linear_forward({T, Hl * d, h}, cur.data(), W(L(l, "attn.proj.weight")), nullptr, y.data());
       cur.swap(y);
     } else if (op == "attn.residual") {
-      residual_forward(ls.x, cur, P_opt(L(l, "attn.proj.bias")), l, k::DropoutSite::kAttentionOutput);
+      residual_forward(ls.x, cur, W_opt(L(l, "attn.proj.bias")), l, k::DropoutSite::kAttentionOutput);
     } else if (op == "mlp.norm") {
       ls.x2 = cur;
       norm_forward(L(l, "mlp.norm"), ls.x2, ls.y2, ls.n2a, ls.n2b);
       cur = ls.y2;
     } else if (op == "mlp.fc1") {
       Tensor y(be, static_cast<std::size_t>(T * fc1_cols));
-      be.linear_forward({T, h, fc1_cols}, cur.data(), P(L(l, "mlp.fc1.weight")), P_opt(L(l, "mlp.fc1.bias")),
+      kern.linear_forward({T, h, fc1_cols}, cur.data(), W(L(l, "mlp.fc1.weight")), W_opt(L(l, "mlp.fc1.bias")),
                          y.data());
       if (!sp) ls.y2 = cur;
       cur.swap(y);
       ls.a = cur;
     } else if (op == "mlp.act") {
       Tensor y(be, static_cast<std::size_t>(T * fl));
-      if (m.activation == model::ActivationKind::kSwiGlu) be.swiglu_forward(T, fl, cur.data(), y.data());
-      else be.gelu_forward(T * fl, cur.data(), y.data());
+      if (m.activation == model::ActivationKind::kSwiGlu) kern.swiglu_forward(T, fl, cur.data(), y.data());
+      else kern.gelu_forward(T * fl, cur.data(), y.data());
       cur.swap(y);
       ls.g = cur;
     } else if (op == "mlp.fc2") {
       Tensor y(be, static_cast<std::size_t>(T * h));
-      be.linear_forward({T, fl, h}, cur.data(), P(L(l, "mlp.fc2.weight")), nullptr, y.data());
+      kern.linear_forward({T, fl, h}, cur.data(), W(L(l, "mlp.fc2.weight")), nullptr, y.data());
       cur.swap(y);
     } else if (op == "mlp.residual") {
-      residual_forward(ls.x2, cur, P_opt(L(l, "mlp.fc2.bias")), l, k::DropoutSite::kMlpOutput);
+      residual_forward(ls.x2, cur, W_opt(L(l, "mlp.fc2.bias")), l, k::DropoutSite::kMlpOutput);
     } else {
       throw internal_error(fmt::format("unknown op '{}'", op));
     }
@@ -451,8 +489,8 @@ struct Executor::Impl {
   int current_first_layer = 0;  // first layer of the chunk being run
 
   // A linear layer's backward: input gradient (pass bwd / bwd_i) and weight gradient (bwd / bwd_w).
-  void linear_backward(const Instr& in, LayerState* ls, ChunkState& st, Tensor& cur, std::int64_t in_features,
-                       std::int64_t out_features, const float* w, float* dw, float* db, const Tensor& saved_input) {
+  void linear_backward(const Instr& in, LayerState<A>* ls, ChunkState<A>& st, Tensor& cur, std::int64_t in_features,
+                       std::int64_t out_features, const A* w, float* dw, float* db, const Tensor& saved_input) {
     bool input_grad = in.pass == ir::Pass::kBackward || in.pass == ir::Pass::kBackwardInput;
     bool weight_grad = in.pass == ir::Pass::kBackward || in.pass == ir::Pass::kBackwardWeight;
     k::LinearShape shape{T, in_features, out_features};
@@ -463,13 +501,13 @@ struct Executor::Impl {
     if (in.pass == ir::Pass::kBackwardWeight) dy = stash;
     if (weight_grad) {
       const Tensor& x = sp && !st.gathered.empty() && uses_gathered(in.name) ? st.gathered : saved_input;
-      be.linear_backward_weight(shape, dy->data(), x.data(), dw, db);
+      kern.linear_backward_weight(shape, dy->data(), x.data(), dw, db);
       if (uses_gathered(in.name)) st.gathered.clear();
     }
     if (in.pass == ir::Pass::kBackwardInput) *stash = cur;
     if (input_grad) {
       Tensor dx(be, static_cast<std::size_t>(T * in_features));
-      be.linear_backward_input(shape, cur.data(), w, dx.data());
+      kern.linear_backward_input(shape, cur.data(), w, dx.data());
       cur.swap(dx);
     }
     if (in.pass == ir::Pass::kBackwardWeight) stash->clear();
@@ -478,20 +516,20 @@ struct Executor::Impl {
     return name == "attn.qkv" || name == "mlp.fc1" || name == "head.logits";
   }
 
-  void backward_op(const Instr& in, ChunkState& st, Tensor& cur) {
+  void backward_op(const Instr& in, ChunkState<A>& st, Tensor& cur) {
     const std::string& op = in.name;
     const int l = in.layer;
     if (op == "head.cross_entropy") {
-      HeadState& hs = st.head;
+      HeadState<A>& hs = st.head;
       float dl = static_cast<float>(1.0 / (static_cast<double>(opt.global_batch) * static_cast<double>(m.seq_len)));
-      Tensor dloss(be, static_cast<std::size_t>(T), dl);
+      F32 dloss(be, static_cast<std::size_t>(T), dl);
       sized(cur, hs.logits.size());
-      be.cross_entropy_backward(T, hs.logits.data(), st.targets.data(), vocab, hs.max.data(), hs.sum_exp.data(),
+      kern.cross_entropy_backward(T, hs.logits.data(), st.targets.data(), vocab, hs.max.data(), hs.sum_exp.data(),
                                  dloss.data(), cur.data());
       return;
     }
     if (op == "head.logits") {
-      HeadState& hs = st.head;
+      HeadState<A>& hs = st.head;
       linear_backward(in, nullptr, st, cur, h, vocab.end - vocab.begin, vocab_weight(), vocab_weight_grad(), nullptr,
                       sp ? hs.y : hs.yg);
       if (in.pass != ir::Pass::kBackwardWeight) hs.logits.clear();
@@ -507,78 +545,78 @@ struct Executor::Impl {
         k::HiddenLayout hl{prog.micro_batch, m.seq_len, h, sample_base(current_mb) - step * opt.global_batch, 0,
                            m.seq_len};
         k::DropoutKey key{opt.seed, static_cast<std::uint64_t>(step), 0, k::DropoutSite::kEmbedding};
-        be.dropout_add_backward(hl, cur.data(), static_cast<float>(m.dropout), key, cur.data());
+        kern.dropout_add_backward(hl, cur.data(), static_cast<float>(m.dropout), key, cur.data());
       }
       float* dpos = G("embed.positions.weight");
       for_each_sequence_piece(token_offset(rows), rows, [&](std::int64_t, std::int64_t p0, std::int64_t len, std::int64_t row) {
-        be.position_embedding_backward(1, len, h, cur.data() + row * h, dpos + p0 * h);
+        kern.position_embedding_backward(1, len, h, cur.data() + row * h, dpos + p0 * h);
       });
       return;
     }
     if (op == "embed.tokens") {
-      be.embedding_backward(T, h, st.ids.data(), cur.data(), vocab, G("embed.tokens.weight"));
+      kern.embedding_backward(T, h, st.ids.data(), cur.data(), vocab, G("embed.tokens.weight"));
       return;
     }
-    LayerState& ls = st.layers[static_cast<std::size_t>(l - current_first_layer)];
+    LayerState<A>& ls = st.layers[static_cast<std::size_t>(l - current_first_layer)];
     if (op == "mlp.residual") {
       residual_backward(cur, ls.res_grad, G_opt(L(l, "mlp.fc2.bias")), l, k::DropoutSite::kMlpOutput);
     } else if (op == "mlp.fc2") {
-      linear_backward(in, &ls, st, cur, fl, h, P(L(l, "mlp.fc2.weight")), G(L(l, "mlp.fc2.weight")), nullptr, ls.g);
+      linear_backward(in, &ls, st, cur, fl, h, W(L(l, "mlp.fc2.weight")), G(L(l, "mlp.fc2.weight")), nullptr, ls.g);
     } else if (op == "mlp.act") {
       Tensor dx(be, ls.a.size());
-      if (m.activation == model::ActivationKind::kSwiGlu) be.swiglu_backward(T, fl, ls.a.data(), cur.data(), dx.data());
-      else be.gelu_backward(T * fl, ls.a.data(), cur.data(), dx.data());
+      if (m.activation == model::ActivationKind::kSwiGlu) kern.swiglu_backward(T, fl, ls.a.data(), cur.data(), dx.data());
+      else kern.gelu_backward(T * fl, ls.a.data(), cur.data(), dx.data());
       cur.swap(dx);
     } else if (op == "mlp.fc1") {
-      linear_backward(in, &ls, st, cur, h, fc1_cols, P(L(l, "mlp.fc1.weight")), G(L(l, "mlp.fc1.weight")),
+      linear_backward(in, &ls, st, cur, h, fc1_cols, W(L(l, "mlp.fc1.weight")), G(L(l, "mlp.fc1.weight")),
                       G_opt(L(l, "mlp.fc1.bias")), ls.y2);
     } else if (op == "mlp.norm") {
       norm_backward(L(l, "mlp.norm"), ls.x2, ls.n2a, ls.n2b, cur);
-      be.residual_add(static_cast<std::int64_t>(cur.size()), cur.data(), ls.res_grad.data(), cur.data());
+      kern.residual_add(static_cast<std::int64_t>(cur.size()), cur.data(), ls.res_grad.data(), cur.data());
     } else if (op == "attn.residual") {
       residual_backward(cur, ls.res_grad, G_opt(L(l, "attn.proj.bias")), l, k::DropoutSite::kAttentionOutput);
     } else if (op == "attn.proj") {
-      linear_backward(in, &ls, st, cur, Hl * d, h, P(L(l, "attn.proj.weight")), G(L(l, "attn.proj.weight")), nullptr,
+      linear_backward(in, &ls, st, cur, Hl * d, h, W(L(l, "attn.proj.weight")), G(L(l, "attn.proj.weight")), nullptr,
                       ls.o);
     } else if (op == "attn.core") {
       Tensor dqkv(be, static_cast<std::size_t>(T * qkv_cols));
       k::AttentionShape shape{prog.micro_batch, m.seq_len, Hl, KVl, d, qkv_cols, qkv_cols};
       k::AttentionDropout drop;
       k::AttentionDropout* dp = attention_dropout(drop, l);
-      const float* q = ls.qkv.data();
-      be.attention_backward(shape, q, q + Hl * d, q + (Hl + KVl) * d, ls.o.data(), ls.lse.data(), cur.data(),
+      const A* q = ls.qkv.data();
+      kern.attention_backward(shape, q, q + Hl * d, q + (Hl + KVl) * d, ls.o.data(), ls.lse.data(), cur.data(),
                              dqkv.data(), dqkv.data() + Hl * d, dqkv.data() + (Hl + KVl) * d, dp);
       cur.swap(dqkv);
     } else if (op == "attn.rope") {
-      be.rope_backward({prog.micro_batch, m.seq_len, Hl, d, qkv_cols}, rope_cos.data(), rope_sin.data(), cur.data());
-      be.rope_backward({prog.micro_batch, m.seq_len, KVl, d, qkv_cols}, rope_cos.data(), rope_sin.data(),
+      kern.rope_backward({prog.micro_batch, m.seq_len, Hl, d, qkv_cols}, rope_cos.data(), rope_sin.data(), cur.data());
+      kern.rope_backward({prog.micro_batch, m.seq_len, KVl, d, qkv_cols}, rope_cos.data(), rope_sin.data(),
                         cur.data() + Hl * d);
     } else if (op == "attn.qkv") {
-      linear_backward(in, &ls, st, cur, h, qkv_cols, P(L(l, "attn.qkv.weight")), G(L(l, "attn.qkv.weight")),
+      linear_backward(in, &ls, st, cur, h, qkv_cols, W(L(l, "attn.qkv.weight")), G(L(l, "attn.qkv.weight")),
                       G_opt(L(l, "attn.qkv.bias")), ls.y1);
     } else if (op == "attn.norm") {
       norm_backward(L(l, "attn.norm"), ls.x, ls.n1a, ls.n1b, cur);
-      be.residual_add(static_cast<std::int64_t>(cur.size()), cur.data(), ls.res_grad.data(), cur.data());
+      kern.residual_add(static_cast<std::int64_t>(cur.size()), cur.data(), ls.res_grad.data(), cur.data());
     } else {
       throw internal_error(fmt::format("unknown op '{}'", op));
     }
   }
 
   // A tensor-parallel collective inside a body.
-  void body_collective(const Instr& in, ChunkState& st, Tensor& cur, Tensor& rcur) {
+  void body_collective(const Instr& in, ChunkState<A>& st, Tensor& cur, Tensor& rcur) {
     Tensor& t = in.pass == ir::Pass::kRecompute || recomputing ? rcur : cur;
     switch (in.what) {
       case What::kHidden: {
         std::int64_t cols = h;
         if (in.op == Opcode::kAllGather) all_gather_rows(t, cols);
         else if (in.op == Opcode::kReduceScatter) reduce_scatter_rows(t, cols);
-        else comms.tp->all_reduce(t.data(), t.data(), t.size(), comm::ReduceOp::kSum);
+        else comms.tp->all_reduce(t.data(), t.data(), t.size(), kAct, comm::ReduceOp::kSum);
         break;
       }
       case What::kSavedInput: {
         const Tensor& shard = saved_input_for(in, st);
         sized(st.gathered, static_cast<std::size_t>(T * h));
-        timed([&] { comms.tp->all_gather(shard.data(), st.gathered.data(), shard.size()); });
+        timed([&] { comms.tp->all_gather(shard.data(), st.gathered.data(), shard.size(), kAct); });
         break;
       }
       case What::kLogitsMax:
@@ -598,13 +636,13 @@ struct Executor::Impl {
   bool recomputing = false;
 
   // The saved (sequence-shard) input of the column-parallel op that follows a saved-input all-gather.
-  const Tensor& saved_input_for(const Instr& in, ChunkState& st) {
+  const Tensor& saved_input_for(const Instr& in, ChunkState<A>& st) {
     const ir::Body* body = current_body;
     for (std::size_t i = current_bpc + 1; body != nullptr && i < body->instrs.size(); ++i) {
       const Instr& next = body->instrs[i];
       if (next.op != Opcode::kCompute) continue;
       if (next.name == "head.logits") return st.head.y;
-      LayerState& ls = st.layers[static_cast<std::size_t>(next.layer - current_first_layer)];
+      LayerState<A>& ls = st.layers[static_cast<std::size_t>(next.layer - current_first_layer)];
       if (next.name == "attn.qkv") return ls.y1;
       if (next.name == "mlp.fc1") return ls.y2;
       break;
@@ -616,7 +654,7 @@ struct Executor::Impl {
 
   // ---- schedule instructions ----
 
-  ChunkState& state(int chunk, int mb) {
+  ChunkState<A>& state(int chunk, int mb) {
     auto [it, inserted] = states.try_emplace({chunk, mb});
     if (inserted) {
       const ir::ChunkInfo* ci = prog.chunk_info(chunk);
@@ -636,7 +674,7 @@ struct Executor::Impl {
                                                            : ir::BodyKind::kBackwardWeight;
     const ir::Body* body = prog.body(in.chunk, kind);
     if (body == nullptr) throw input_error(fmt::format("no {} body for chunk {}", ir::to_string(kind), in.chunk));
-    ChunkState& st = state(in.chunk, in.mb);
+    ChunkState<A>& st = state(in.chunk, in.mb);
     current_first_layer = ci->first_layer;
     current_mb = in.mb;
     current_body = body;
@@ -697,8 +735,8 @@ struct Executor::Impl {
   }
 
   // Recomputation: a layer's forward again from its saved input (full), or the attention core (selective).
-  void recompute_op(const Instr& op, ChunkState& st) {
-    LayerState& ls = st.layers[static_cast<std::size_t>(op.layer - current_first_layer)];
+  void recompute_op(const Instr& op, ChunkState<A>& st) {
+    LayerState<A>& ls = st.layers[static_cast<std::size_t>(op.layer - current_first_layer)];
     if (op.name == "attn.core" && !recomputing) {
       forward_op(op, st, st.rcur, true);
       return;
@@ -714,11 +752,11 @@ struct Executor::Impl {
 
   // With full recomputation a layer keeps only its input between forward and backward; selective keeps everything
   // the attention core's backward needs but recomputes it (the CPU kernel keeps no score matrix anyway).
-  void free_recomputed(ChunkState& st) {
+  void free_recomputed(ChunkState<A>& st) {
     if (plan_recompute_full) {
       for (auto& ls : st.layers) {
         Tensor x = std::move(ls.x);
-        ls = LayerState{};
+        ls = LayerState<A>{};
         ls.x = std::move(x);
       }
     }
@@ -726,8 +764,8 @@ struct Executor::Impl {
   bool plan_recompute_full = false;
 
   void load(const Instr& in) {
-    ChunkState& st = in.what == What::kTargets ? state(prog.pp * prog.vpp - 1, in.mb) : state(0, in.mb);
-    ChunkState* other = in.what == What::kBatch ? &st : nullptr;
+    ChunkState<A>& st = in.what == What::kTargets ? state(prog.pp * prog.vpp - 1, in.mb) : state(0, in.mb);
+    ChunkState<A>* other = in.what == What::kBatch ? &st : nullptr;
     std::vector<std::int32_t> ids(static_cast<std::size_t>(T)), targets(static_cast<std::size_t>(T));
     std::int64_t base = sample_base(in.mb);
     for (int b = 0; b < prog.micro_batch; ++b) {
@@ -766,13 +804,13 @@ struct Executor::Impl {
         }
         sent.push_back(std::move(it->second));
         outgoing.erase(it);
-        ops.push_back(comm::P2POp::send(sent.back().data(), sent.back().size(), peer, tag));
+        ops.push_back(comm::P2POp::send(sent.back().data(), sent.back().size(), kAct, peer, tag));
       } else {
         // act of chunk c-1 is the input of chunk c; grad of chunk c+1's input is chunk c's output gradient.
         Tensor& dst = in.what == What::kActivation ? state(in.chunk + 1, in.mb).input
                                                    : state(in.chunk - 1, in.mb).grad_out;
         dst = Tensor(be, static_cast<std::size_t>(in.count));
-        ops.push_back(comm::P2POp::recv(dst.data(), dst.size(), peer, tag));
+        ops.push_back(comm::P2POp::recv(dst.data(), dst.size(), kAct, peer, tag));
       }
     }
     timed([&] { comms.pp->group(ops); });
@@ -790,7 +828,7 @@ struct Executor::Impl {
       float pair[2] = {static_cast<float>(in.what == What::kGradNorm ? local_grad_norm_squared() : loss_sum), 0.0f};
       double exact = in.what == What::kGradNorm ? local_grad_norm_squared() : loss_sum;
       pair[1] = static_cast<float>(exact - static_cast<double>(pair[0]));
-      Tensor wire(be, 2);  // the communicator reads backend memory
+      F32 wire(be, 2);  // the communicator reads backend memory
       be.copy_to_backend(wire.data(), pair, sizeof(pair));
       timed([&] { comms.world->all_reduce(wire.data(), wire.data(), 2, comm::ReduceOp::kSum); });
       be.copy_to_host(pair, wire.data(), sizeof(pair));
@@ -809,7 +847,7 @@ struct Executor::Impl {
         }
       }
       check_count(in, static_cast<std::int64_t>(total));
-      Tensor buf(be, total);
+      F32 buf(be, total);
       std::size_t at = 0;
       for (const auto* t : parts) {
         be.copy(buf.data() + at, grads.data() + t->offset, static_cast<std::size_t>(t->numel()) * sizeof(float));
@@ -839,7 +877,7 @@ struct Executor::Impl {
       return;
     }
     std::int64_t shard = shard_of_range.at(b);
-    Tensor buf(be, static_cast<std::size_t>(shard * prog.dp));
+    F32 buf(be, static_cast<std::size_t>(shard * prog.dp));
     auto copy_floats = [&](float* dst, const float* src, std::int64_t count) {
       be.copy(dst, src, static_cast<std::size_t>(count) * sizeof(float));
     };
@@ -944,6 +982,9 @@ struct Executor::Impl {
     comm_seconds = 0;
     slices.clear();
     be.fill(static_cast<std::int64_t>(grads.size()), 0.0f, grads.data());
+    if constexpr (!std::is_same_v<A, float>) {
+      kern.from_fp32(static_cast<std::int64_t>(params.size()), params.data(), weights.data());
+    }
     plan_recompute_full = false;
     for (const auto& b : prog.bodies) {
       for (const auto& in : b->instrs) {
@@ -1010,18 +1051,32 @@ struct Executor::Impl {
     out.comm_seconds = comm_seconds;
     return out;
   }
+
+  const ParamLayout& param_layout() const override { return layout; }
+  Backend& backend() override { return be; }
+  F32& param_buffer() override { return params; }
+  F32& grad_buffer() override { return grads; }
+  F32& exp_avg_buffer() override { return m1; }
+  F32& exp_avg_sq_buffer() override { return m2; }
+  const std::vector<std::pair<std::int64_t, std::int64_t>>& owned() const override { return owned_ranges; }
+  const std::vector<ir::Slice>& trace() const override { return slices; }
 };
 
-Executor::Executor(const model::ModelDescription& model, const ir::Program& program, Communicators& comms,
-                   const DataSource& data, const ExecutorOptions& options)
-    : impl_(std::make_unique<Impl>(model, program, comms, data, options)) {}
-Executor::~Executor() = default;
+std::unique_ptr<InterpreterBase> make_interpreter(const model::ModelDescription& model, const ir::Program& program,
+                                                  Communicators& comms, const DataSource& data,
+                                                  const ExecutorOptions& options) {
+  Backend& backend = options.backend != nullptr ? *options.backend : cpu_backend();
+  switch (options.activations) {
+    case DType::kFp32:
+      return std::make_unique<Interpreter<float>>(model, program, comms, data, options, backend);
+    case DType::kBf16:
+      return std::make_unique<Interpreter<bf16>>(model, program, comms, data, options, backend);
+    default:
+      throw input_error(fmt::format("activations of type {}: the executor runs fp32 or bf16 activations",
+                                    to_string(options.activations)));
+  }
+}
 
-StepMetrics Executor::run_step(std::int64_t step) { return impl_->run(step); }
-const ParamLayout& Executor::layout() const { return impl_->layout; }
-Backend& Executor::backend() const { return impl_->be; }
-
-namespace {
 // The accessors below hand out backend pointers as host pointers.
 template <typename T>
 T* host_view(const Backend& backend, T* ptr) {
@@ -1031,15 +1086,62 @@ T* host_view(const Backend& backend, T* ptr) {
   }
   return ptr;
 }
+
 }  // namespace
 
-float* Executor::params() { return host_view(impl_->be, impl_->params.data()); }
-const float* Executor::params() const { return host_view(impl_->be, impl_->params.data()); }
-const float* Executor::grads() const { return host_view(impl_->be, impl_->grads.data()); }
-const std::vector<std::pair<std::int64_t, std::int64_t>>& Executor::owned() const { return impl_->owned_ranges; }
-float* Executor::exp_avg() { return host_view(impl_->be, impl_->m1.data()); }
-float* Executor::exp_avg_sq() { return host_view(impl_->be, impl_->m2.data()); }
-std::int64_t Executor::owned_size() const { return static_cast<std::int64_t>(impl_->m1.size()); }
-const std::vector<ir::Slice>& Executor::trace() const { return impl_->slices; }
+struct Executor::Impl {
+  std::unique_ptr<InterpreterBase> interpreter;
+  DType activations = DType::kFp32;
+};
+
+Executor::Executor(const model::ModelDescription& model, const ir::Program& program, Communicators& comms,
+                   const DataSource& data, const ExecutorOptions& options)
+    : impl_(std::make_unique<Impl>(Impl{make_interpreter(model, program, comms, data, options), options.activations})) {}
+Executor::~Executor() = default;
+
+StepMetrics Executor::run_step(std::int64_t step) { return impl_->interpreter->run(step); }
+const ParamLayout& Executor::layout() const { return impl_->interpreter->param_layout(); }
+Backend& Executor::backend() const { return impl_->interpreter->backend(); }
+DType Executor::activations() const { return impl_->activations; }
+
+float* Executor::params() { return host_view(backend(), impl_->interpreter->param_buffer().data()); }
+const float* Executor::params() const { return host_view(backend(), impl_->interpreter->param_buffer().data()); }
+const float* Executor::grads() const { return host_view(backend(), impl_->interpreter->grad_buffer().data()); }
+const std::vector<std::pair<std::int64_t, std::int64_t>>& Executor::owned() const {
+  return impl_->interpreter->owned();
+}
+float* Executor::exp_avg() { return host_view(backend(), impl_->interpreter->exp_avg_buffer().data()); }
+float* Executor::exp_avg_sq() { return host_view(backend(), impl_->interpreter->exp_avg_sq_buffer().data()); }
+std::int64_t Executor::owned_size() const {
+  return static_cast<std::int64_t>(impl_->interpreter->exp_avg_buffer().size());
+}
+const std::vector<ir::Slice>& Executor::trace() const { return impl_->interpreter->trace(); }
+
+namespace {
+F32& state_buffer(InterpreterBase& in, Executor::State which) {
+  switch (which) {
+    case Executor::State::kParams: return in.param_buffer();
+    case Executor::State::kGrads: return in.grad_buffer();
+    case Executor::State::kExpAvg: return in.exp_avg_buffer();
+    case Executor::State::kExpAvgSq: return in.exp_avg_sq_buffer();
+  }
+  throw internal_error("unknown executor state");
+}
+}  // namespace
+
+std::vector<float> Executor::read(State which) const {
+  F32& b = state_buffer(*impl_->interpreter, which);
+  std::vector<float> host(b.size());
+  if (!host.empty()) backend().copy_to_host(host.data(), b.data(), host.size() * sizeof(float));
+  return host;
+}
+
+void Executor::write(State which, std::span<const float> host) {
+  F32& b = state_buffer(*impl_->interpreter, which);
+  if (host.size() != b.size()) {
+    throw internal_error(fmt::format("Executor::write: {} floats given for a state of {}", host.size(), b.size()));
+  }
+  if (!host.empty()) backend().copy_to_backend(b.data(), host.data(), host.size() * sizeof(float));
+}
 
 }  // namespace dtrain::exec

@@ -251,7 +251,8 @@ class Run {
     eo.seed = o_.seed;
     eo.global_batch = plan_.inputs.global_batch;
     eo.record_trace = !o_.trace_path.empty();
-    eo.backend = &cpu_backend();  // dtexec runs on the CPU; the CUDA backend is issue 8
+    eo.backend = o_.backend != nullptr ? o_.backend : &cpu_backend();
+    eo.activations = activation_type();
     executor_ = std::make_unique<Executor>(model_, program_, comms_, *data_, eo);
     TrainResult result;
     result.plan_digest = plan_.digest;
@@ -377,10 +378,22 @@ class Run {
     return step;
   }
 
+  // --dtype, else the model's training.dtype.
+  DType activation_type() const {
+    if (o_.activations) return *o_.activations;
+    DType d = model_.training.dtype;
+    if (d != DType::kFp32 && d != DType::kBf16) {
+      throw input_error(fmt::format("{}: the executor runs fp32 or bf16 activations (choose one with dtexec --dtype)",
+                                    model_.located("training.dtype", fmt::format("{}: [training] dtype = \"{}\"",
+                                                                                 o_.model_path, to_string(d)))));
+    }
+    return d;
+  }
+
   void load_checkpoint(const std::string& dir) {
     CheckpointReader reader(dir);
     const ParamLayout& layout = executor_->layout();
-    float* params = executor_->params();
+    std::vector<float> params = executor_->read(Executor::State::kParams);
     std::vector<float> m(static_cast<std::size_t>(layout.size()), 0.0f), v(m.size(), 0.0f);
     for (const auto& t : layout.tensors()) {
       auto need = [&](const std::string& kind, float* dst) {
@@ -391,16 +404,18 @@ class Run {
                                   t.name, kind));
         }
       };
-      need("param", params);
+      need("param", params.data());
       need("exp_avg", m.data());
       need("exp_avg_sq", v.data());
     }
-    std::int64_t pos = 0;
+    std::vector<float> owned_m, owned_v;
     for (auto [b, e] : executor_->owned()) {
-      std::copy(m.begin() + b, m.begin() + e, executor_->exp_avg() + pos);
-      std::copy(v.begin() + b, v.begin() + e, executor_->exp_avg_sq() + pos);
-      pos += e - b;
+      owned_m.insert(owned_m.end(), m.begin() + b, m.begin() + e);
+      owned_v.insert(owned_v.end(), v.begin() + b, v.begin() + e);
     }
+    executor_->write(Executor::State::kParams, params);
+    executor_->write(Executor::State::kExpAvg, owned_m);
+    executor_->write(Executor::State::kExpAvgSq, owned_v);
   }
 
   void save_checkpoint(std::int64_t step) {
@@ -414,16 +429,21 @@ class Run {
     }
     world_.barrier();
     const ParamLayout& layout = executor_->layout();
-    const float* params = executor_->params();
+    const std::vector<float> host_params = executor_->read(Executor::State::kParams);
+    const float* params = host_params.data();
     std::vector<StoredTensor> stored;
     bool sharded = program_.distributed_optimizer && program_.dp > 1;
     // The moments of the owned elements, addressed by flat offset.
     std::vector<float> m(static_cast<std::size_t>(layout.size()), 0.0f), v(m.size(), 0.0f);
-    std::int64_t pos = 0;
-    for (auto [b, e] : executor_->owned()) {
-      std::copy(executor_->exp_avg() + pos, executor_->exp_avg() + pos + (e - b), m.begin() + b);
-      std::copy(executor_->exp_avg_sq() + pos, executor_->exp_avg_sq() + pos + (e - b), v.begin() + b);
-      pos += e - b;
+    {
+      const std::vector<float> owned_m = executor_->read(Executor::State::kExpAvg);
+      const std::vector<float> owned_v = executor_->read(Executor::State::kExpAvgSq);
+      std::int64_t pos = 0;
+      for (auto [b, e] : executor_->owned()) {
+        std::copy(owned_m.begin() + pos, owned_m.begin() + pos + (e - b), m.begin() + b);
+        std::copy(owned_v.begin() + pos, owned_v.begin() + pos + (e - b), v.begin() + b);
+        pos += e - b;
+      }
     }
     for (const auto& t : layout.tensors()) {
       if (t.tied_copy || (t.tp_replicated && program_.tp_rank != 0)) continue;
@@ -486,11 +506,12 @@ class Run {
     }
     world_.barrier();
     const ParamLayout& layout = executor_->layout();
+    const std::vector<float> grads = executor_->read(Executor::State::kGrads);
     std::vector<StoredTensor> stored;
     for (const auto& t : layout.tensors()) {
       if (t.tied_copy || (t.tp_replicated && program_.tp_rank != 0)) continue;
       StoredTensor st{t.name, "grad", t.full_rows, t.full_cols, {}, {}};
-      const float* g = executor_->grads() + t.offset;
+      const float* g = grads.data() + t.offset;
       if (program_.distributed_optimizer && program_.dp > 1) {
         for (auto [b, e] : executor_->owned()) {
           std::int64_t lo = std::max(b, t.offset), hi = std::min(e, t.offset + t.numel());

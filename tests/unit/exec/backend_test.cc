@@ -54,7 +54,7 @@ TEST(Buffer, DefaultTakesTheBackendOfWhatIsAssignedAndResizeKeepsTheFront) {
 }
 
 TEST(CpuBackend, BiasAddAndBiasGradientRunOverRows) {
-  Backend& be = cpu_backend();
+  Kernels<float>& be = cpu_backend().kernels<float>();
   Buffer<float> x = device({1, 2, 3, 4, 5, 6});  // [2 rows, 3 cols]
   Buffer<float> bias = device({10, 20, 30});
   be.add_bias_rows(2, 3, bias.data(), x.data());

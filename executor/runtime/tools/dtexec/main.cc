@@ -3,6 +3,7 @@
 //   dtexec train --model M.toml --plan (auto|plan.toml) --data (FILE|synthetic) --steps N --seed S
 //                [--checkpoint-dir D --checkpoint-every K] [--resume] [--metrics out.jsonl] [--trace out.json]
 //                [--deterministic] [--cluster C.toml] [--fix K=V,...] [--epochs E] [--threads T] [--timeout-s S]
+//                [--dtype fp32|bf16] [--device cpu|cuda]
 //   dtexec tokenize --input FILE.txt --output FILE.tokens
 //
 // Rank and world from RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (world size 1 when absent); with more than one
@@ -133,6 +134,7 @@ int main(int argc, char** argv) {
   double timeout_s = 300;
   int threads = 0;
   std::string device = "cpu";
+  std::string dtype;
   auto* train = app.add_subcommand("train", "Train the model with a plan");
   train->add_option("--model", o.model_path, "Model description (model.toml)")->required();
   auto* plan_option = train->add_option(
@@ -152,6 +154,8 @@ int main(int argc, char** argv) {
   train->add_option("--trace", o.trace_path, "Write the measured timeline (Chrome trace JSON)");
   train->add_flag("--deterministic", o.deterministic, "Bitwise repeatable runs (fixed thread counts and orders)");
   train->add_option("--device", device, "cpu (the CUDA backend is built when nvcc is present)");
+  train->add_option("--dtype", dtype,
+                    "Activations: fp32, or bf16 with fp32 master weights (default: the model's training.dtype)");
   train->add_option("--threads", threads, "Kernel threads per rank (default: cores / LOCAL_WORLD_SIZE)");
   train->add_option("--timeout-s", timeout_s, "Give up on a silent peer after this long");
   train->add_option("--dump-gradients", o.dump_gradients_dir,
@@ -170,6 +174,12 @@ int main(int argc, char** argv) {
     }
     if (device != "cpu") {
       throw input_error(fmt::format("--device {}: this build runs the CPU backend (cpu)", device));
+    }
+    if (!dtype.empty()) {
+      o.activations = parse_dtype(dtype);
+      if (!o.activations || (*o.activations != DType::kFp32 && *o.activations != DType::kBf16)) {
+        throw input_error(fmt::format("--dtype {}: expected fp32 or bf16", dtype));
+      }
     }
     if (o.deterministic) threads = 1;
     if (plan_option->count() == 0) {

@@ -13,8 +13,13 @@
 // Numerics. Every operation is defined by the CPU kernels in dtrain::kernels (the header of each names its layouts
 // and accumulation order); the CPU backend calls them, so the interpreter's results are those of the kernels
 // bit-for-bit. The reductions below fix their order (index order, float64) for the same reason. A device backend
-// promises the same shapes and semantics, not the same bits. The interface is fp32 throughout: a backend that keeps
-// activations in bf16 converts inside its kernels.
+// promises the same shapes and semantics, not the same bits.
+//
+// Element types. Activations are of one type per executor (ExecutorOptions::activations): fp32, or bf16 with fp32
+// master weights, gradients and optimizer state (mixed precision). The model's kernels come as Kernels<A> for that
+// type; everything else (memory, the fp32 reductions, the loss, AdamW) is on Backend itself. The CPU backend has
+// both: fp32 (the kernels themselves) and bf16, which widens its inputs, runs the fp32 kernel and rounds each output
+// once — what the CUDA kernels do, so it is the reference the GPU is checked against. The CUDA backend has bf16 only.
 //
 // Threading: one backend object may serve several executors (one per rank thread in the tests); the CPU backend is
 // stateless. Errors: a backend reports failures as dtrain::Error; the CPU backend's allocate lets std::bad_alloc
@@ -29,7 +34,9 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/common/dtype.h"
 #include "dtrain/kernels/attention.h"
+#include "dtrain/kernels/cuda/bf16.h"
 #include "dtrain/kernels/cross_entropy.h"
 #include "dtrain/kernels/dropout.h"
 #include "dtrain/kernels/embedding.h"
@@ -44,6 +51,89 @@ namespace dtrain::exec {
 struct ConstSpan {
   const float* data = nullptr;
   std::int64_t size = 0;
+};
+
+// bf16 storage (dtrain/kernels/cuda/bf16.h: the upper half of an fp32, carried as std::uint16_t).
+using bf16 = kernels::cuda::bf16;
+
+// The DType of an activation element type.
+template <typename A>
+inline constexpr DType kDTypeOf = std::is_same_v<A, float> ? DType::kFp32 : DType::kBf16;
+
+// The model's kernels for activations of element type A (float or bf16): the signatures and semantics of
+// dtrain::kernels::cpu, on backend memory. What is typed A: activations and their gradients, and the weights the
+// passes read (linear weights and biases, embedding tables: for A = bf16, copies rounded from the fp32 master weights
+// with from_fp32). What is always fp32: master weights where a kernel reads them directly (norm gamma/beta), every
+// parameter gradient (accumulated, +=), and the statistics (norm mean/rstd, attention log-sum-exp, cross-entropy
+// max/sums, RoPE tables). Kernels with A = bf16 compute in fp32 and round each output once.
+template <typename A>
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+
+  // y[i] = x[i] rounded to A (the weight copies the passes read).
+  virtual void from_fp32(std::int64_t n, const float* x, A* y) = 0;
+  // x[r, j] += bias[j] for x [rows, cols] (a row-parallel layer's bias, added after the reduction).
+  virtual void add_bias_rows(std::int64_t rows, std::int64_t cols, const A* bias, A* x) = 0;
+  // dbias[j] += sum_r dy[r, j], rows in order (fp32 accumulation into dbias, as the bias gradient of a linear layer).
+  virtual void accumulate_bias_grad(std::int64_t rows, std::int64_t cols, const A* dy, float* dbias) = 0;
+
+  virtual void linear_forward(const kernels::LinearShape& shape, const A* x, const A* weight, const A* bias,
+                              A* y) = 0;
+  virtual void linear_backward_input(const kernels::LinearShape& shape, const A* dy, const A* weight, A* dx) = 0;
+  virtual void linear_backward_weight(const kernels::LinearShape& shape, const A* dy, const A* x, float* dweight,
+                                      float* dbias) = 0;
+
+  virtual void layernorm_forward(const kernels::NormShape& shape, const A* x, const float* gamma, const float* beta,
+                                 float eps, A* y, float* mean, float* rstd) = 0;
+  virtual void layernorm_backward(const kernels::NormShape& shape, const A* x, const float* gamma, const float* mean,
+                                  const float* rstd, const A* dy, A* dx, float* dgamma, float* dbeta) = 0;
+  virtual void rmsnorm_forward(const kernels::NormShape& shape, const A* x, const float* gamma, float eps, A* y,
+                               float* rstd) = 0;
+  virtual void rmsnorm_backward(const kernels::NormShape& shape, const A* x, const float* gamma, const float* rstd,
+                                const A* dy, A* dx, float* dgamma) = 0;
+
+  virtual void embedding_forward(std::int64_t tokens, std::int64_t hidden, const std::int32_t* ids, const A* table,
+                                 kernels::VocabShard shard, A* out) = 0;
+  virtual void embedding_backward(std::int64_t tokens, std::int64_t hidden, const std::int32_t* ids, const A* dout,
+                                  kernels::VocabShard shard, float* dtable) = 0;
+  virtual void position_embedding_forward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const A* pos,
+                                          A* x) = 0;
+  virtual void position_embedding_backward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const A* dx,
+                                           float* dpos) = 0;
+
+  virtual void dropout_add_forward(const kernels::HiddenLayout& layout, const A* x, const A* residual, float p,
+                                   const kernels::DropoutKey& key, A* out) = 0;
+  virtual void dropout_add_backward(const kernels::HiddenLayout& layout, const A* dout, float p,
+                                    const kernels::DropoutKey& key, A* dx) = 0;
+  // out[i] = a[i] + b[i]; out may alias a or b.
+  virtual void residual_add(std::int64_t n, const A* a, const A* b, A* out) = 0;
+
+  virtual void gelu_forward(std::int64_t n, const A* x, A* y) = 0;
+  virtual void gelu_backward(std::int64_t n, const A* x, const A* dy, A* dx) = 0;
+  virtual void swiglu_forward(std::int64_t tokens, std::int64_t ffn, const A* gate_up, A* y) = 0;
+  virtual void swiglu_backward(std::int64_t tokens, std::int64_t ffn, const A* gate_up, const A* dy,
+                               A* dgate_up) = 0;
+
+  // cos/sin: the fp32 table of kernels::rope_table, in backend memory. RopeShape::row_stride counts A elements.
+  virtual void rope_forward(const kernels::RopeShape& shape, const float* cos, const float* sin, A* x) = 0;
+  virtual void rope_backward(const kernels::RopeShape& shape, const float* cos, const float* sin, A* dx) = 0;
+
+  // Strides count A elements; lse is fp32. The dropout description (may be nullptr) is a host object.
+  virtual void attention_forward(const kernels::AttentionShape& shape, const A* q, const A* k, const A* v, A* o,
+                                 float* lse, const kernels::AttentionDropout* dropout) = 0;
+  virtual void attention_backward(const kernels::AttentionShape& shape, const A* q, const A* k, const A* v,
+                                  const A* o, const float* lse, const A* dout, A* dq, A* dk, A* dv,
+                                  const kernels::AttentionDropout* dropout) = 0;
+
+  virtual void cross_entropy_max(std::int64_t tokens, const A* logits, kernels::VocabShard shard, float* max) = 0;
+  virtual void cross_entropy_sum_exp(std::int64_t tokens, const A* logits, const std::int32_t* targets,
+                                     kernels::VocabShard shard, const float* max, float* sum_exp,
+                                     float* target_logit) = 0;
+  // dlogits may alias logits.
+  virtual void cross_entropy_backward(std::int64_t tokens, const A* logits, const std::int32_t* targets,
+                                      kernels::VocabShard shard, const float* max, const float* sum_exp,
+                                      const float* dloss, A* dlogits) = 0;
 };
 
 class Backend {
@@ -68,83 +158,33 @@ class Backend {
   // x[i] = value for i in [0, n).
   virtual void fill(std::int64_t n, float value, float* x) = 0;
 
-  // ---- element-wise work and reductions of the interpreter ----
-  // x[r, j] += bias[j] for x [rows, cols] (a row-parallel layer's bias, added after the reduction).
-  virtual void add_bias_rows(std::int64_t rows, std::int64_t cols, const float* bias, float* x) = 0;
-  // dbias[j] += sum_r dy[r, j], rows in order (fp32 accumulation into dbias, as the bias gradient of a linear layer).
-  virtual void accumulate_bias_grad(std::int64_t rows, std::int64_t cols, const float* dy, float* dbias) = 0;
+  // ---- fp32 work of the interpreter ----
   // sum_i x[i], accumulated in float64 in index order (the loss of a micro-batch).
   virtual double sum(std::int64_t n, const float* x) = 0;
   // sum of x[i]^2 over the spans, one float64 accumulator, spans and elements in order (the squared gradient norm).
   virtual double sum_squares(const std::vector<ConstSpan>& spans) = 0;
-
-  // ---- kernels: the signatures and semantics of dtrain::kernels::cpu, on backend memory ----
-  virtual void linear_forward(const kernels::LinearShape& shape, const float* x, const float* weight,
-                              const float* bias, float* y) = 0;
-  virtual void linear_backward_input(const kernels::LinearShape& shape, const float* dy, const float* weight,
-                                     float* dx) = 0;
-  virtual void linear_backward_weight(const kernels::LinearShape& shape, const float* dy, const float* x,
-                                      float* dweight, float* dbias) = 0;
-
-  virtual void layernorm_forward(const kernels::NormShape& shape, const float* x, const float* gamma,
-                                 const float* beta, float eps, float* y, float* mean, float* rstd) = 0;
-  virtual void layernorm_backward(const kernels::NormShape& shape, const float* x, const float* gamma,
-                                  const float* mean, const float* rstd, const float* dy, float* dx, float* dgamma,
-                                  float* dbeta) = 0;
-  virtual void rmsnorm_forward(const kernels::NormShape& shape, const float* x, const float* gamma, float eps,
-                               float* y, float* rstd) = 0;
-  virtual void rmsnorm_backward(const kernels::NormShape& shape, const float* x, const float* gamma,
-                                const float* rstd, const float* dy, float* dx, float* dgamma) = 0;
-
-  virtual void embedding_forward(std::int64_t tokens, std::int64_t hidden, const std::int32_t* ids,
-                                 const float* table, kernels::VocabShard shard, float* out) = 0;
-  virtual void embedding_backward(std::int64_t tokens, std::int64_t hidden, const std::int32_t* ids,
-                                  const float* dout, kernels::VocabShard shard, float* dtable) = 0;
-  virtual void position_embedding_forward(std::int64_t batch, std::int64_t seq, std::int64_t hidden,
-                                          const float* pos, float* x) = 0;
-  virtual void position_embedding_backward(std::int64_t batch, std::int64_t seq, std::int64_t hidden,
-                                           const float* dx, float* dpos) = 0;
-
-  virtual void dropout_add_forward(const kernels::HiddenLayout& layout, const float* x, const float* residual,
-                                   float p, const kernels::DropoutKey& key, float* out) = 0;
-  virtual void dropout_add_backward(const kernels::HiddenLayout& layout, const float* dout, float p,
-                                    const kernels::DropoutKey& key, float* dx) = 0;
-  // out[i] = a[i] + b[i]; out may alias a or b.
-  virtual void residual_add(std::int64_t n, const float* a, const float* b, float* out) = 0;
-
-  virtual void gelu_forward(std::int64_t n, const float* x, float* y) = 0;
-  virtual void gelu_backward(std::int64_t n, const float* x, const float* dy, float* dx) = 0;
-  virtual void swiglu_forward(std::int64_t tokens, std::int64_t ffn, const float* gate_up, float* y) = 0;
-  virtual void swiglu_backward(std::int64_t tokens, std::int64_t ffn, const float* gate_up, const float* dy,
-                               float* dgate_up) = 0;
-
-  // cos/sin: the table of kernels::rope_table, in backend memory.
-  virtual void rope_forward(const kernels::RopeShape& shape, const float* cos, const float* sin, float* x) = 0;
-  virtual void rope_backward(const kernels::RopeShape& shape, const float* cos, const float* sin, float* dx) = 0;
-
-  // The dropout description (may be nullptr) is a host object.
-  virtual void attention_forward(const kernels::AttentionShape& shape, const float* q, const float* k,
-                                 const float* v, float* o, float* lse, const kernels::AttentionDropout* dropout) = 0;
-  virtual void attention_backward(const kernels::AttentionShape& shape, const float* q, const float* k,
-                                  const float* v, const float* o, const float* lse, const float* dout, float* dq,
-                                  float* dk, float* dv, const kernels::AttentionDropout* dropout) = 0;
-
-  virtual void cross_entropy_max(std::int64_t tokens, const float* logits, kernels::VocabShard shard,
-                                 float* max) = 0;
-  virtual void cross_entropy_sum_exp(std::int64_t tokens, const float* logits, const std::int32_t* targets,
-                                     kernels::VocabShard shard, const float* max, float* sum_exp,
-                                     float* target_logit) = 0;
   // Writes loss[t]; the mean is left to sum() (it would need a copy back to the host).
   virtual void cross_entropy_loss(std::int64_t tokens, const float* max, const float* sum_exp,
                                   const float* target_logit, float* loss) = 0;
-  virtual void cross_entropy_backward(std::int64_t tokens, const float* logits, const std::int32_t* targets,
-                                      kernels::VocabShard shard, const float* max, const float* sum_exp,
-                                      const float* dloss, float* dlogits) = 0;
-
   // The buffer descriptions (host array) point into backend memory.
   virtual void adamw_step(const kernels::AdamWConfig& config, const kernels::AdamWBuffer* buffers,
                           std::int64_t count) = 0;
+
+  // ---- the model's kernels, by activation type ----
+  // nullptr when the backend has no kernels for that type.
+  virtual Kernels<float>* fp32_kernels() { return nullptr; }
+  virtual Kernels<bf16>* bf16_kernels() { return nullptr; }
+  // Whether the backend runs activations of `dtype`.
+  bool supports(DType dtype);
+  // The kernels for A; throws dtrain::Error (input) naming the backend and the type when it has none.
+  template <typename A>
+  Kernels<A>& kernels();
 };
+
+template <>
+Kernels<float>& Backend::kernels<float>();
+template <>
+Kernels<bf16>& Backend::kernels<bf16>();
 
 // The CPU backend: host memory, the kernels of dtrain::kernels::cpu. One process-wide, stateless instance.
 Backend& cpu_backend();

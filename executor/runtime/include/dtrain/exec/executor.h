@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,10 @@ struct ExecutorOptions {
   bool record_trace = false;
   // Where the tensors live and the kernels run; must outlive the executor. nullptr: cpu_backend().
   Backend* backend = nullptr;
+  // Element type of activations and of the weight copies the passes read: fp32, or bf16 (mixed precision: fp32 master
+  // weights, gradients and Adam moments; the weights rounded to bf16 at the start of each step). The backend must
+  // have kernels for it (backend.h), else the constructor throws dtrain::Error (input).
+  DType activations = DType::kFp32;
 };
 
 // The communicators of one rank: the world and the groups its program names (split from the world).
@@ -68,6 +73,7 @@ class Executor {
 
   const ParamLayout& layout() const;
   Backend& backend() const;
+  DType activations() const;
   // Parameters, gradients and Adam moments (moments only for the elements this rank updates; see owned()), in the
   // backend's memory: host pointers only when backend().host_accessible(); otherwise these throw dtrain::Error
   // (internal) until the executor has host copies for them.
@@ -81,6 +87,14 @@ class Executor {
   float* exp_avg();     // owned elements only, concatenated in `owned()` order
   float* exp_avg_sq();
   std::int64_t owned_size() const;
+
+  // Host copies of the fp32 state, for checkpoints and comparisons, on every backend (the pointer accessors above
+  // work on host-memory backends only): params and grads hold layout().size() floats, the moments owned_size().
+  enum class State { kParams, kGrads, kExpAvg, kExpAvgSq };
+  std::vector<float> read(State which) const;
+  // Replaces a state with `host` (the size read() returns; else dtrain::Error, internal). Weight copies of another
+  // type are refreshed from the parameters at the start of the next step.
+  void write(State which, std::span<const float> host);
 
   // Slices recorded during the last step (record_trace): the same form as the simulator's.
   const std::vector<ir::Slice>& trace() const;

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,12 @@ struct TrainOptions {
   // After the first step of this run, write its gradients (before the optimizer used them) in the checkpoint shard
   // format (kind "grad", metadata.json listing the shards): for comparisons with another implementation.
   std::string dump_gradients_dir;
+  // Where the tensors live (nullptr: cpu_backend()); the caller's, and it must outlive train(). Its memory must be
+  // the world communicator's (host for inproc/Gloo, device for NCCL).
+  Backend* backend = nullptr;
+  // Activation type (ExecutorOptions::activations): fp32, or bf16 with fp32 master weights. Unset: the model's
+  // training.dtype (fp16 and fp8 there stop the run with exit 2: the executor has no kernels for them).
+  std::optional<DType> activations;
 };
 
 struct TrainResult {
