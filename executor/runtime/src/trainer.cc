@@ -383,9 +383,9 @@ class Run {
     if (o_.activations) return *o_.activations;
     DType d = model_.training.dtype;
     if (d != DType::kFp32 && d != DType::kBf16) {
-      throw input_error(fmt::format("{}: the executor runs fp32 or bf16 activations (choose one with dtexec --dtype)",
-                                    model_.located("training.dtype", fmt::format("{}: [training] dtype = \"{}\"",
-                                                                                 o_.model_path, to_string(d)))));
+      throw input_error(fmt::format("{}: [training] dtype = \"{}\": the executor runs fp32 or bf16 activations (choose "
+                                    "one with dtexec --dtype)",
+                                    model_.located("training.dtype", o_.model_path), to_string(d)));
     }
     return d;
   }

@@ -197,6 +197,47 @@ TEST(DtexecProcesses, PlanForAnotherModelIsRefused) {
   EXPECT_THAT(ranks[0].log, HasSubstr("was made for model 'megatron-1.7b'"));
 }
 
+// Mixed precision over Gloo: bf16 activations cross the process boundary (tensor-parallel all-gathers and
+// reduce-scatters, pipeline sends), and the curve stays within bf16 tolerance of the single rank's bf16 curve.
+TEST(DtexecProcesses, Bf16LayoutsOverGlooFollowTheSingleRank) {
+  TempDir dir;
+  JobOptions single;
+  single.args = train_args(dir.path("single.jsonl"), 12, "dp=1,tp=1,pp=1,vpp=1,micro_batch=4");
+  single.args.insert(single.args.end(), {"--dtype", "bf16"});
+  expect_ok(run_dtexec_job(single));
+  std::vector<double> ref = loss_values(dir.path("single.jsonl"));
+  ASSERT_EQ(ref.size(), 12u);
+  JobOptions o;
+  o.world = 4;
+  o.args = train_args(dir.path("four.jsonl"), 12, "dp=1,tp=2,pp=2,sequence_parallel=true");
+  o.args.insert(o.args.end(), {"--dtype", "bf16"});
+  expect_ok(run_dtexec_job(o));
+  std::vector<double> curve = loss_values(dir.path("four.jsonl"));
+  ASSERT_EQ(curve.size(), ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(curve[i], ref[i], 2e-3 * ref[i]) << "step " << i + 1;
+}
+
+TEST(DtexecProcesses, AModelInFp16IsRefusedNamingItsLine) {
+  TempDir dir;
+  std::string model = dir.path("tiny-fp16.toml");
+  {
+    std::ifstream in(kTiny);
+    std::ofstream out(model);
+    std::string line;
+    while (std::getline(in, line)) out << (line.rfind("dtype =", 0) == 0 ? "dtype = \"fp16\"" : line) << "\n";
+  }
+  JobOptions o;
+  o.args = {"train", "--model", model, "--steps", "1"};
+  auto ranks = run_dtexec_job(o);
+  EXPECT_EQ(ranks[0].exit_code, 2);
+  EXPECT_THAT(ranks[0].log, HasSubstr("tiny-fp16.toml:19: [training] dtype = \"fp16\""));
+  EXPECT_THAT(ranks[0].log, HasSubstr("the executor runs fp32 or bf16 activations (choose one with dtexec --dtype)"));
+  o.args = {"train", "--model", kTiny, "--steps", "1", "--dtype", "fp8"};
+  ranks = run_dtexec_job(o);
+  EXPECT_EQ(ranks[0].exit_code, 2);
+  EXPECT_THAT(ranks[0].log, HasSubstr("--dtype fp8: expected fp32 or bf16"));
+}
+
 TEST(DtexecProcesses, DataTooShortStopsBeforeAnyStep) {
   TempDir dir;
   std::string text = dir.path("t.txt"), tokens = dir.path("t.tokens");
