@@ -117,6 +117,11 @@ struct Interpreter final : InterpreterBase {
               const DataSource& source, const ExecutorOptions& options, Backend& backend)
       : md(model), m(model.model), prog(program), comms(communicators), data(source), opt(options), be(backend),
         kern(backend.kernels<A>()), layout(model.model, program) {
+    if (comms.world->memory_space() != be.memory_space()) {
+      throw input_error(fmt::format("the {} backend keeps tensors in {} memory, but the {} communicator takes {} memory",
+                                    be.name(), be.host_accessible() ? "host" : "device", comms.world->backend(),
+                                    comms.world->memory_space() == comm::MemorySpace::kHost ? "host" : "device"));
+    }
     if (m.dropout > 0 && prog.sequence_parallel && prog.tp > 1) {
       throw input_error("the CPU executor runs dropout without sequence parallelism only (set dropout = 0 or "
                         "sequence_parallel=false)");
@@ -272,7 +277,8 @@ struct Interpreter final : InterpreterBase {
     return layout.unit_range(in.chunk, in.layer, in.layer_end);
   }
 
-  // Time spent inside communication calls this step (for the metrics' comm_s).
+  // Time spent inside communication calls this step (for the metrics' comm_s). On a device backend a call returns
+  // once its operation is queued, so this is host time, not transfer time.
   double comm_seconds = 0;
   template <typename Fn>
   void timed(Fn&& fn) {
@@ -280,17 +286,37 @@ struct Interpreter final : InterpreterBase {
     fn();
     comm_seconds += seconds_between(t0, std::chrono::steady_clock::now());
   }
+  // Runs fn (one operation on c) ordered with the backend's work: c waits for the work queued so far, and the work
+  // queued next waits for c — at once, or (later = true) only at settle(), so that a gradient reduction overlaps the
+  // rest of the backward pass. Only gradient reductions whose buffers nothing touches before the optimizer are
+  // deferred.
+  template <typename Fn>
+  void communicate(comm::Communicator& c, Fn&& fn, bool later = false) {
+    be.order_before(c);
+    timed(std::forward<Fn>(fn));
+    if (later) {
+      if (std::find(deferred.begin(), deferred.end(), &c) == deferred.end()) deferred.push_back(&c);
+    } else {
+      be.order_after(c);
+    }
+  }
+  // The backend's next work waits for every deferred reduction.
+  void settle() {
+    for (comm::Communicator* c : deferred) be.order_after(*c);
+    deferred.clear();
+  }
+  std::vector<comm::Communicator*> deferred;
 
   // ---- tensors along the flow ----
 
   void all_gather_rows(Tensor& t, std::int64_t cols) {
     Tensor full(be, static_cast<std::size_t>(T * cols));
-    timed([&] { comms.tp->all_gather(t.data(), full.data(), static_cast<std::size_t>(Tl * cols), kAct); });
+    communicate(*comms.tp, [&] { comms.tp->all_gather(t.data(), full.data(), static_cast<std::size_t>(Tl * cols), kAct); });
     t.swap(full);
   }
   void reduce_scatter_rows(Tensor& t, std::int64_t cols) {
     Tensor part(be, static_cast<std::size_t>(Tl * cols));
-    timed([&] { comms.tp->reduce_scatter(t.data(), part.data(), static_cast<std::size_t>(Tl * cols), kAct, comm::ReduceOp::kSum); });
+    communicate(*comms.tp, [&] { comms.tp->reduce_scatter(t.data(), part.data(), static_cast<std::size_t>(Tl * cols), kAct, comm::ReduceOp::kSum); });
     t.swap(part);
   }
 
@@ -610,24 +636,24 @@ struct Interpreter final : InterpreterBase {
         std::int64_t cols = h;
         if (in.op == Opcode::kAllGather) all_gather_rows(t, cols);
         else if (in.op == Opcode::kReduceScatter) reduce_scatter_rows(t, cols);
-        else comms.tp->all_reduce(t.data(), t.data(), t.size(), kAct, comm::ReduceOp::kSum);
+        else communicate(*comms.tp, [&] { comms.tp->all_reduce(t.data(), t.data(), t.size(), kAct, comm::ReduceOp::kSum); });
         break;
       }
       case What::kSavedInput: {
         const Tensor& shard = saved_input_for(in, st);
         sized(st.gathered, static_cast<std::size_t>(T * h));
-        timed([&] { comms.tp->all_gather(shard.data(), st.gathered.data(), shard.size(), kAct); });
+        communicate(*comms.tp, [&] { comms.tp->all_gather(shard.data(), st.gathered.data(), shard.size(), kAct); });
         break;
       }
       case What::kLogitsMax:
-        timed([&] { comms.tp->all_reduce(st.head.max.data(), st.head.max.data(), st.head.max.size(), comm::ReduceOp::kMax); });
+        communicate(*comms.tp, [&] { comms.tp->all_reduce(st.head.max.data(), st.head.max.data(), st.head.max.size(), comm::ReduceOp::kMax); });
         break;
       case What::kLogitsSumExp:
-        timed([&] { comms.tp->all_reduce(st.head.sum_exp.data(), st.head.sum_exp.data(), st.head.sum_exp.size(),
+        communicate(*comms.tp, [&] { comms.tp->all_reduce(st.head.sum_exp.data(), st.head.sum_exp.data(), st.head.sum_exp.size(),
                              comm::ReduceOp::kSum); });
         break;
       case What::kTargetLogit:
-        timed([&] { comms.tp->all_reduce(st.head.target_logit.data(), st.head.target_logit.data(), st.head.target_logit.size(),
+        communicate(*comms.tp, [&] { comms.tp->all_reduce(st.head.target_logit.data(), st.head.target_logit.data(), st.head.target_logit.size(),
                              comm::ReduceOp::kSum); });
         break;
       default: throw internal_error(fmt::format("unexpected collective in a body: {}", ir::to_text(in)));
@@ -813,12 +839,15 @@ struct Interpreter final : InterpreterBase {
         ops.push_back(comm::P2POp::recv(dst.data(), dst.size(), kAct, peer, tag));
       }
     }
-    timed([&] { comms.pp->group(ops); });
+    communicate(*comms.pp, [&] { comms.pp->group(ops); });
     return end - pc;
   }
 
   // A data-parallel (or embedding, or tensor-parallel replicated) collective of the schedule.
   void schedule_collective(const Instr& in) {
+    // Only a bucket's all-reduce overlaps what follows; every other collective here reads gradients (perhaps of a
+    // bucket still being reduced) or parameters the optimizer wrote.
+    if (!(in.on == ir::CommGroup::kDp && in.op == Opcode::kAllReduce)) settle();
     if (in.on == ir::CommGroup::kWorld) {
       float value = 0;
       if (in.what == What::kGradNorm) value = static_cast<float>(local_grad_norm_squared());
@@ -830,7 +859,7 @@ struct Interpreter final : InterpreterBase {
       pair[1] = static_cast<float>(exact - static_cast<double>(pair[0]));
       F32 wire(be, 2);  // the communicator reads backend memory
       be.copy_to_backend(wire.data(), pair, sizeof(pair));
-      timed([&] { comms.world->all_reduce(wire.data(), wire.data(), 2, comm::ReduceOp::kSum); });
+      communicate(*comms.world, [&] { comms.world->all_reduce(wire.data(), wire.data(), 2, comm::ReduceOp::kSum); });
       be.copy_to_host(pair, wire.data(), sizeof(pair));
       out = static_cast<double>(pair[0]) + static_cast<double>(pair[1]);
       if (in.what == What::kGradNorm) grad_norm_squared_total = out;
@@ -853,7 +882,7 @@ struct Interpreter final : InterpreterBase {
         be.copy(buf.data() + at, grads.data() + t->offset, static_cast<std::size_t>(t->numel()) * sizeof(float));
         at += static_cast<std::size_t>(t->numel());
       }
-      timed([&] { comms.tp->all_reduce(buf.data(), buf.data(), buf.size(), comm::ReduceOp::kSum); });
+      communicate(*comms.tp, [&] { comms.tp->all_reduce(buf.data(), buf.data(), buf.size(), comm::ReduceOp::kSum); });
       std::size_t pos = 0;
       for (const auto* t : parts) {
         be.copy(grads.data() + t->offset, buf.data() + pos, static_cast<std::size_t>(t->numel()) * sizeof(float));
@@ -864,7 +893,7 @@ struct Interpreter final : InterpreterBase {
     if (in.on == ir::CommGroup::kEmbedding) {
       auto [b, e] = layout.tied_range();
       check_count(in, e - b);
-      timed([&] { comms.embedding->all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(e - b),
+      communicate(*comms.embedding, [&] { comms.embedding->all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(e - b),
                                   comm::ReduceOp::kSum); });
       return;
     }
@@ -873,7 +902,10 @@ struct Interpreter final : InterpreterBase {
     check_count(in, e - b);
     std::int64_t n = e - b;
     if (in.op == Opcode::kAllReduce) {
-      timed([&] { comms.dp->all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(n), comm::ReduceOp::kSum); });
+      communicate(
+          *comms.dp,
+          [&] { comms.dp->all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(n), comm::ReduceOp::kSum); },
+          /*later=*/true);
       return;
     }
     std::int64_t shard = shard_of_range.at(b);
@@ -886,12 +918,12 @@ struct Interpreter final : InterpreterBase {
     std::int64_t mine_n = std::max<std::int64_t>(0, std::min(e, mine + shard) - mine);
     if (in.op == Opcode::kReduceScatter) {
       copy_floats(buf.data(), flat + b, n);
-      timed([&] { comms.dp->reduce_scatter(buf.data(), buf.data() + prog.dp_rank * shard, static_cast<std::size_t>(shard),
+      communicate(*comms.dp, [&] { comms.dp->reduce_scatter(buf.data(), buf.data() + prog.dp_rank * shard, static_cast<std::size_t>(shard),
                                comm::ReduceOp::kSum); });
       copy_floats(flat + mine, buf.data() + prog.dp_rank * shard, mine_n);
     } else {  // all-gather of the updated parameters
       copy_floats(buf.data() + prog.dp_rank * shard, flat + mine, mine_n);
-      timed([&] { comms.dp->all_gather(buf.data() + prog.dp_rank * shard, buf.data(), static_cast<std::size_t>(shard)); });
+      communicate(*comms.dp, [&] { comms.dp->all_gather(buf.data() + prog.dp_rank * shard, buf.data(), static_cast<std::size_t>(shard)); });
       copy_floats(flat + b, buf.data(), n);
     }
   }
@@ -907,6 +939,7 @@ struct Interpreter final : InterpreterBase {
 
   // This rank's share of the squared gradient norm: each parameter counted once over the whole job.
   double local_grad_norm_squared() {
+    settle();
     std::vector<ConstSpan> spans;
     auto add = [&](std::int64_t b, std::int64_t e) {
       if (b < e) spans.push_back({grads.data() + b, e - b});
@@ -927,6 +960,7 @@ struct Interpreter final : InterpreterBase {
   }
 
   void optimizer_step() {
+    settle();
     double norm = std::sqrt(prog.world > 1 ? grad_norm_squared_total : local_grad_norm_squared());
     grad_norm = norm;
     double clip = md.training.grad_clip > 0 ? k::clip_coefficient(norm, md.training.grad_clip) : 1.0;
@@ -1038,6 +1072,13 @@ struct Interpreter final : InterpreterBase {
       }
       ++pc;
     }
+    settle();
+    // The watchdog of device communicators (nccl.h): wait for every operation of the step, with the timeout.
+    timed([&] {
+      for (comm::Communicator* c : {comms.world, comms.tp.get(), comms.pp.get(), comms.dp.get(), comms.embedding.get()}) {
+        if (c != nullptr) c->synchronize();
+      }
+    });
     if (!states.empty() || !outgoing.empty()) {
       throw internal_error(fmt::format("rank {}: {} pass states and {} tensors left at the end of the step", prog.rank,
                                        states.size(), outgoing.size()));

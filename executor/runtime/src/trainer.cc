@@ -161,7 +161,48 @@ void check_topologies(const std::vector<RendezvousFacts>& all) {
 // Every rank shows the others its plan digest, node and node topology; a topology that differs stops every rank
 // naming the odd node, then any difference of plans stops them all, naming both digests and the nodes (a node whose
 // topology differs from the others plans differently).
-void check_plan_digests(comm::Communicator& world, const std::string& digest) {
+// World collectives on host values. A device-memory world (NCCL) takes device buffers only: there the values travel
+// through the backend's memory, ordered with its stream.
+class HostCollectives {
+ public:
+  HostCollectives(comm::Communicator& world, Backend& backend) : world_(world), backend_(backend) {}
+  comm::Communicator& world() { return world_; }
+  int rank() const { return world_.rank(); }
+  int size() const { return world_.size(); }
+
+  void all_gather(const float* send, float* recv, std::size_t count) {
+    run(send, count, recv, count * static_cast<std::size_t>(world_.size()),
+        [&](float* in, float* out) { world_.all_gather(in, out, count); });
+  }
+  void broadcast(float* buffer, std::size_t count, int root) {
+    run(buffer, count, buffer, count, [&](float* in, float*) { world_.broadcast(in, count, root); });
+  }
+  void all_reduce(float* buffer, std::size_t count, comm::ReduceOp op) {
+    run(buffer, count, buffer, count, [&](float* in, float*) { world_.all_reduce(in, in, count, op); });
+  }
+
+ private:
+  // op(in, out) with in holding `send` and out `recv_count` floats; recv gets in back for an in-place op (recv ==
+  // send), else out.
+  template <typename Op>
+  void run(const float* send, std::size_t send_count, float* recv, std::size_t recv_count, Op&& op) {
+    if (world_.memory_space() == comm::MemorySpace::kHost) {
+      op(const_cast<float*>(send), recv);  // host memory goes straight through (a send buffer is only read)
+      return;
+    }
+    Buffer<float> in(backend_, send_count), out(backend_, recv_count);
+    backend_.copy_to_backend(in.data(), send, send_count * sizeof(float));
+    backend_.order_before(world_);
+    op(in.data(), out.data());
+    backend_.order_after(world_);
+    backend_.copy_to_host(recv, recv == send ? in.data() : out.data(), recv_count * sizeof(float));
+  }
+
+  comm::Communicator& world_;
+  Backend& backend_;
+};
+
+void check_plan_digests(HostCollectives& world, const std::string& digest) {
   static_assert(sizeof(float) == 4);
   RendezvousFacts mine;
   mine.put(RendezvousFacts::kDigest, RendezvousFacts::kNode, digest.substr(0, 63));
@@ -192,7 +233,7 @@ void check_plan_digests(comm::Communicator& world, const std::string& digest) {
   }
 }
 
-std::int64_t broadcast_int(comm::Communicator& world, std::int64_t value) {
+std::int64_t broadcast_int(HostCollectives& world, std::int64_t value) {
   // Two floats carry 48 bits exactly.
   float v[2] = {static_cast<float>(value >> 24), static_cast<float>(value & 0xffffff)};
   world.broadcast(v, 2, 0);
@@ -225,7 +266,8 @@ void element_blocks(const TensorSpec& t, std::int64_t a, std::int64_t b, const f
 
 class Run {
  public:
-  Run(const TrainOptions& o, comm::Communicator& world) : o_(o), world_(world) {}
+  Run(const TrainOptions& o, comm::Communicator& world)
+      : o_(o), world_(world), backend_(o.backend != nullptr ? *o.backend : cpu_backend()), host_(world, backend_) {}
 
   TrainResult go() {
     log::set_rank(world_.rank());
@@ -243,7 +285,7 @@ class Run {
                   fmt::format("the plan is for {} ranks, but WORLD_SIZE is {}", plan_.config.world_size(),
                               world_.size()));
     }
-    check_plan_digests(world_, plan_.digest);
+    check_plan_digests(host_, plan_.digest);
     program_ = ir::lower(plan_, world_.rank());
     comms_ = split_communicators(world_, program_);
     open_data();
@@ -251,7 +293,7 @@ class Run {
     eo.seed = o_.seed;
     eo.global_batch = plan_.inputs.global_batch;
     eo.record_trace = !o_.trace_path.empty();
-    eo.backend = o_.backend != nullptr ? o_.backend : &cpu_backend();
+    eo.backend = &backend_;
     eo.activations = activation_type();
     executor_ = std::make_unique<Executor>(model_, program_, comms_, *data_, eo);
     TrainResult result;
@@ -338,7 +380,7 @@ class Run {
 
   bool agree_on_stop() {
     float flag = g_stop.load() ? 1.0f : 0.0f;
-    if (world_.size() > 1) world_.all_reduce(&flag, &flag, 1, comm::ReduceOp::kMax);
+    if (world_.size() > 1) host_.all_reduce(&flag, 1, comm::ReduceOp::kMax);
     return flag > 0;
   }
 
@@ -364,7 +406,7 @@ class Run {
         error = e.what();
       }
     }
-    step = broadcast_int(world_, step);
+    step = broadcast_int(host_, step);
     if (step < 0) {
       throw Error(ErrorCategory::kIo, ExitCode::kCheckpointMismatch,
                   error.empty() ? "checkpoint directory refused on rank 0 (see its message)" : error);
@@ -568,6 +610,8 @@ class Run {
 
   const TrainOptions& o_;
   comm::Communicator& world_;
+  Backend& backend_;
+  HostCollectives host_;
   model::ModelDescription model_;
   plan::Plan plan_;
   ir::Program program_;

@@ -27,12 +27,19 @@
 #include "dtrain/common/log.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/common/version.h"
+#include "dtrain/exec/cuda_backend.h"
 #include "dtrain/exec/data.h"
 #include "dtrain/exec/trainer.h"
 #include "dtrain/kernels/threads.h"
 #include "dtrain/store/client.h"
 #include "dtrain/store/gloo_store.h"
 #include "dtrain/store/server.h"
+
+#ifdef DTRAIN_HAVE_CUDA
+#include <gloo/rendezvous/hash_store.h>
+
+#include "dtrain/comm/nccl.h"
+#endif
 
 namespace {
 
@@ -64,13 +71,32 @@ void keep_freed_memory() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
-int run_train(const exec::TrainOptions& options, double timeout_s, int threads) {
+// The world communicator over NCCL, one GPU per rank (LOCAL_RANK's). A single rank meets itself through an
+// in-process store; several meet through the launcher's store (the same keys as Gloo's rendezvous).
+std::unique_ptr<comm::Communicator> connect_cuda_world(gloo::rendezvous::Store* store, int rank, int world,
+                                                       int device, std::chrono::milliseconds timeout,
+                                                       const std::string& run) {
+#ifdef DTRAIN_HAVE_CUDA
+  comm::NcclOptions no;
+  no.timeout = timeout;
+  no.store_prefix = "dtrain/" + run + "/nccl";
+  if (store != nullptr) return comm::connect_nccl(*store, rank, world, device, no);
+  gloo::rendezvous::HashStore own;
+  return comm::connect_nccl(own, rank, world, device, no);
+#else
+  (void)store, (void)rank, (void)world, (void)device, (void)timeout, (void)run;
+  throw input_error(exec::cuda_backend_unavailable_reason(device));
+#endif
+}
+
+int run_train(exec::TrainOptions options, const std::string& device, double timeout_s, int threads) {
   if (const char* plugin_error = std::getenv("DTRAIN_PLUGIN_ERROR"); plugin_error != nullptr && *plugin_error) {
     throw input_error(fmt::format("the dtrain Slurm plugin could not prepare this task: {}", plugin_error));
   }
   int rank = env_int("RANK", 0);
   int world = env_int("WORLD_SIZE", 1);
   int local_world = env_int("LOCAL_WORLD_SIZE", 1);
+  int local_rank = env_int("LOCAL_RANK", 0);
   if (world < 1 || rank >= world) throw input_error(fmt::format("RANK={} is outside WORLD_SIZE={}", rank, world));
   log::set_rank(rank);
   keep_freed_memory();
@@ -80,12 +106,22 @@ int run_train(const exec::TrainOptions& options, double timeout_s, int threads) 
   std::signal(SIGINT, on_signal);
   auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
 
+  // --device cuda: this rank's GPU is LOCAL_RANK (one GPU per rank, as NCCL requires); checked before anything
+  // connects, so a machine without one fails at once with the reason.
+  std::unique_ptr<exec::Backend> gpu;
+  if (device == "cuda") {
+    gpu = exec::make_cuda_backend(local_rank);
+    options.backend = gpu.get();
+  }
+  std::string run = env_string("DTRAIN_RUN_ID", "run");
   std::unique_ptr<comm::Communicator> comm;
   std::shared_ptr<store::Client> client;
   std::unique_ptr<store::GlooStore> gloo_store;
   std::unique_ptr<comm::InprocWorld> single;
   std::unique_ptr<store::Server> hosted;
-  if (world == 1) {
+  if (world == 1 && gpu) {
+    comm = connect_cuda_world(nullptr, rank, world, local_rank, timeout, run);
+  } else if (world == 1) {
     comm::InprocOptions io;
     io.timeout = timeout;
     single = std::make_unique<comm::InprocWorld>(1, io);
@@ -106,13 +142,16 @@ int run_train(const exec::TrainOptions& options, double timeout_s, int threads) 
     store::ClientOptions co;
     co.timeout = timeout;
     client = store::Client::from_environment(co);
-    std::string run = env_string("DTRAIN_RUN_ID", "run");
     gloo_store = std::make_unique<store::GlooStore>(client, "dtrain/" + run + "/gloo/");
-    comm::GlooOptions go;
-    go.hostname = env_string("DTRAIN_COMM_HOST", "127.0.0.1");
-    go.timeout = timeout;
-    go.store_prefix = "dtrain/" + run + "/comm";
-    comm = comm::connect_gloo(*gloo_store, rank, world, go);
+    if (gpu) {
+      comm = connect_cuda_world(gloo_store.get(), rank, world, local_rank, timeout, run);
+    } else {
+      comm::GlooOptions go;
+      go.hostname = env_string("DTRAIN_COMM_HOST", "127.0.0.1");
+      go.timeout = timeout;
+      go.store_prefix = "dtrain/" + run + "/comm";
+      comm = comm::connect_gloo(*gloo_store, rank, world, go);
+    }
   }
   try {
     exec::TrainResult r = exec::train(options, *comm);
@@ -153,7 +192,10 @@ int main(int argc, char** argv) {
   train->add_option("--metrics", o.metrics_path, "Append one JSON line per step (global rank 0)");
   train->add_option("--trace", o.trace_path, "Write the measured timeline (Chrome trace JSON)");
   train->add_flag("--deterministic", o.deterministic, "Bitwise repeatable runs (fixed thread counts and orders)");
-  train->add_option("--device", device, "cpu (the CUDA backend is built when nvcc is present)");
+  train->add_option("--device", device,
+                    "cpu, or cuda (one GPU per rank: LOCAL_RANK's; NCCL; bf16 activations, so with --dtype bf16 "
+                    "for a model whose training.dtype is fp32)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   train->add_option("--dtype", dtype,
                     "Activations: fp32, or bf16 with fp32 master weights (default: the model's training.dtype)");
   train->add_option("--threads", threads, "Kernel threads per rank (default: cores / LOCAL_WORLD_SIZE)");
@@ -172,9 +214,6 @@ int main(int argc, char** argv) {
       std::printf("%lld tokens written to %s\n", static_cast<long long>(n), output.c_str());
       return 0;
     }
-    if (device != "cpu") {
-      throw input_error(fmt::format("--device {}: this build runs the CPU backend (cpu)", device));
-    }
     if (!dtype.empty()) {
       o.activations = parse_dtype(dtype);
       if (!o.activations || (*o.activations != DType::kFp32 && *o.activations != DType::kBf16)) {
@@ -189,7 +228,7 @@ int main(int argc, char** argv) {
         o.plan = env_plan;
       }
     }
-    return run_train(o, timeout_s, threads);
+    return run_train(o, device, timeout_s, threads);
   } catch (const CLI::Success& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {

@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/comm/communicator.h"
 #include "dtrain/common/dtype.h"
 #include "dtrain/kernels/attention.h"
 #include "dtrain/kernels/cuda/bf16.h"
@@ -179,6 +180,19 @@ class Backend {
   // The kernels for A; throws dtrain::Error (input) naming the backend and the type when it has none.
   template <typename A>
   Kernels<A>& kernels();
+
+  // ---- ordering with communicators ----
+  // The memory communicators paired with this backend must take: host for a host-accessible backend, else device.
+  comm::MemorySpace memory_space() const {
+    return host_accessible() ? comm::MemorySpace::kHost : comm::MemorySpace::kDevice;
+  }
+  // A device backend queues its work on a stream, and a device communicator its operations on another (one per
+  // group). order_before(comm): comm's operations issued from now on wait for the work queued here so far (so they
+  // read finished data). order_after(comm): work queued here from now on waits for what comm has issued so far (so it
+  // reads communicated data, and memory freed afterwards is not reused under it). The CPU backend finishes every call
+  // before returning, as do the host communicators: both are no-ops there.
+  virtual void order_before(comm::Communicator& comm) { (void)comm; }
+  virtual void order_after(comm::Communicator& comm) { (void)comm; }
 };
 
 template <>
