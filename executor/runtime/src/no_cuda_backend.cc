@@ -13,7 +13,7 @@ std::string cuda_backend_unavailable_reason(int) {
 }
 
 std::unique_ptr<Backend> make_cuda_backend(int device) {
-  throw input_error(cuda_backend_unavailable_reason(device));
+  throw input_error("--device cuda: " + cuda_backend_unavailable_reason(device));
 }
 
 }  // namespace dtrain::exec

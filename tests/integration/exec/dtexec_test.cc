@@ -238,6 +238,24 @@ TEST(DtexecProcesses, AModelInFp16IsRefusedNamingItsLine) {
   EXPECT_THAT(ranks[0].log, HasSubstr("--dtype fp8: expected fp32 or bf16"));
 }
 
+// --device cuda trains where a GPU is usable; elsewhere it stops at once with exit 2 and the reason, before it
+// connects to anything.
+TEST(DtexecProcesses, DeviceCudaTrainsOrSaysWhyNot) {
+  TempDir dir;
+  JobOptions o;
+  o.args = train_args(dir.path("gpu.jsonl"), 3, "dp=1,tp=1,pp=1,vpp=1,micro_batch=4");
+  o.args.insert(o.args.end(), {"--device", "cuda", "--dtype", "bf16"});
+  auto ranks = run_dtexec_job(o);
+  if (ranks[0].exit_code == 0) {
+    EXPECT_EQ(loss_values(dir.path("gpu.jsonl")).size(), 3u);
+    return;
+  }
+  EXPECT_EQ(ranks[0].exit_code, 2) << ranks[0].log;
+  EXPECT_THAT(ranks[0].log, HasSubstr("--device cuda: "));
+  EXPECT_THAT(ranks[0].log, ::testing::AnyOf(HasSubstr("no CUDA device"), HasSubstr("this build has no CUDA backend")));
+  EXPECT_FALSE(fs::exists(dir.path("gpu.jsonl")));
+}
+
 TEST(DtexecProcesses, DataTooShortStopsBeforeAnyStep) {
   TempDir dir;
   std::string text = dir.path("t.txt"), tokens = dir.path("t.tokens");

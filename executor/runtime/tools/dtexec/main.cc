@@ -85,7 +85,7 @@ std::unique_ptr<comm::Communicator> connect_cuda_world(gloo::rendezvous::Store* 
   return comm::connect_nccl(own, rank, world, device, no);
 #else
   (void)store, (void)rank, (void)world, (void)device, (void)timeout, (void)run;
-  throw input_error(exec::cuda_backend_unavailable_reason(device));
+  throw input_error("--device cuda: " + exec::cuda_backend_unavailable_reason(device));
 #endif
 }
 
