@@ -7,9 +7,10 @@
 #      (DTRAIN_CUDA_POOL=0) so that out-of-bounds accesses hit the allocation's end; skipped, saying so, when
 #      compute-sanitizer is not installed;
 #   4. gpu_kernels_bench (GEMM TFLOP/s, attention, AdamW) and nccl_bench (all-reduce bus bandwidth);
-#   5. for bench/models/llama-8x4096.toml and llama-1b.toml: dtplan's predicted single-GPU step on this GPU type, and
-#      PyTorch eager and torch.compile (bench/torch_gpu_train.py, when python3 has torch with CUDA) at the plan's
-#      micro-batch, for the comparison with dtrain's own step (dtexec --device cuda, not built yet).
+#   5. for bench/models/llama-8x4096.toml and llama-1b.toml, side by side on this GPU: dtplan's predicted single-GPU
+#      step, dtrain's measured step (dtexec --device cuda --dtype bf16, the same plan, synthetic data, 12 steps;
+#      bench/dtrain_step_report.py) with the prediction's error, and PyTorch eager and torch.compile
+#      (bench/torch_gpu_train.py, when python3 has torch with CUDA) at the plan's micro-batch; MFU by one FLOP count.
 #
 #   bench/gpu.sh [BUILD_DIR]
 #
@@ -51,7 +52,7 @@ skipped=$(grep -c '(Skipped)' "$logs/ctest.log" || true)
 
 sanitizer=$(command -v compute-sanitizer || true)
 [[ -z $sanitizer && -x /usr/local/cuda/bin/compute-sanitizer ]] && sanitizer=/usr/local/cuda/bin/compute-sanitizer
-for t in kernels_cuda_test comm_nccl_test; do
+for t in kernels_cuda_test comm_nccl_test exec_cuda_test; do
   if [[ -z $sanitizer ]]; then
     result[memcheck $t]="not run: compute-sanitizer is not installed"
     continue
@@ -80,6 +81,23 @@ for model in llama-8x4096 llama-1b; do
   echo "$plan" | tee "$logs/plan-$model.txt"
   micro=$(echo "$plan" | sed -n 's/.* mb=\([0-9]*\) .*/\1/p' | head -1)
   result[plan $model]=$(echo "$plan" | sed -n 's/^ *predicted \([0-9.]* ms\) per step.*(\(.*MFU\)).*/\1, \2/p')
+  predicted_ms=$(echo "$plan" | sed -n 's/^ *predicted \([0-9.]*\) ms per step.*/\1/p' | head -1)
+  echo "== $model: dtrain on this GPU (dtexec --device cuda --dtype bf16)"
+  metrics=$logs/dtrain-$model.jsonl
+  rm -f "$metrics"
+  if "$build/bin/dtexec" train --model "bench/models/$model.toml" --plan auto --cluster "$cluster" --device cuda \
+    --dtype bf16 --data synthetic --steps 12 --metrics "$metrics" >"$logs/dtrain-$model.log" 2>&1; then
+    line=$(python3 bench/dtrain_step_report.py "bench/models/$model.toml" "$metrics" | tee -a "$logs/dtrain-$model.log")
+    echo "$line"
+    measured_ms=$(echo "$line" | awk '{print $3}')
+    error=$(awk -v p="${predicted_ms:-0}" -v m="$measured_ms" 'BEGIN { if (p > 0) printf "%+.1f%%", 100 * (p - m) / m; else print "?" }')
+    result[dtrain $model]=$(echo "$line" | awk '{printf "%s ms (MFU %s), loss %s -> %s", $3, $10, $12, $14}')
+    result[dtrain $model]+="; prediction error $error"
+  else
+    result[dtrain $model]="FAIL (see $logs/dtrain-$model.log)"
+    tail -5 "$logs/dtrain-$model.log"
+    status=1
+  fi
   if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     python3 bench/torch_gpu_train.py "bench/models/$model.toml" --micro-batch "${micro:-1}" |
       tee "$logs/torch-$model.txt"
@@ -91,8 +109,8 @@ done
 
 echo
 echo "GPU check summary ($(date -u +%Y-%m-%dT%H:%MZ), logs in $logs)"
-for k in tests "memcheck kernels_cuda_test" "memcheck comm_nccl_test" "plan llama-8x4096" "torch llama-8x4096" \
-  "plan llama-1b" "torch llama-1b"; do
+for k in tests "memcheck kernels_cuda_test" "memcheck comm_nccl_test" "memcheck exec_cuda_test" "plan llama-8x4096" \
+  "dtrain llama-8x4096" "torch llama-8x4096" "plan llama-1b" "dtrain llama-1b" "torch llama-1b"; do
   printf '  %-28s %s\n' "$k" "${result[$k]}"
 done
 printf '  %-28s %s\n' "kernel throughput" "$logs/gpu_kernels_bench.txt" "NCCL bus bandwidth" "$logs/nccl_bench.txt"

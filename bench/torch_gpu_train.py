@@ -16,10 +16,15 @@ import argparse
 import math
 import statistics
 import time
+import sys
 import tomllib
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llama_flops import model_flops  # noqa: E402
 
 
 class Layer(torch.nn.Module):
@@ -87,16 +92,6 @@ class Llama(torch.nn.Module):
             x = layer(x, self.cos, self.sin)
         logits = self.head(Layer.rmsnorm(x, self.norm))
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
-
-
-def model_flops(m, batch):
-    h, s, layers, vocab = m["hidden"], m["seq_len"], m["layers"], m["vocab"]
-    heads = m["heads"]
-    kv = m.get("kv_heads", heads)
-    d = h // heads
-    per_layer = h * (heads + 2 * kv) * d + h * h + h * 2 * m["ffn_hidden"] + m["ffn_hidden"] * h
-    matmul_params = layers * per_layer + vocab * h
-    return 6 * matmul_params * batch * s + 12 * layers * h * s * s * batch
 
 
 def run(mode, cfg, args, device):
