@@ -1,10 +1,12 @@
 #include "dtrain/exec/executor.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -292,6 +294,7 @@ struct Interpreter final : InterpreterBase {
   // deferred.
   template <typename Fn>
   void communicate(comm::Communicator& c, Fn&& fn, bool later = false) {
+    issued[&c].push_back(current_pc);
     be.order_before(c);
     timed(std::forward<Fn>(fn));
     if (later) {
@@ -306,6 +309,43 @@ struct Interpreter final : InterpreterBase {
     deferred.clear();
   }
   std::vector<comm::Communicator*> deferred;
+  // The schedule instruction running, and for each communicator the instructions that issued its operations since
+  // its last synchronize (one operation each), so that an operation that never completes is named by its instruction.
+  std::size_t current_pc = 0;
+  std::map<comm::Communicator*, std::vector<std::size_t>> issued;
+
+  // synchronize() on every communicator of the rank. A failure (a device communicator's watchdog: an operation that
+  // did not complete within the timeout, or failed) gets the instruction that issued the operation as context.
+  void synchronize_all() {
+    for (comm::Communicator* c : {comms.world, comms.tp.get(), comms.pp.get(), comms.dp.get(), comms.embedding.get()}) {
+      if (c == nullptr) continue;
+      std::vector<std::size_t> pcs = std::move(issued[c]);
+      issued[c].clear();
+      try {
+        timed([&] { c->synchronize(); });
+      } catch (const Error& e) {
+        throw e.with_context(pending_instruction(pcs, e.what()));
+      }
+    }
+  }
+  // The instruction of "operation k of n issued since the last synchronize" (the NCCL watchdog's words) when the
+  // counts agree with what this rank issued; otherwise every instruction that issued on the group since then.
+  std::string pending_instruction(const std::vector<std::size_t>& pcs, std::string_view message) const {
+    std::size_t at = message.find("(operation ");
+    if (at != std::string_view::npos) {
+      unsigned long k = 0, n = 0;
+      std::string tail(message.substr(at));
+      if (std::sscanf(tail.c_str(), "(operation %lu of %lu", &k, &n) == 2 && n == pcs.size() && k >= 1 && k <= n) {
+        return fmt::format("at the end of step {}, waiting for the operation issued by {}", step + 1,
+                           ir::describe(prog, pcs[k - 1]));
+      }
+    }
+    if (pcs.empty()) return fmt::format("at the end of step {}", step + 1);
+    std::vector<std::string> names;
+    for (std::size_t pc : pcs) names.push_back(ir::describe(prog, pc));
+    return fmt::format("at the end of step {}, waiting for the operations issued by {}", step + 1,
+                       fmt::join(names, "; "));
+  }
 
   // ---- tensors along the flow ----
 
@@ -1029,6 +1069,7 @@ struct Interpreter final : InterpreterBase {
     const auto& sched_instrs = prog.schedule;
     for (std::size_t pc = 0; pc < sched_instrs.size();) {
       const Instr& in = sched_instrs[pc];
+      current_pc = pc;
       auto t0 = std::chrono::steady_clock::now();
       try {
         if (in.is_p2p()) {
@@ -1074,11 +1115,7 @@ struct Interpreter final : InterpreterBase {
     }
     settle();
     // The watchdog of device communicators (nccl.h): wait for every operation of the step, with the timeout.
-    timed([&] {
-      for (comm::Communicator* c : {comms.world, comms.tp.get(), comms.pp.get(), comms.dp.get(), comms.embedding.get()}) {
-        if (c != nullptr) c->synchronize();
-      }
-    });
+    synchronize_all();
     if (!states.empty() || !outgoing.empty()) {
       throw internal_error(fmt::format("rank {}: {} pass states and {} tensors left at the end of the step", prog.rank,
                                        states.size(), outgoing.size()));

@@ -195,6 +195,7 @@ class HostCollectives {
     backend_.order_before(world_);
     op(in.data(), out.data());
     backend_.order_after(world_);
+    world_.synchronize();  // completed, with the timeout (and no longer counted as pending by the executor's watchdog)
     backend_.copy_to_host(recv, recv == send ? in.data() : out.data(), recv_count * sizeof(float));
   }
 
