@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/common/cli_main.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
 #include "dtrain/common/version.h"
@@ -74,7 +75,7 @@ int run(int argc, char** argv) {
       break;
     }
   }
-  try {
+  return run_main(app, [&] {
     log::init("dtlaunch", log::Level::kInfo);
     app.parse(own_argc, argv);
     o.command = app.remaining();
@@ -87,18 +88,7 @@ int run(int argc, char** argv) {
     if (job.nnodes > 1) log::init("dtlaunch[node " + std::to_string(job.node_rank) + "]", log::Level::kInfo);
     Agent agent(std::move(job), current_environment());
     return agent.run();
-  } catch (const CLI::Success& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return static_cast<int>(ExitCode::kBadInput);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "dtlaunch: %s\n", e.what());
-    return static_cast<int>(e.exit_code());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtlaunch: internal error: %s\n", e.what());
-    return static_cast<int>(ExitCode::kFailure);
-  }
+  }, [](const std::string& message) { std::fprintf(stderr, "dtlaunch: %s\n", message.c_str()); });
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "dtrain/common/cli_main.h"
 #include "dtrain/common/log.h"
 #include "dtrain/common/version.h"
 
@@ -33,20 +34,12 @@ int main(int argc, char** argv) {
   auto& reg = dtplan::registry();
   std::stable_sort(reg.begin(), reg.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const auto& [order, setup] : reg) setup(app);
-  try {
-    log::init("dtplan", log::Level::kWarn);
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return static_cast<int>(ExitCode::kBadInput);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "dtplan: %s\n", e.what());
-    return static_cast<int>(e.exit_code());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dtplan: internal error: %s\n", e.what());
-    return static_cast<int>(ExitCode::kFailure);
-  }
-  return static_cast<int>(dtplan::g_exit_code);
+  return run_main(
+      app,
+      [&] {
+        log::init("dtplan", log::Level::kWarn);
+        app.parse(argc, argv);
+        return static_cast<int>(dtplan::g_exit_code);
+      },
+      [](const std::string& message) { std::fprintf(stderr, "dtplan: %s\n", message.c_str()); });
 }

@@ -23,6 +23,7 @@
 
 #include "dtrain/comm/gloo.h"
 #include "dtrain/comm/inproc.h"
+#include "dtrain/common/cli_main.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
 #include "dtrain/common/strings.h"
@@ -206,7 +207,7 @@ int main(int argc, char** argv) {
   auto* tokenize = app.add_subcommand("tokenize", "Byte-tokenize a text file into a token file (vocabulary 256)");
   tokenize->add_option("--input", input, "Text file")->required();
   tokenize->add_option("--output", output, "Token file to write")->required();
-  try {
+  return run_main(app, [&] {
     log::init("dtexec", log::Level::kInfo);
     app.parse(argc, argv);
     if (*tokenize) {
@@ -229,16 +230,5 @@ int main(int argc, char** argv) {
       }
     }
     return run_train(o, device, timeout_s, threads);
-  } catch (const CLI::Success& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return static_cast<int>(ExitCode::kBadInput);
-  } catch (const Error& e) {
-    log::error("", "{}", e.what());
-    return static_cast<int>(e.exit_code());
-  } catch (const std::exception& e) {
-    log::error("", "internal error: {}", e.what());
-    return static_cast<int>(ExitCode::kFailure);
-  }
+  }, [](const std::string& message) { log::error("", "{}", message); });
 }
