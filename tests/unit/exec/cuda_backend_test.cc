@@ -79,12 +79,7 @@ TEST_F(CudaBackendTest, BuffersAreZeroedCopiedAndReduced) {
 }
 
 TEST_F(CudaBackendTest, TinyModelOverNcclFollowsTheCpuBf16Run) {
-  TrainOptions o;
-  o.model_path = kTiny;
-  o.steps = 20;
-  o.seed = 7;
-  o.fixed = {"dp=1,tp=1,pp=1,vpp=1,micro_batch=4"};
-  o.activations = DType::kBf16;
+  TrainOptions o = tiny_options(20, "dp=1,tp=1,pp=1,vpp=1,micro_batch=4", DType::kBf16);
   std::vector<double> cpu = losses(train_threads(1, o));
   std::vector<double> gpu = losses(train_on_gpu(o));
   ASSERT_EQ(gpu.size(), cpu.size());
@@ -93,12 +88,7 @@ TEST_F(CudaBackendTest, TinyModelOverNcclFollowsTheCpuBf16Run) {
 }
 
 TEST_F(CudaBackendTest, ResumeOnTheGpuIsBitwiseTheUninterruptedRun) {
-  TrainOptions o;
-  o.model_path = kTiny;
-  o.steps = 6;
-  o.seed = 3;
-  o.fixed = {"dp=1,tp=1,pp=1,vpp=1,micro_batch=2"};
-  o.activations = DType::kBf16;
+  TrainOptions o = tiny_options(6, "dp=1,tp=1,pp=1,vpp=1,micro_batch=2", DType::kBf16, 3);
   std::vector<double> full = losses(train_on_gpu(o));
   std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("dtrain-gpu-{}", ::getpid());
   std::filesystem::remove_all(dir);
@@ -114,11 +104,7 @@ TEST_F(CudaBackendTest, ResumeOnTheGpuIsBitwiseTheUninterruptedRun) {
 }
 
 TEST_F(CudaBackendTest, Fp32ActivationsAndHostCommunicatorsAreRefused) {
-  TrainOptions o;
-  o.model_path = kTiny;
-  o.steps = 1;
-  o.fixed = {"dp=1,tp=1,pp=1,vpp=1,micro_batch=2"};
-  o.activations = DType::kFp32;
+  TrainOptions o = tiny_options(1, "dp=1,tp=1,pp=1,vpp=1,micro_batch=2", DType::kFp32, 1);
   try {
     train_on_gpu(o);
     FAIL() << "fp32 activations ran on the CUDA backend";

@@ -13,6 +13,17 @@ namespace dtrain::exec::testing {
 
 inline const std::string kTiny = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny.toml";
 
+// The tiny model for `steps` steps from `seed` under the pinned layout `fix`, with activations of `activations`.
+inline TrainOptions tiny_options(int steps, const std::string& fix, DType activations, std::uint64_t seed = 7) {
+  TrainOptions o;
+  o.model_path = kTiny;
+  o.steps = steps;
+  o.seed = seed;
+  o.fixed = {fix};
+  o.activations = activations;
+  return o;
+}
+
 // Trains with `options` on `world` ranks (threads); returns global rank 0's result.
 inline TrainResult train_threads(int world, const TrainOptions& options) {
   kernels::cpu::set_num_threads(1);

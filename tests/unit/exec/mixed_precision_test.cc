@@ -18,25 +18,15 @@ namespace {
 
 using namespace exec::testing;
 
-TrainOptions tiny(int steps, const std::string& fix, DType activations) {
-  TrainOptions o;
-  o.model_path = kTiny;
-  o.steps = steps;
-  o.seed = 7;
-  o.fixed = {fix};
-  o.activations = activations;
-  return o;
-}
-
 const std::string kSingle = "dp=1,tp=1,pp=1,vpp=1,micro_batch=4";
 
 std::vector<double> bf16_reference() {
-  static std::vector<double> curve = losses(train_threads(1, tiny(20, kSingle, DType::kBf16)));
+  static std::vector<double> curve = losses(train_threads(1, tiny_options(20, kSingle, DType::kBf16)));
   return curve;
 }
 
 TEST(MixedPrecision, Bf16CurveFollowsFp32WithinBf16Tolerance) {
-  std::vector<double> fp32 = losses(train_threads(1, tiny(20, kSingle, DType::kFp32)));
+  std::vector<double> fp32 = losses(train_threads(1, tiny_options(20, kSingle, DType::kFp32)));
   std::vector<double> bf16 = bf16_reference();
   ASSERT_EQ(fp32.size(), 20u);
   ASSERT_EQ(bf16.size(), 20u);
@@ -63,7 +53,7 @@ class Bf16Layouts : public ::testing::TestWithParam<Layout> {};
 // other points, so they agree with the single rank within bf16 tolerance, not bit for bit as in fp32.
 TEST_P(Bf16Layouts, FollowTheSingleRankCurve) {
   const Layout& l = GetParam();
-  std::vector<double> curve = losses(train_threads(l.world, tiny(20, l.fix, DType::kBf16)));
+  std::vector<double> curve = losses(train_threads(l.world, tiny_options(20, l.fix, DType::kBf16)));
   std::vector<double> ref = bf16_reference();
   ASSERT_EQ(curve.size(), ref.size());
   for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(curve[i], ref[i], 2e-3 * ref[i]) << "step " << i + 1;
@@ -82,10 +72,10 @@ INSTANTIATE_TEST_SUITE_P(
 // the uninterrupted one bit for bit.
 TEST(MixedPrecision, ResumeIsBitwiseTheUninterruptedRun) {
   const std::string fix = "dp=1,tp=2,pp=2,sequence_parallel=true";
-  std::vector<double> full = losses(train_threads(4, tiny(10, fix, DType::kBf16)));
+  std::vector<double> full = losses(train_threads(4, tiny_options(10, fix, DType::kBf16)));
   std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("dtrain-mp-{}", ::getpid());
   std::filesystem::remove_all(dir);
-  TrainOptions first = tiny(5, fix, DType::kBf16);
+  TrainOptions first = tiny_options(5, fix, DType::kBf16);
   first.checkpoint_dir = dir.string();
   std::vector<double> a = losses(train_threads(4, first));
   TrainOptions second = first;
