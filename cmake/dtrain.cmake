@@ -18,6 +18,17 @@ if(DTRAIN_SANITIZE)
   add_link_options(-fsanitize=${_dtrain_san})
 endif()
 
+# Hardening for everything dtrain builds (the SPANK plugin runs inside root's slurmstepd; the programs are run by
+# users on shared nodes), as pyxis builds its plugin: FORTIFY (it needs an optimising build, so not in Debug), a
+# stack protector, and full RELRO (read-only relocations, every symbol bound at load: BIND_NOW). CUDA sources are
+# device code compiled by nvcc and get none of these. tests/build/hardening_test.sh checks the result with readelf.
+option(DTRAIN_HARDEN "Build with _FORTIFY_SOURCE=2, -fstack-protector-strong, -z relro -z now" ON)
+if(DTRAIN_HARDEN)
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX,C>:-fstack-protector-strong>
+                      "$<$<AND:$<COMPILE_LANGUAGE:CXX,C>,$<NOT:$<CONFIG:Debug>>>:-U_FORTIFY_SOURCE;-D_FORTIFY_SOURCE=2>")
+  add_link_options(LINKER:-z,relro LINKER:-z,now)
+endif()
+
 function(_dtrain_common_target_settings target)
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${DTRAIN_WARNINGS}>)
 endfunction()

@@ -4,7 +4,9 @@
 #   2. configures and builds everything warning-free (-Werror) in build/,
 #   3. runs every test with ctest: unit, integration (multi-process) and slurm (a local Slurm cluster the tests
 #      start and stop themselves),
-#   4. builds the concurrent parts with ThreadSanitizer / AddressSanitizer in build-tsan/ and build-asan/ and runs
+#      (tests/build/ among them: the dependency graph, hardening of the binaries, formatting),
+#   4. runs clang-tidy over the libraries' sources (scripts/clang-tidy.sh),
+#   5. builds the concurrent parts with ThreadSanitizer / AddressSanitizer in build-tsan/ and build-asan/ and runs
 #      their tests there.
 # Environment: DTRAIN_TEST_JOBS (parallel ctest jobs, default: number of cores), DTRAIN_TEST_SKIP_SANITIZERS=1.
 set -euo pipefail
@@ -23,6 +25,8 @@ cmake --build build -j "$jobs"
 
 echo "== tests"
 ctest --test-dir build --output-on-failure -j "$jobs" --timeout 900
+
+scripts/clang-tidy.sh build
 
 if [[ ${DTRAIN_TEST_SKIP_SANITIZERS:-0} != 1 && -x scripts/sanitizer-tests.sh ]]; then
   scripts/sanitizer-tests.sh
