@@ -22,10 +22,10 @@
 #include <set>
 
 #include "dtrain/common/error.h"
+#include "dtrain/common/heartbeat_wire.h"
 #include "dtrain/common/log.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/common/version.h"
-#include "dtrain/launch/heartbeat.h"
 #include "dtrain/launch/line_buffer.h"
 #include "dtrain/launch/node_monitor.h"
 #include "dtrain/launch/process.h"

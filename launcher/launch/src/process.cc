@@ -18,8 +18,8 @@
 #include <fstream>
 
 #include "dtrain/common/error.h"
+#include "dtrain/common/heartbeat_wire.h"
 #include "dtrain/common/strings.h"
-#include "dtrain/launch/heartbeat.h"
 
 namespace dtrain::launch {
 namespace {
