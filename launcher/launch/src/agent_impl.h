@@ -124,10 +124,16 @@ struct Agent::Impl {
   // Records `record` as the end of the current attempt unless another agent recorded one first, then acts on
   // whichever won.
   void publish_end(const EndRecord& record);
+  // Acts on the attempt's end (`won`: recorded by this agent): logs it, stops the ranks and, after a failure, decides
+  // for the job (won) or waits for the decision.
   void apply_end(const EndRecord& record, bool won);
+  // Acts on the decision after a failure (logs it); the attempt loop then restarts or ends.
   void apply_decision(const Decision& d);
+  // Another node's agent is gone: a fatal end, or a fatal decision when a failure still waits for one.
   void on_node_lost(const MonitorEvent& ev);
+  // SIGTERM, SIGINT or SIGHUP: the job is preempted; a second one kills every rank at once.
   void on_termination_signal(int sig);
+  // The end or decision key arrived, a node was lost, or the store was lost.
   void on_monitor_event(const MonitorEvent& ev);
 
   // --- Attempts and this node's ranks in them (rank_supervisor.h): agent_attempt.cc.

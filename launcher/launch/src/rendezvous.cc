@@ -125,7 +125,7 @@ std::optional<FactsMismatch> compare_facts(const NodeFacts& f, const NodeFacts& 
         fmt::format("{} launches plan {} ({}) but {} launches plan {} ({}): every node must run the same plan file",
                     node_name(f), short_digest(f.plan_digest), f.plan_source.empty() ? "none" : f.plan_source,
                     node_name(ref), short_digest(ref.plan_digest), ref.plan_source.empty() ? "none" : ref.plan_source),
-        5};
+        static_cast<int>(ExitCode::kPlanMismatch)};
   }
   return std::nullopt;
 }

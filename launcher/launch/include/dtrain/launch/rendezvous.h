@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dtrain/common/error.h"
 #include "dtrain/launch/job_config.h"
 #include "dtrain/store/client.h"
 #include "dtrain/store/server.h"
@@ -41,8 +42,8 @@ struct NodeFacts {
 };
 
 struct FactsMismatch {
-  std::string message;  // names the node and both values
-  int exit_code = 2;    // 5 (kPlanMismatch) for different plans, else 2 (kBadInput)
+  std::string message;                                    // names the node and both values
+  int exit_code = static_cast<int>(ExitCode::kBadInput);  // ExitCode::kPlanMismatch for different plans
 };
 
 // Compares `node`'s facts with node 0's `reference`: dtrain version, node count, ranks per node, restart budget,
