@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/launch/heartbeat.h"
+#include "dtrain/exec/heartbeat.h"
 #include "dtrain/store/client.h"
 
 extern char** environ;
@@ -44,7 +44,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 int run_rank() {
-  auto heartbeat = dtrain::launch::Heartbeat::from_environment();
+  auto heartbeat = dtrain::exec::Heartbeat::from_environment();
   const char* world = std::getenv("WORLD_SIZE");
   const char* run_id = std::getenv("DTRAIN_RUN_ID");
   auto client = dtrain::store::Client::from_environment();

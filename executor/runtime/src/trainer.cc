@@ -21,9 +21,9 @@
 #include "dtrain/common/strings.h"
 #include "dtrain/common/version.h"
 #include "dtrain/exec/checkpoint.h"
+#include "dtrain/exec/heartbeat.h"
 #include "dtrain/ir/lower.h"
 #include "dtrain/ir/simulate.h"
-#include "dtrain/launch/heartbeat.h"
 #include "dtrain/plan/search.h"
 
 namespace dtrain::exec {
@@ -273,7 +273,7 @@ class Run {
   TrainResult go() {
     log::set_rank(world_.rank());
     // Under dtlaunch: beats from a thread from now on, and a progress line after every step (docs/launcher.md).
-    heartbeat_ = launch::Heartbeat::from_environment();
+    heartbeat_ = Heartbeat::from_environment();
     model_ = model::load_model(o_.model_path);
     plan_ = make_plan(o_, model_, world_.size());
     if (plan_.inputs.model_digest != model_.digest) {
@@ -619,7 +619,7 @@ class Run {
   Communicators comms_;
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<Executor> executor_;
-  std::unique_ptr<launch::Heartbeat> heartbeat_;
+  std::unique_ptr<Heartbeat> heartbeat_;
 };
 
 }  // namespace

@@ -18,8 +18,8 @@
 #include <fstream>
 
 #include "dtrain/common/error.h"
+#include "dtrain/common/heartbeat_wire.h"
 #include "dtrain/common/strings.h"
-#include "dtrain/launch/heartbeat.h"
 
 namespace dtrain::launch {
 namespace {
@@ -188,14 +188,33 @@ std::string signal_name(int signal) {
   return fmt::format("SIG{}", abbrev);
 }
 
-std::string describe_wait_status(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    int sig = WTERMSIG(status);
-    return fmt::format("killed by signal {} ({}{})", sig, signal_name(sig), WCOREDUMP(status) ? ", core dumped" : "");
+ProcessExit ProcessExit::from_wait_status(int status) {
+  ProcessExit e;
+  e.status = status;
+  if (WIFEXITED(status)) {
+    e.how = How::kExited;
+    e.code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    e.how = How::kKilled;
+    e.signal = WTERMSIG(status);
+    e.core_dumped = WCOREDUMP(status);
+  }
+  return e;
+}
+
+std::string ProcessExit::describe() const {
+  switch (how) {
+    case How::kExited:
+      return fmt::format("exited with code {}", code);
+    case How::kKilled:
+      return fmt::format("killed by signal {} ({}{})", signal, signal_name(signal), core_dumped ? ", core dumped" : "");
+    case How::kOther:
+      break;
   }
   return fmt::format("wait status {:#x}", status);
 }
+
+std::string describe_wait_status(int status) { return ProcessExit::from_wait_status(status).describe(); }
 
 std::vector<pid_t> list_children() {
   std::vector<pid_t> children;
@@ -229,6 +248,22 @@ std::vector<int> allowed_cpus() {
     if (CPU_ISSET(c, &set)) cpus.push_back(c);
   }
   return cpus;
+}
+
+void kill_remaining_children() {
+  for (int round = 0; round < 3; ++round) {
+    std::vector<pid_t> children = list_children();
+    if (children.empty()) return;
+    for (pid_t pid : children) {
+      ::kill(pid, SIGKILL);
+      signal_group(pid, SIGKILL);
+    }
+    for (pid_t pid : children) {
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
 }
 
 }  // namespace dtrain::launch

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/launch/heartbeat.h"
+#include "dtrain/common/heartbeat_wire.h"
 #include "dtrain/store/auth.h"
 #include "dtrain/store/client.h"
 

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -124,7 +125,7 @@ std::optional<FactsMismatch> compare_facts(const NodeFacts& f, const NodeFacts& 
         fmt::format("{} launches plan {} ({}) but {} launches plan {} ({}): every node must run the same plan file",
                     node_name(f), short_digest(f.plan_digest), f.plan_source.empty() ? "none" : f.plan_source,
                     node_name(ref), short_digest(ref.plan_digest), ref.plan_source.empty() ? "none" : ref.plan_source),
-        5};
+        static_cast<int>(ExitCode::kPlanMismatch)};
   }
   return std::nullopt;
 }
@@ -313,6 +314,33 @@ std::unique_ptr<store::Client> find_store(const std::string& address, const std:
               fmt::format("no store of this job answered at {} within {} ({}); is node 0's dtlaunch running, is "
                           "this its address, and do both have the same DTRAIN_STORE_TOKEN?",
                           where, format_seconds(static_cast<double>(timeout.count()) / 1e3), said));
+}
+
+store::Secret job_secret(const JobConfig& job, const Environment& env) {
+  if (auto it = env.find(store::kTokenEnv); it != env.end() && !it->second.empty()) return store::Secret(it->second);
+  if (job.nnodes == 1) return store::Secret::generate();
+  throw input_error(fmt::format(
+      "{} is not set: the {} nodes of a job need one shared secret for their store. Set it once before "
+      "starting dtlaunch on every node, for example `export {}=$(openssl rand -hex 32)` in the batch script "
+      "(srun passes it on to every node)",
+      store::kTokenEnv, job.nnodes, store::kTokenEnv));
+}
+
+std::unique_ptr<store::Server> host_store(const JobConfig& job, const store::Secret& secret,
+                                          const std::string& address) {
+  store::ServerOptions so;
+  so.bind_address = job.local ? "127.0.0.1" : (address.find(':') != std::string::npos ? "::" : "0.0.0.0");
+  so.max_connections = static_cast<std::uint32_t>(std::max(1024, 4 * job.world_size + 4 * job.nnodes + 64));
+  std::string failures;
+  for (std::uint16_t port : job.ports) {
+    so.port = port;
+    try {
+      return std::make_unique<store::Server>(secret, so);
+    } catch (const Error& e) {
+      failures += fmt::format("{}port {}: {}", failures.empty() ? "" : "; ", port, e.what());
+    }
+  }
+  throw Error(ErrorCategory::kComm, fmt::format("node 0 cannot host the store: {}", failures));
 }
 
 }  // namespace dtrain::launch

@@ -6,7 +6,7 @@
 //   --tag TEXT               ignored: lets a test find its processes by command line
 //   --out-dir DIR            DIR/rank<R>.attempt<A>.json at start (written atomically), DIR/ckpt.rank<R> per step,
 //                            DIR/term.rank<R>.attempt<A> when SIGTERM arrives
-//   --heartbeat              heartbeats through dtrain::launch::Heartbeat (DTRAIN_HEARTBEAT_FD)
+//   --heartbeat              heartbeats through dtrain::exec::Heartbeat (DTRAIN_HEARTBEAT_FD)
 //   --steps N --step-ms MS   N training steps of MS milliseconds, progress reported after each
 //   --resume                 start after the step in DIR/ckpt.rank<R>
 //   --fail R:A:S:MODE        rank R (or *), attempt A (or *), at step S: MODE = exit=CODE | kill | stop | hang | segv |
@@ -37,7 +37,7 @@
 #include <thread>
 #include <vector>
 
-#include "dtrain/launch/heartbeat.h"
+#include "dtrain/exec/heartbeat.h"
 #include "dtrain/store/client.h"
 
 namespace {
@@ -180,8 +180,8 @@ int main(int argc, char** argv) {
     ::sigaction(SIGTERM, &sa, nullptr);
   }
 
-  std::unique_ptr<dtrain::launch::Heartbeat> hb;
-  if (heartbeat) hb = dtrain::launch::Heartbeat::from_environment();
+  std::unique_ptr<dtrain::exec::Heartbeat> hb;
+  if (heartbeat) hb = dtrain::exec::Heartbeat::from_environment();
 
   pid_t child = -1;
   if (grandchild) {

@@ -1,5 +1,6 @@
-// The heartbeat line format and the rank-side Heartbeat thread, over a real socket pair as dtlaunch gives it.
-#include "dtrain/launch/heartbeat.h"
+// The heartbeat wire (dtrain/common/heartbeat_wire.h) and the rank-side Heartbeat thread (dtrain/exec/heartbeat.h),
+// over a real socket pair as dtlaunch gives it.
+#include "dtrain/exec/heartbeat.h"
 
 #include <fcntl.h>
 #include <gmock/gmock.h>
@@ -18,7 +19,7 @@
 #include "dtrain/common/error.h"
 #include "dtrain/common/strings.h"
 
-namespace dtrain::launch {
+namespace dtrain::exec {
 namespace {
 
 using namespace std::chrono_literals;
@@ -221,4 +222,4 @@ TEST_F(HeartbeatEnvironment, Errors) {
 }
 
 }  // namespace
-}  // namespace dtrain::launch
+}  // namespace dtrain::exec

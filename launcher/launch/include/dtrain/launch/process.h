@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/common/error.h"
 #include "dtrain/launch/job_config.h"
 
 namespace dtrain::launch {
@@ -53,7 +54,23 @@ std::string resolve_executable(const std::string& program, const std::string& pa
 // Sends `signal` to every process of the group; false when the group no longer exists.
 bool signal_group(pid_t pgid, int signal);
 
-// "exited with code 3", "killed by signal 9 (SIGKILL)", "killed by signal 11 (SIGSEGV, core dumped)".
+// How a process ended, from its wait status: exited with a code, or killed by a signal.
+struct ProcessExit {
+  enum class How { kExited, kKilled, kOther };
+  How how = How::kOther;
+  int code = 0;    // kExited
+  int signal = 0;  // kKilled
+  bool core_dumped = false;
+  int status = 0;  // the wait status itself
+
+  static ProcessExit from_wait_status(int status);
+  // Whether the process exited with `code` (a signal is never an exit code).
+  bool exited_with(ExitCode expected) const { return how == How::kExited && code == static_cast<int>(expected); }
+  // "exited with code 3", "killed by signal 9 (SIGKILL)", "killed by signal 11 (SIGSEGV, core dumped)".
+  std::string describe() const;
+};
+
+// ProcessExit::from_wait_status(status).describe().
 std::string describe_wait_status(int status);
 // "SIGKILL" for 9 ("signal 64" when unnamed).
 std::string signal_name(int signal);
@@ -61,6 +78,9 @@ std::string signal_name(int signal);
 // Children of this process (PPid == getpid()) found in /proc, including orphaned descendants adopted while this
 // process is a child subreaper. For the final sweep: no process survives the agent.
 std::vector<pid_t> list_children();
+// The final sweep: SIGKILL to every child in list_children() and its process group, and reaping them, until none is
+// left (three rounds at most).
+void kill_remaining_children();
 
 // The CPUs this process may run on (sched_getaffinity).
 std::vector<int> allowed_cpus();

@@ -12,7 +12,7 @@
 #include <optional>
 #include <string>
 
-#include "dtrain/launch/heartbeat.h"
+#include "dtrain/common/heartbeat_wire.h"
 
 namespace dtrain::launch {
 

@@ -15,7 +15,10 @@
 #include <string_view>
 #include <vector>
 
+#include "dtrain/common/error.h"
+#include "dtrain/launch/job_config.h"
 #include "dtrain/store/client.h"
+#include "dtrain/store/server.h"
 
 namespace dtrain::launch {
 
@@ -39,8 +42,8 @@ struct NodeFacts {
 };
 
 struct FactsMismatch {
-  std::string message;  // names the node and both values
-  int exit_code = 2;    // 5 (kPlanMismatch) for different plans, else 2 (kBadInput)
+  std::string message;                                    // names the node and both values
+  int exit_code = static_cast<int>(ExitCode::kBadInput);  // ExitCode::kPlanMismatch for different plans
 };
 
 // Compares `node`'s facts with node 0's `reference`: dtrain version, node count, ranks per node, restart budget,
@@ -62,6 +65,16 @@ std::vector<std::string> resolve_host(const std::string& host, const std::string
 // The local address this machine uses to reach address:port (a UDP socket connected there, no packet sent): the
 // address the store sees for this node. Throws dtrain::Error (comm) when there is no route.
 std::string local_address_towards(const std::string& address, std::uint16_t port);
+
+// The job's secret for its store: DTRAIN_STORE_TOKEN from `env`, or one made here for a one-node job (several
+// nodes cannot agree on a made-up secret). Throws dtrain::Error (input) for a job of several nodes without it,
+// saying how to set it.
+store::Secret job_secret(const JobConfig& job, const Environment& env);
+
+// Node 0's store for the job, listening where the other nodes reach `address` (loopback for a local job), on the
+// first of job.ports that can be bound. Throws dtrain::Error (comm) naming every port and why it failed.
+std::unique_ptr<store::Server> host_store(const JobConfig& job, const store::Secret& secret,
+                                          const std::string& address);
 
 // Connects to the job's store at `address`, trying `ports` in order, round after round, until one answers the
 // handshake with this job's secret or `timeout` passes. A port where nothing listens is skipped at once; one where

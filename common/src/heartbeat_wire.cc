@@ -1,0 +1,63 @@
+#include "dtrain/common/heartbeat_wire.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <vector>
+
+#include "dtrain/common/strings.h"
+
+namespace dtrain {
+namespace {
+
+// Shortest round-trip text of a double, "nan"/"inf"/"-inf" for the special values.
+std::string number_text(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  return fmt::format("{}", value);
+}
+
+std::optional<double> parse_number(std::string_view text) {
+  if (text == "nan") return std::nan("");
+  if (text == "inf") return HUGE_VAL;
+  if (text == "-inf") return -HUGE_VAL;
+  return parse_double(text);
+}
+
+}  // namespace
+
+std::string format_beat_line(std::uint64_t seq) { return fmt::format("beat {}\n", seq); }
+
+std::string format_progress_line(std::int64_t step, std::int64_t total_steps, double loss, double tokens_per_s) {
+  return fmt::format("progress {} {} {} {}\n", step, total_steps, number_text(loss), number_text(tokens_per_s));
+}
+
+std::optional<HeartbeatMessage> parse_heartbeat_line(std::string_view line) {
+  std::vector<std::string> words = split(line, ' ');
+  HeartbeatMessage m;
+  if (words[0] == "beat") {
+    m.kind = HeartbeatMessage::Kind::kBeat;
+    if (words.size() != 2) return std::nullopt;
+    auto seq = parse_int(words[1]);
+    if (!seq || *seq < 0) return std::nullopt;
+    m.seq = static_cast<std::uint64_t>(*seq);
+    return m;
+  }
+  if (words[0] == "progress") {
+    m.kind = HeartbeatMessage::Kind::kProgress;
+    if (words.size() != 5) return std::nullopt;
+    auto step = parse_int(words[1]);
+    auto total = parse_int(words[2]);
+    auto loss = parse_number(words[3]);
+    auto tokens = parse_number(words[4]);
+    if (!step || !total || !loss || !tokens || *total < 0) return std::nullopt;
+    m.step = *step;
+    m.total_steps = *total;
+    m.loss = *loss;
+    m.tokens_per_s = *tokens;
+    return m;
+  }
+  return m;  // kUnknown
+}
+
+}  // namespace dtrain

@@ -1,0 +1,151 @@
+// The node agent's state and its parts, shared by the files that implement Agent (agent.h): agent.cc (set-up,
+// rendezvous, shutdown), agent_outcome.cc (the end of an attempt and what happens next, as this node records and
+// acts on it) and agent_attempt.cc (one attempt: starting this node's ranks and watching them until the outcome is
+// known). Split by phase, as NCCL splits init.cc and enqueue.cc. Private to the agent; single-threaded: everything
+// runs on the agent's main thread, in its event loop or while it waits for the store.
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtrain/common/error.h"
+#include "dtrain/common/heartbeat_wire.h"
+#include "dtrain/launch/agent.h"
+#include "dtrain/launch/job_config.h"
+#include "dtrain/launch/node_monitor.h"
+#include "dtrain/launch/outcome.h"
+#include "dtrain/launch/progress.h"
+#include "dtrain/launch/rendezvous.h"
+#include "dtrain/store/client.h"
+#include "dtrain/store/server.h"
+#include "event_log.h"
+#include "rank_binding.h"
+#include "rank_supervisor.h"
+
+namespace dtrain::launch {
+
+struct Agent::Impl {
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::string_view kSubsys = "launch";
+
+  // Thrown while no rank runs (rendezvous, waiting for the other nodes) to end the job with a code; the message has
+  // been logged.
+  struct JobEnd {
+    int code;
+  };
+
+  static constexpr int code_of(ExitCode code) { return static_cast<int>(code); }
+  static std::chrono::milliseconds to_ms(double seconds) {
+    return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(seconds * 1000.0)));
+  }
+  static double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+  Impl(JobConfig j, Environment e)
+      : job(std::move(j)),
+        env(std::move(e)),
+        start(Clock::now()),
+        ranks(job.node_rank, {[this](RankProcess& r) { on_rank_exit(r); },
+                              [this](const RankProcess& r, const HeartbeatMessage& m, Clock::time_point now) {
+                                on_progress(r, m, now);
+                              }}) {}
+
+  JobConfig job;
+  Environment env;
+  const Clock::time_point start;
+  EventLog events;
+
+  // Set up once.
+  std::unique_ptr<store::Secret> secret;
+  std::unique_ptr<store::Server> server;
+  std::unique_ptr<store::Client> client;
+  std::unique_ptr<NodeMonitor> monitor;
+  std::string store_address;  // numeric
+  std::uint16_t store_port = 0;
+  std::string comm_host;
+  std::string hostname;
+  std::string executable;
+  RankBindings bindings;
+  NodeFacts facts;
+  std::string job_nonce;
+  std::vector<int> joined_nodes;  // nodes whose facts were seen (they say goodbye at the end)
+  std::set<int> lost_nodes;
+  double heartbeat_interval_s = 1;
+  bool rendezvous_done = false;
+
+  // The current attempt.
+  int attempt = 0;
+  RankSupervisor ranks;
+  std::optional<EndRecord> end;
+  bool end_won = false;
+  std::optional<Decision> decision;
+  int local_done = 0;
+  bool store_lost = false;
+  ProgressTracker progress;
+  Clock::time_point last_progress_print;
+  bool progress_unprinted = false;
+
+  // Across attempts.
+  bool preempt_requested = false;
+  int termination_signals = 0;
+
+  // The store's records of the current attempt.
+  AttemptRecords records() { return AttemptRecords(*client, attempt); }
+  bool hosts_rank0() const { return job.node_rank == 0; }
+  // An end seen on this node.
+  EndRecord end_here(EndKind kind, int rank, std::string reason, int exit_code = 0) const {
+    return EndRecord{kind, job.node_rank, rank, std::move(reason), exit_code, false};
+  }
+
+  // --- Set-up, rendezvous and shutdown: agent.cc.
+  void setup();
+  // The store: node 0 hosts it, everyone (node 0 included) reaches it at the same address.
+  void connect_store();
+  void rendezvous();
+  // Records a fatal end for every node (they all fail with this message) and ends the job here.
+  [[noreturn]] void fail_job(const std::string& message, int code);
+  void say_goodbye();
+  void finish(int code);
+
+  // --- The end of an attempt as this node records it and acts on it (the protocol is outcome.h), and waiting for the
+  // store while no rank runs: agent_outcome.cc.
+  // Handles pending signals between store waits. Returns true when the job must stop (a termination signal).
+  bool check_signals_between_waits();
+  // Waits until every key exists, handling signals and the monitor's events meanwhile. Throws JobEnd when the
+  // attempt ends first (another node recorded its end) or a termination signal arrives, dtrain::Error (comm) on
+  // timeout naming the missing keys' nodes.
+  void wait_keys(const std::vector<std::string>& keys, const std::string& what);
+  // Records `record` as the end of the current attempt unless another agent recorded one first, then acts on
+  // whichever won.
+  void publish_end(const EndRecord& record);
+  // Acts on the attempt's end (`won`: recorded by this agent): logs it, stops the ranks and, after a failure, decides
+  // for the job (won) or waits for the decision.
+  void apply_end(const EndRecord& record, bool won);
+  // Acts on the decision after a failure (logs it); the attempt loop then restarts or ends.
+  void apply_decision(const Decision& d);
+  // Another node's agent is gone: a fatal end, or a fatal decision when a failure still waits for one.
+  void on_node_lost(const MonitorEvent& ev);
+  // SIGTERM, SIGINT or SIGHUP: the job is preempted; a second one kills every rank at once.
+  void on_termination_signal(int sig);
+  // The end or decision key arrived, a node was lost, or the store was lost.
+  void on_monitor_event(const MonitorEvent& ev);
+
+  // --- Attempts and this node's ranks in them (rank_supervisor.h): agent_attempt.cc.
+  int run_attempts();
+  // Runs attempt `attempt`. Returns nullopt to restart, else the exit code.
+  std::optional<int> run_attempt();
+  // Whether the attempt is over for this node: no rank left and the outcome known.
+  bool attempt_over() const;
+  void spawn_ranks();
+  void on_rank_exit(RankProcess& r);
+  void on_progress(const RankProcess& r, const HeartbeatMessage& msg, Clock::time_point now);
+  void print_progress(bool force);
+};
+
+}  // namespace dtrain::launch

@@ -1,0 +1,207 @@
+// The agent: the end of an attempt and what happens next, as this node records and acts on them (agent_impl.h).
+#include <fmt/format.h>
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+
+#include "agent_impl.h"
+#include "dtrain/common/log.h"
+#include "dtrain/common/strings.h"
+#include "dtrain/launch/process.h"
+#include "signal_pipe.h"
+
+namespace dtrain::launch {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+bool Agent::Impl::check_signals_between_waits() {
+  bool stop = false;
+  for (int sig : take_signals()) {
+    if (sig == SIGCHLD) {
+      ranks.reap();
+      continue;
+    }
+    ++termination_signals;
+    preempt_requested = true;
+    stop = true;
+    log::warn(kSubsys, "received {} before the ranks started: stopping", signal_name(sig));
+  }
+  return stop || preempt_requested;
+}
+
+void Agent::Impl::wait_keys(const std::vector<std::string>& keys, const std::string& what) {
+  const auto deadline = Clock::now() + to_ms(job.options.rdzv_timeout_s);
+  auto last_note = Clock::now();
+  for (;;) {
+    if (client->wait_for(keys, milliseconds(50))) return;
+    if (check_signals_between_waits()) {
+      publish_end(end_here(EndKind::kPreempted, -1,
+                           fmt::format("dtlaunch on node {} received a termination signal", job.node_rank),
+                           code_of(ExitCode::kPreempted)));
+      throw JobEnd{exit_code_before_start(end, decision)};
+    }
+    for (MonitorEvent& ev : monitor->take_events()) {
+      if (ev.kind == MonitorEvent::Kind::kKey && ev.key == end_key(attempt)) {
+        apply_end(read_end(ev.value), false);
+        throw JobEnd{exit_code_before_start(end, decision)};
+      }
+      if (ev.kind == MonitorEvent::Kind::kNodeLost) {
+        on_node_lost(ev);
+        throw JobEnd{exit_code_before_start(end, decision)};
+      }
+      if (ev.kind == MonitorEvent::Kind::kStoreLost) {
+        log::error(kSubsys, "{}", ev.message);
+        store_lost = true;
+        throw JobEnd{code_of(ExitCode::kPeerFailure)};
+      }
+    }
+    if (Clock::now() >= deadline) {
+      std::vector<std::string> missing;
+      for (const auto& k : keys) {
+        if (!client->try_get(k)) missing.push_back(k);
+      }
+      throw Error(ErrorCategory::kComm, ExitCode::kPeerFailure,
+                  fmt::format("timed out after {} waiting for {}: missing {}; was dtlaunch started on every node "
+                              "(srun --ntasks-per-node=1), with the same --nnodes and --rdzv?",
+                              format_seconds(job.options.rdzv_timeout_s), what, join(missing, ", ")));
+    }
+    if (seconds_since(last_note) > 10) {
+      log::info(kSubsys, "still waiting for {}", what);
+      last_note = Clock::now();
+    }
+  }
+}
+
+void Agent::Impl::publish_end(const EndRecord& record) {
+  if (end) return;
+  auto recorded = records().record_end(record);
+  apply_end(recorded.end, recorded.won);
+}
+
+void Agent::Impl::apply_end(const EndRecord& record, bool won) {
+  if (end) return;
+  end = record;
+  end_won = won;
+  events.write("end", {{"attempt", attempt},
+                       {"kind", std::string(to_string(record.kind))},
+                       {"node", record.node},
+                       {"rank", record.rank},
+                       {"reason", record.reason},
+                       {"exit_code", record.exit_code},
+                       {"recorded_here", won}});
+  switch (record.kind) {
+    case EndKind::kSuccess:
+      log::info(kSubsys, "all {} ranks finished", job.world_size);
+      return;
+    case EndKind::kPreempted:
+      log::warn(kSubsys, "preempted ({}): SIGTERM to every rank, which may checkpoint and exit within {}",
+                record.reason, format_seconds(job.options.preempt_grace_s));
+      ranks.stop(SIGTERM, job.options.preempt_grace_s);
+      return;
+    case EndKind::kFailure:
+      log::error(kSubsys, "{}: stopping every rank of the job", record.reason);
+      ranks.stop(SIGTERM, job.options.stop_grace_s);
+      // The agent that recorded the failure decides for the job; the others wait for its decision.
+      if (won) {
+        apply_decision(records().decide_after_failure(record, preempt_requested, job.options.max_restarts));
+      } else {
+        monitor->watch(decision_key(attempt));
+      }
+      return;
+    case EndKind::kFatal:
+      log::error(kSubsys, "{}", record.reason);
+      ranks.stop(SIGTERM, job.options.stop_grace_s);
+      return;
+  }
+}
+
+void Agent::Impl::apply_decision(const Decision& d) {
+  if (decision) return;
+  decision = d;
+  events.write("decision", {{"attempt", attempt},
+                            {"verdict", std::string(to_string(d.verdict))},
+                            {"restarts", d.restarts},
+                            {"max_restarts", job.options.max_restarts},
+                            {"exit_code", d.exit_code},
+                            {"reason", d.reason}});
+  switch (d.verdict) {
+    case Verdict::kRestart:
+      log::warn(kSubsys,
+                "restarting the job from its newest checkpoint once every rank has stopped: restart {} of {} "
+                "(DTRAIN_RESTART={})",
+                d.restarts, job.options.max_restarts, attempt + 1);
+      return;
+    case Verdict::kExhausted:
+      log::error(kSubsys, "the job failed after using all {} of its restarts (--max-restarts {}); last failure: {}",
+                 job.options.max_restarts, job.options.max_restarts, end ? end->reason : "?");
+      return;
+    case Verdict::kFatal:
+      log::error(kSubsys, "{}", d.reason);
+      return;
+    case Verdict::kPreempted:
+      return;
+  }
+}
+
+void Agent::Impl::on_node_lost(const MonitorEvent& ev) {
+  lost_nodes.insert(ev.node);
+  monitor->forget_node(ev.node);
+  if (!end) {
+    publish_end(EndRecord{EndKind::kFatal, ev.node, -1, ev.message, code_of(ExitCode::kPeerFailure), false});
+    return;
+  }
+  if (end->kind == EndKind::kFailure && !decision) {
+    apply_decision(
+        records().record_decision(Decision{Verdict::kFatal, 0, code_of(ExitCode::kPeerFailure), ev.message}));
+    return;
+  }
+  log::warn(kSubsys, "{}", ev.message);
+}
+
+void Agent::Impl::on_termination_signal(int sig) {
+  ++termination_signals;
+  preempt_requested = true;
+  events.write("signal", {{"signal", signal_name(sig)}, {"count", termination_signals}});
+  if (termination_signals >= 2) {
+    log::warn(kSubsys, "received {} again: killing every rank now", signal_name(sig));
+    ranks.kill_all();
+    return;
+  }
+  const std::string reason = fmt::format("dtlaunch on node {} received {}", job.node_rank, signal_name(sig));
+  if (!end) {
+    publish_end(end_here(EndKind::kPreempted, -1, reason, code_of(ExitCode::kPreempted)));
+    return;
+  }
+  if (end->kind == EndKind::kFailure && !decision && end_won) return;  // decided already, seeing preempt_requested
+  if (end->kind == EndKind::kFailure && !decision) {
+    apply_decision(records().record_decision(Decision{Verdict::kPreempted, 0, 0, reason}));
+    return;
+  }
+  log::warn(kSubsys, "received {} while the job is ending: forwarding it", signal_name(sig));
+  ranks.stop(SIGTERM, job.options.preempt_grace_s);
+}
+
+void Agent::Impl::on_monitor_event(const MonitorEvent& ev) {
+  switch (ev.kind) {
+    case MonitorEvent::Kind::kKey:
+      if (ev.key == end_key(attempt)) {
+        apply_end(read_end(ev.value), false);
+      } else if (ev.key == decision_key(attempt)) {
+        apply_decision(read_decision(ev.value));
+      }
+      return;
+    case MonitorEvent::Kind::kNodeLost:
+      on_node_lost(ev);
+      return;
+    case MonitorEvent::Kind::kStoreLost:
+      // The outcome is known: the store is not needed.
+      if (end && (end->kind != EndKind::kFailure || decision)) return;
+      log::error(kSubsys, "{}", ev.message);
+      store_lost = true;
+      events.write("store_lost", {{"attempt", attempt}, {"reason", ev.message}});
+      ranks.stop(SIGTERM, job.options.stop_grace_s);
+      return;
+  }
+}
+}  // namespace dtrain::launch
