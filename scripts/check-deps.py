@@ -36,6 +36,7 @@ TARGETS = {
     "dtrain_kernels_cuda": "executor",
     "dtrain_comm": "executor",
     "dtrain_comm_nccl": "executor",
+    "dtrain_exec_heartbeat": "executor",
     "dtrain_exec": "executor",
     "dtrain_store": "launcher",
     "dtrain_store_gloo": "launcher",
