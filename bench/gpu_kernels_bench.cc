@@ -37,7 +37,7 @@
 namespace {
 
 using namespace dtrain::kernels;
-using cuda::bf16;
+using dtrain::bf16;
 using cuda::Context;
 using cuda::DeviceBuffer;
 

@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cstddef>
-#include <cstdint>
 #include <vector>
 
 #include "dtrain/comm/communicator.h"
@@ -17,15 +16,10 @@
 
 namespace dtrain::comm::detail {
 
-// The fp32 value of a bf16 bit pattern (exact: bf16 is the top half of fp32).
-float bf16_to_float(std::uint16_t bits);
-// Rounds to the nearest bf16, ties to even; values beyond the largest bf16 round to infinity; NaN stays a (quiet)
-// NaN with its sign.
-std::uint16_t float_to_bf16(float value);
-
-// in: `count` bf16 values; returns them as fp32.
+// in: `count` bf16 values; returns them as fp32 (exact).
 std::vector<float> widen_bf16(const void* in, std::size_t count);
-// Rounds `count` fp32 values into `count` bf16 values at out.
+// Rounds `count` fp32 values into `count` bf16 values at out, as dtrain::to_bf16 (dtrain/common/bf16.h) does and so
+// as the kernels do: nearest, ties to even; overflow to infinity; a NaN becomes the quiet NaN with its sign.
 void narrow_to_bf16(const float* in, std::size_t count, void* out);
 
 // Runs reduce(const float* send, float* recv), the backend's fp32 reduction, for buffers of `dtype`: fp32 buffers

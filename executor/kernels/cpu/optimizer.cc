@@ -1,12 +1,12 @@
 #include "dtrain/kernels/optimizer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "cpu/parallel.h"
 #include "cpu/vec.h"
 #include "dtrain/common/error.h"
+#include "dtrain/kernels/adamw_update.h"
 
 namespace dtrain::kernels::cpu {
 
@@ -15,28 +15,14 @@ namespace {
 // Elements per partial sum of the gradient norm: a constant, so the sum's order never depends on the thread count.
 constexpr std::int64_t kNormBlock = 4096;
 
-struct AdamWScalars {
-  float decay_factor;  // 1 - lr * weight_decay
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float step_size;              // lr / (1 - beta1^t)
-  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
-  float eps;
-  float grad_scale;
-};
-
+// adamw_update (adamw_update.h) inlined into each clone; this file is compiled with -ffp-contract=off (see there).
 DTRAIN_KERNEL_CLONES void adamw_range(std::int64_t begin, std::int64_t end, const AdamWScalars& c, bool decay,
                                       float* param, const float* grad, float* m, float* v) {
   for (std::int64_t i = begin; i < end; ++i) {
-    const float g = grad[i] * c.grad_scale;
-    float p = param[i];
-    if (decay) p = p * c.decay_factor;
-    const float mi = m[i] * c.beta1 + g * c.one_minus_beta1;
-    const float vi = v[i] * c.beta2 + (c.one_minus_beta2 * g) * g;  // addcmul's order: (value * g) * g
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = std::sqrt(vi) / c.bias_correction2_sqrt + c.eps;
-    param[i] = p - c.step_size * (mi / denom);
+    const AdamWElement e = adamw_update(c, decay, param[i], grad[i], m[i], v[i]);
+    m[i] = e.m;
+    v[i] = e.v;
+    param[i] = e.param;
   }
 }
 
@@ -62,16 +48,7 @@ DTRAIN_KERNEL_CLONES void scale_range(std::int64_t begin, std::int64_t end, floa
 
 void adamw_step(const AdamWConfig& cfg, const AdamWBuffer* buffers, std::int64_t count) {
   DTRAIN_CHECK(cfg.step >= 1, "adamw_step: step is 1-based");
-  const double t = static_cast<double>(cfg.step);
-  const AdamWScalars c{static_cast<float>(1.0 - cfg.lr * cfg.weight_decay),
-                       static_cast<float>(cfg.beta1),
-                       static_cast<float>(1.0 - cfg.beta1),
-                       static_cast<float>(cfg.beta2),
-                       static_cast<float>(1.0 - cfg.beta2),
-                       static_cast<float>(cfg.lr / (1.0 - std::pow(cfg.beta1, t))),
-                       static_cast<float>(std::sqrt(1.0 - std::pow(cfg.beta2, t))),
-                       static_cast<float>(cfg.eps),
-                       static_cast<float>(cfg.grad_scale)};
+  const AdamWScalars c = adamw_scalars(cfg);
   for (std::int64_t b = 0; b < count; ++b) {
     const AdamWBuffer& buf = buffers[b];
     parallel_ranges(buf.numel, 1, [&](std::int64_t begin, std::int64_t end) {

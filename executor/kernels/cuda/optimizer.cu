@@ -1,6 +1,6 @@
 // Multi-tensor AdamW, gradient norm and scale. Buffer lists travel as __grid_constant__ kernel parameters (up to
-// kMaxTensors per launch); each element's update uses explicitly rounded operations (__fmul_rn, __fadd_rn, __fsub_rn,
-// IEEE division and square root) so that nvcc cannot fuse them into FMAs: the formula's operations, in its order.
+// kMaxTensors per launch); each element's update is adamw_update (dtrain/kernels/adamw_update.h), the CPU backend's
+// own definition, whose device spelling rounds every operation on its own (no FMA): the CPU's bits.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include "cuda/check.h"
 #include "cuda/device.cuh"
 #include "dtrain/common/error.h"
+#include "dtrain/kernels/adamw_update.h"
 #include "dtrain/kernels/cuda/optimizer.h"
 
 namespace dtrain::kernels::cuda {
@@ -27,16 +28,6 @@ using detail::SumOp;
 constexpr int kMaxTensors = 32;
 // Elements per partial sum of the gradient norm, as on the CPU: a constant, so the order never depends on the grid.
 constexpr std::int64_t kNormBlock = 4096;
-
-struct AdamWScalars {
-  float decay_factor;  // 1 - lr * weight_decay
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float step_size;              // lr / (1 - beta1^t)
-  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
-  float eps;
-  float grad_scale;
-};
 
 struct AdamWTensor {
   float* param;
@@ -56,15 +47,10 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const __grid_constant__
   for (int k = 0; k < list.count; ++k) {
     const AdamWTensor& t = list.tensors[k];
     for (std::int64_t i = global_thread(); i < t.numel; i += grid_threads()) {
-      const float g = __fmul_rn(t.grad[i], c.grad_scale);
-      float p = t.param[i];
-      if (t.decay != 0) p = __fmul_rn(p, c.decay_factor);
-      const float mi = __fadd_rn(__fmul_rn(t.m[i], c.beta1), __fmul_rn(g, c.one_minus_beta1));
-      const float vi = __fadd_rn(__fmul_rn(t.v[i], c.beta2), __fmul_rn(__fmul_rn(c.one_minus_beta2, g), g));
-      t.m[i] = mi;
-      t.v[i] = vi;
-      const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bias_correction2_sqrt), c.eps);
-      t.param[i] = __fsub_rn(p, __fmul_rn(c.step_size, __fdiv_rn(mi, denom)));
+      const AdamWElement e = adamw_update(c, t.decay != 0, t.param[i], t.grad[i], t.m[i], t.v[i]);
+      t.m[i] = e.m;
+      t.v[i] = e.v;
+      t.param[i] = e.param;
     }
   }
 }
@@ -119,17 +105,7 @@ __global__ void __launch_bounds__(kThreads) scale_kernel(std::int64_t n, float f
 void adamw_step(Context& ctx, const AdamWConfig& cfg, const AdamWBuffer* buffers, std::int64_t count) {
   DTRAIN_CHECK(cfg.step >= 1, "adamw_step: step is 1-based");
   DTRAIN_CHECK(count >= 0, "adamw_step: negative buffer count");
-  const double t = static_cast<double>(cfg.step);
-  // The scalars exactly as the CPU backend computes them (float64, then rounded to float once).
-  const AdamWScalars c{static_cast<float>(1.0 - cfg.lr * cfg.weight_decay),
-                       static_cast<float>(cfg.beta1),
-                       static_cast<float>(1.0 - cfg.beta1),
-                       static_cast<float>(cfg.beta2),
-                       static_cast<float>(1.0 - cfg.beta2),
-                       static_cast<float>(cfg.lr / (1.0 - std::pow(cfg.beta1, t))),
-                       static_cast<float>(std::sqrt(1.0 - std::pow(cfg.beta2, t))),
-                       static_cast<float>(cfg.eps),
-                       static_cast<float>(cfg.grad_scale)};
+  const AdamWScalars c = adamw_scalars(cfg);  // the CPU backend's scalars (adamw_update.h)
   for (std::int64_t first = 0; first < count; first += kMaxTensors) {
     AdamWList list{};
     std::int64_t largest = 0;

@@ -330,11 +330,11 @@ class CpuBf16Kernels final : public Kernels<bf16> {
     Wide w;
     if (x == nullptr) return w;
     w.resize(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) w[static_cast<std::size_t>(i)] = kernels::cuda::from_bf16(x[i]);
+    for (std::int64_t i = 0; i < n; ++i) w[static_cast<std::size_t>(i)] = from_bf16(x[i]);
     return w;
   }
   static void narrow(const float* x, std::int64_t n, bf16* y) {
-    for (std::int64_t i = 0; i < n; ++i) y[i] = kernels::cuda::to_bf16(x[i]);
+    for (std::int64_t i = 0; i < n; ++i) y[i] = to_bf16(x[i]);
   }
   static void narrow(const Wide& x, bf16* y) { narrow(x.data(), static_cast<std::int64_t>(x.size()), y); }
   // Elements spanned by `rows` rows of `cols` values `stride` apart.
@@ -346,7 +346,7 @@ class CpuBf16Kernels final : public Kernels<bf16> {
     Wide w(strided_size(rows, cols, stride), 0.0f);
     for (std::int64_t r = 0; r < rows; ++r) {
       for (std::int64_t j = 0; j < cols; ++j) {
-        w[static_cast<std::size_t>(r * stride + j)] = kernels::cuda::from_bf16(x[r * stride + j]);
+        w[static_cast<std::size_t>(r * stride + j)] = from_bf16(x[r * stride + j]);
       }
     }
     return w;

@@ -11,33 +11,32 @@
 #include <vector>
 
 #include "dtrain/comm/inproc.h"
+#include "dtrain/common/bf16.h"
 #include "dtrain/common/error.h"
 #include "harness.h"
 
 namespace dtrain::comm::testing {
 namespace {
 
-using Bf16 = std::uint16_t;  // a bf16 bit pattern
-
-// The bf16 pattern of a float that bf16 represents exactly (its low 16 bits are zero); the test values are chosen so.
-Bf16 bf16(float exact) {
+// The bf16 of a float that bf16 represents exactly (its low 16 bits are zero); the test values are chosen so.
+bf16 exact_bf16(float exact) {
   std::uint32_t bits;
   std::memcpy(&bits, &exact, sizeof bits);
   EXPECT_EQ(bits & 0xffffu, 0u) << exact << " is not exact in bf16";
-  return static_cast<Bf16>(bits >> 16);
+  return bf16::from_bits(static_cast<std::uint16_t>(bits >> 16));
 }
 
-float to_float(Bf16 value) {
-  const std::uint32_t bits = static_cast<std::uint32_t>(value) << 16;
+float to_float(bf16 value) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(value.bits) << 16;
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
 
 // exact_value() is an integer in [-32, 31]: exact in bf16 (8 significant bits), and so are sums of up to 4 of them.
-std::vector<Bf16> bf16_values(int rank, std::size_t count, int salt) {
-  std::vector<Bf16> v(count);
-  for (std::size_t i = 0; i < count; ++i) v[i] = bf16(exact_value(rank, i, salt));
+std::vector<bf16> bf16_values(int rank, std::size_t count, int salt) {
+  std::vector<bf16> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = exact_bf16(exact_value(rank, i, salt));
   return v;
 }
 
@@ -102,12 +101,12 @@ TEST_P(TypedTest, Bf16AllReduceAndReduceScatterAreExactForExactValues) {
       for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
           ++salt;
-          const std::vector<Bf16> send = bf16_values(comm.rank(), count * n, salt);
-          std::vector<Bf16> recv(count * n, 0);
+          const std::vector<bf16> send = bf16_values(comm.rank(), count * n, salt);
+          std::vector<bf16> recv(count * n);
           comm.all_reduce(send.data(), recv.data(), count * n, DType::kBf16, op);
-          std::vector<Bf16> in_place = send;
+          std::vector<bf16> in_place = send;
           comm.all_reduce(in_place.data(), in_place.data(), count * n, DType::kBf16, op);
-          std::vector<Bf16> shard(count, 0);
+          std::vector<bf16> shard(count);
           comm.reduce_scatter(send.data(), shard.data(), count, DType::kBf16, op);
           for (std::size_t i = 0; i < count * n; ++i) {
             float expected = exact_value(0, i, salt);
@@ -115,14 +114,15 @@ TEST_P(TypedTest, Bf16AllReduceAndReduceScatterAreExactForExactValues) {
               expected = op == ReduceOp::kSum ? expected + exact_value(r, i, salt)
                                               : std::max(expected, exact_value(r, i, salt));
             }
-            ASSERT_EQ(recv[i], bf16(expected)) << to_string(op) << " count " << count << " element " << i;
-            ASSERT_EQ(in_place[i], bf16(expected)) << "in place, " << to_string(op) << " element " << i;
+            ASSERT_EQ(recv[i], exact_bf16(expected)) << to_string(op) << " count " << count << " element " << i;
+            ASSERT_EQ(in_place[i], exact_bf16(expected)) << "in place, " << to_string(op) << " element " << i;
             if (i / count == static_cast<std::size_t>(comm.rank())) {
-              ASSERT_EQ(shard[i % count], bf16(expected)) << "reduce_scatter, " << to_string(op) << " element " << i;
+              ASSERT_EQ(shard[i % count], exact_bf16(expected))
+                  << "reduce_scatter, " << to_string(op) << " element " << i;
             }
           }
           EXPECT_EQ(send, bf16_values(comm.rank(), count * n, salt)) << "the send buffer was modified";
-          for (Bf16 x : recv) all.push_back(to_float(x));
+          for (bf16 x : recv) all.push_back(to_float(x));
         }
       }
     });
@@ -136,16 +136,16 @@ TEST_P(TypedTest, Bf16SumIsComputedInFp32AndRoundedOnce) {
   // Ties round to even: 1 + 2^-8 -> 1.0, and (1 + 2^-7) + 2^-8 -> 1 + 2^-6.
   const float tiny = 1.0f / 256;
   auto results = run_ranks(GetParam(), 3, [tiny](Communicator& comm, std::vector<float>& all) {
-    const std::vector<Bf16> sends[] = {{bf16(1.0f), bf16(1.0f), bf16(1.0f + 2 * tiny)},
-                                       {bf16(tiny), bf16(tiny), bf16(tiny)},
-                                       {bf16(tiny), bf16(0.0f), bf16(0.0f)}};
-    const std::vector<Bf16>& send = sends[comm.rank()];
-    std::vector<Bf16> recv(3, 0);
+    const std::vector<bf16> sends[] = {{exact_bf16(1.0f), exact_bf16(1.0f), exact_bf16(1.0f + 2 * tiny)},
+                                       {exact_bf16(tiny), exact_bf16(tiny), exact_bf16(tiny)},
+                                       {exact_bf16(tiny), exact_bf16(0.0f), exact_bf16(0.0f)}};
+    const std::vector<bf16>& send = sends[comm.rank()];
+    std::vector<bf16> recv(3);
     comm.all_reduce(send.data(), recv.data(), 3, DType::kBf16, ReduceOp::kSum);
-    EXPECT_EQ(recv[0], bf16(1.0f + 2 * tiny)) << to_float(recv[0]);
-    EXPECT_EQ(recv[1], bf16(1.0f)) << "a tie rounds to even: " << to_float(recv[1]);
-    EXPECT_EQ(recv[2], bf16(1.0f + 4 * tiny)) << "a tie rounds to even: " << to_float(recv[2]);
-    for (Bf16 x : recv) all.push_back(to_float(x));
+    EXPECT_EQ(recv[0], exact_bf16(1.0f + 2 * tiny)) << to_float(recv[0]);
+    EXPECT_EQ(recv[1], exact_bf16(1.0f)) << "a tie rounds to even: " << to_float(recv[1]);
+    EXPECT_EQ(recv[2], exact_bf16(1.0f + 4 * tiny)) << "a tie rounds to even: " << to_float(recv[2]);
+    for (bf16 x : recv) all.push_back(to_float(x));
   });
   EXPECT_EQ(results[1], results[0]);
   EXPECT_EQ(results[2], results[0]);
@@ -158,14 +158,16 @@ TEST_P(TypedTest, Bf16MovesBitwiseThroughGatherBroadcastAndMessages) {
       const auto n = static_cast<std::size_t>(size);
       const auto me = static_cast<std::size_t>(comm.rank());
       // Arbitrary patterns, NaNs and subnormals included: nothing may convert them.
-      auto pattern = [](std::size_t rank, std::size_t i) { return static_cast<Bf16>(0x7fc1 + 977 * rank + 31 * i); };
+      auto pattern = [](std::size_t rank, std::size_t i) {
+        return bf16::from_bits(static_cast<std::uint16_t>(0x7fc1 + 977 * rank + 31 * i));
+      };
       constexpr std::size_t kCount = 101;
-      std::vector<Bf16> mine(kCount);
+      std::vector<bf16> mine(kCount);
       for (std::size_t i = 0; i < kCount; ++i) mine[i] = pattern(me, i);
 
-      std::vector<Bf16> gathered(kCount * n, 0);
+      std::vector<bf16> gathered(kCount * n);
       comm.all_gather(mine.data(), gathered.data(), kCount, DType::kBf16);
-      std::vector<Bf16> in_place(kCount * n, 0);
+      std::vector<bf16> in_place(kCount * n);
       std::copy(mine.begin(), mine.end(), in_place.begin() + static_cast<std::ptrdiff_t>(me * kCount));
       comm.all_gather(in_place.data() + me * kCount, in_place.data(), kCount, DType::kBf16);
       for (std::size_t r = 0; r < n; ++r) {
@@ -176,13 +178,13 @@ TEST_P(TypedTest, Bf16MovesBitwiseThroughGatherBroadcastAndMessages) {
       }
 
       const int root = size - 1;
-      std::vector<Bf16> buffer = comm.rank() == root ? mine : std::vector<Bf16>(kCount, 0);
+      std::vector<bf16> buffer = comm.rank() == root ? mine : std::vector<bf16>(kCount);
       comm.broadcast(buffer.data(), kCount, DType::kBf16, root);
       for (std::size_t i = 0; i < kCount; ++i) ASSERT_EQ(buffer[i], pattern(root, i)) << "broadcast element " << i;
 
       const int right = (comm.rank() + 1) % size;
       const int left = (comm.rank() + size - 1) % size;
-      std::vector<Bf16> in(kCount, 0);
+      std::vector<bf16> in(kCount);
       const P2POp ops[] = {P2POp::send(mine.data(), kCount, DType::kBf16, right, message_tag("bf16 ring")),
                            P2POp::recv(in.data(), kCount, DType::kBf16, left, message_tag("bf16 ring"))};
       comm.group(ops);  // size 1: a message to self

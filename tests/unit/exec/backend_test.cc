@@ -86,7 +86,7 @@ TEST(CpuBackend, RunsFp32AndBf16ActivationsOnly) {
 // bf16 values chosen so that every product and sum below is exact in fp32 but not in bf16.
 std::vector<bf16> to_bf16(const std::vector<float>& v) {
   std::vector<bf16> out;
-  for (float x : v) out.push_back(kernels::cuda::to_bf16(x));
+  for (float x : v) out.push_back(dtrain::to_bf16(x));
   return out;
 }
 
@@ -96,12 +96,12 @@ TEST(CpuBf16Kernels, LinearRoundsTheFp32ResultOnce) {
   // Rounding each partial sum to bf16 (spacing 2^-7 above 1, ties to even) would give 1 + 2^-8 -> 1, then 1 again.
   std::vector<bf16> x = to_bf16({1, 1}), w = to_bf16({1, 0x1p-8f}), b = to_bf16({0x1p-8f}), y(1);
   k.linear_forward({1, 2, 1}, x.data(), w.data(), b.data(), y.data());
-  EXPECT_EQ(kernels::cuda::from_bf16(y[0]), 1.0f + 0x1p-7f);
+  EXPECT_EQ(dtrain::from_bf16(y[0]), 1.0f + 0x1p-7f);
   // And the output is rounded: 1 + 2^-9 + 2^-10 (exact in fp32) is not a bf16 value; the nearest one is 1.
   w = to_bf16({1, 0x1p-9f});
   b = to_bf16({0x1p-10f});
   k.linear_forward({1, 2, 1}, x.data(), w.data(), b.data(), y.data());
-  EXPECT_EQ(kernels::cuda::from_bf16(y[0]), 1.0f);
+  EXPECT_EQ(dtrain::from_bf16(y[0]), 1.0f);
 }
 
 TEST(CpuBf16Kernels, RopeInsideTheFusedQkvTouchesOnlyItsHeads) {
@@ -113,8 +113,8 @@ TEST(CpuBf16Kernels, RopeInsideTheFusedQkvTouchesOnlyItsHeads) {
   k.rope_forward({1, 2, 1, 2, 8}, cos.data(), sin.data(), qkv.data() + 4);  // the key head
   for (int i : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 14, 15}) EXPECT_EQ(qkv[i], before[i]) << i;
   // token 1's key (13, 14) rotated by 90 degrees: (-14, 13)
-  EXPECT_EQ(kernels::cuda::from_bf16(qkv[12]), -14.0f);
-  EXPECT_EQ(kernels::cuda::from_bf16(qkv[13]), 13.0f);
+  EXPECT_EQ(dtrain::from_bf16(qkv[12]), -14.0f);
+  EXPECT_EQ(dtrain::from_bf16(qkv[13]), 13.0f);
 }
 
 TEST(CpuBf16Kernels, AttentionBackwardFillsEachPartOfTheFusedGradient) {
@@ -123,20 +123,20 @@ TEST(CpuBf16Kernels, AttentionBackwardFillsEachPartOfTheFusedGradient) {
   // 1 sequence of 3 tokens, 2 query heads, 1 kv head, head_dim 2: rows of 8 = q(4) | k(2) | v(2).
   const kernels::AttentionShape shape{1, 3, 2, 1, 2, 8, 8};
   std::vector<float> qkv(24), dout(12);
-  for (int i = 0; i < 24; ++i) qkv[i] = kernels::cuda::round_to_bf16(0.25f * static_cast<float>((i * 7) % 11) - 1.0f);
-  for (int i = 0; i < 12; ++i) dout[i] = kernels::cuda::round_to_bf16(0.5f - 0.125f * static_cast<float>(i % 5));
+  for (int i = 0; i < 24; ++i) qkv[i] = dtrain::round_to_bf16(0.25f * static_cast<float>((i * 7) % 11) - 1.0f);
+  for (int i = 0; i < 12; ++i) dout[i] = dtrain::round_to_bf16(0.5f - 0.125f * static_cast<float>(i % 5));
   // fp32 reference on the same (bf16-representable) inputs
   std::vector<float> o(12), lse(6), dqkv(24, 0.0f);
   f.attention_forward(shape, qkv.data(), qkv.data() + 4, qkv.data() + 6, o.data(), lse.data(), nullptr);
-  for (float& x : o) x = kernels::cuda::round_to_bf16(x);  // the backward reads the stored (bf16) output
+  for (float& x : o) x = dtrain::round_to_bf16(x);  // the backward reads the stored (bf16) output
   f.attention_backward(shape, qkv.data(), qkv.data() + 4, qkv.data() + 6, o.data(), lse.data(), dout.data(),
                        dqkv.data(), dqkv.data() + 4, dqkv.data() + 6, nullptr);
   std::vector<bf16> bq = to_bf16(qkv), bo = to_bf16(o), bd = to_bf16(dout);
-  std::vector<bf16> bdqkv(24, kernels::cuda::to_bf16(std::nanf("")));  // poisoned: every element must be written
+  std::vector<bf16> bdqkv(24, dtrain::to_bf16(std::nanf("")));  // poisoned: every element must be written
   k.attention_backward(shape, bq.data(), bq.data() + 4, bq.data() + 6, bo.data(), lse.data(), bd.data(), bdqkv.data(),
                        bdqkv.data() + 4, bdqkv.data() + 6, nullptr);
   for (int i = 0; i < 24; ++i) {
-    EXPECT_EQ(kernels::cuda::from_bf16(bdqkv[i]), kernels::cuda::round_to_bf16(dqkv[i])) << "element " << i;
+    EXPECT_EQ(dtrain::from_bf16(bdqkv[i]), dtrain::round_to_bf16(dqkv[i])) << "element " << i;
   }
 }
 

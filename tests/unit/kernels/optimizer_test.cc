@@ -48,6 +48,49 @@ TEST(AdamWTest, FiveStepsMatchFloat64Reference) {
   }
 }
 
+// The CUDA kernel gives the CPU's bits (tests/unit/kernels_cuda/optimizer_test.cc) only if neither fuses a multiply
+// and an add: each operation of the formula is rounded on its own. The reference rounds each one explicitly: the
+// float64 result of one float operation, rounded to float, is the correctly rounded float result (53 >= 2 * 24 + 2),
+// and a rounding between the operations leaves the compiler nothing to fuse. The kernel's vector clones (AVX2,
+// AVX-512: FMA available) are the ones this catches.
+TEST(AdamWTest, EachOperationIsRoundedOnItsOwn) {
+  const auto mul = [](float a, float b) { return static_cast<float>(static_cast<double>(a) * b); };
+  const auto add = [](float a, float b) { return static_cast<float>(static_cast<double>(a) + b); };
+  const auto sub = [](float a, float b) { return static_cast<float>(static_cast<double>(a) - b); };
+  const auto div = [](float a, float b) { return static_cast<float>(static_cast<double>(a) / b); };
+  const auto sqrt = [](float a) { return static_cast<float>(std::sqrt(static_cast<double>(a))); };
+  auto rng = make_rng(1001);
+  constexpr std::int64_t kSize = 10007;  // vector bodies and a scalar tail
+  FVec param = random_floats(rng, kSize), m(kSize, 0.0f), v(kSize, 0.0f);
+  FVec ref_param = param, ref_m = m, ref_v = v;
+  for (std::int64_t step = 1; step <= 4; ++step) {
+    const FVec grad = random_floats(rng, kSize, 0.01);
+    const bool decay = step != 2;
+    const AdamWConfig cfg{1e-3 * static_cast<double>(step), 0.9, 0.95, 1e-8, 0.1, step, step == 3 ? 0.25 : 1.0};
+    const AdamWBuffer buf{param.data(), grad.data(), m.data(), v.data(), kSize, decay};
+    cpu::adamw_step(cfg, &buf, 1);
+    // The scalars as optimizer.h defines them: float64, rounded to float once.
+    const double t = static_cast<double>(step);
+    const auto decay_factor = static_cast<float>(1.0 - cfg.lr * cfg.weight_decay);
+    const auto beta1 = static_cast<float>(cfg.beta1), one_minus_beta1 = static_cast<float>(1.0 - cfg.beta1);
+    const auto beta2 = static_cast<float>(cfg.beta2), one_minus_beta2 = static_cast<float>(1.0 - cfg.beta2);
+    const auto step_size = static_cast<float>(cfg.lr / (1.0 - std::pow(cfg.beta1, t)));
+    const auto bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(cfg.beta2, t)));
+    const auto eps = static_cast<float>(cfg.eps), grad_scale = static_cast<float>(cfg.grad_scale);
+    for (std::size_t i = 0; i < grad.size(); ++i) {
+      const float g = mul(grad[i], grad_scale);
+      const float p = decay ? mul(ref_param[i], decay_factor) : ref_param[i];
+      ref_m[i] = add(mul(ref_m[i], beta1), mul(g, one_minus_beta1));
+      ref_v[i] = add(mul(ref_v[i], beta2), mul(mul(one_minus_beta2, g), g));
+      const float denom = add(div(sqrt(ref_v[i]), bias_correction2_sqrt), eps);
+      ref_param[i] = sub(p, mul(step_size, div(ref_m[i], denom)));
+    }
+    ASSERT_TRUE(bitwise_equal(m, ref_m)) << "m after step " << step;
+    ASSERT_TRUE(bitwise_equal(v, ref_v)) << "v after step " << step;
+    ASSERT_TRUE(bitwise_equal(param, ref_param)) << "param after step " << step;
+  }
+}
+
 TEST(AdamWTest, NoDecayBufferIgnoresWeightDecay) {
   FVec p1 = {1.0f, -2.0f}, p2 = p1, g = {0.5f, 0.5f}, m1(2, 0.0f), v1(2, 0.0f), m2 = m1, v2 = v1;
   AdamWBuffer a{p1.data(), g.data(), m1.data(), v1.data(), 2, false};

@@ -1,51 +1,16 @@
-// The host-side parts of the CUDA backend, which run (and must pass) on machines without a GPU: bf16 conversions,
-// the pool's size classes, the environment switches, and how a missing device is reported.
+// The host-side parts of the CUDA backend, which run (and must pass) on machines without a GPU: the pool's size
+// classes, the environment switches, and how a missing device is reported. (bf16 conversions: tests/unit/common.)
 #include <gtest/gtest.h>
 
-#include <bit>
-#include <cmath>
 #include <cstdlib>
-#include <limits>
 #include <string>
 
 #include "dtrain/common/error.h"
-#include "dtrain/kernels/cuda/bf16.h"
 #include "dtrain/kernels/cuda/context.h"
 #include "dtrain/kernels/cuda/memory.h"
 
 namespace dtrain::kernels::cuda {
 namespace {
-
-TEST(Bf16, RoundsToNearestTiesToEven) {
-  EXPECT_EQ(to_bf16(1.0f), 0x3f80);
-  EXPECT_EQ(to_bf16(-2.0f), 0xc000);
-  EXPECT_EQ(from_bf16(0x3f80), 1.0f);
-  // 1 + 2^-8 lies halfway between 1 (even mantissa) and 1 + 2^-7: ties go to the even one.
-  EXPECT_EQ(to_bf16(1.0f + 0x1.0p-8f), 0x3f80);
-  // 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even).
-  EXPECT_EQ(to_bf16(1.0f + 3 * 0x1.0p-8f), 0x3f82);
-  // Just above the halfway point rounds up.
-  EXPECT_EQ(to_bf16(std::nextafter(1.0f + 0x1.0p-8f, 2.0f)), 0x3f81);
-}
-
-TEST(Bf16, OverflowInfinityAndNaN) {
-  EXPECT_EQ(to_bf16(std::numeric_limits<float>::max()), 0x7f80);  // rounds up past the largest bf16: +inf
-  EXPECT_EQ(to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
-  EXPECT_EQ(to_bf16(-std::numeric_limits<float>::infinity()), 0xff80);
-  EXPECT_EQ(to_bf16(std::numeric_limits<float>::quiet_NaN()), 0x7fc0);
-  EXPECT_EQ(to_bf16(-std::numeric_limits<float>::quiet_NaN()), 0xffc0);
-  // A NaN whose payload sits only in the low 16 bits would become infinity if truncated; it must stay a NaN.
-  EXPECT_TRUE(std::isnan(from_bf16(to_bf16(std::bit_cast<float>(0x7f800001u)))));
-}
-
-TEST(Bf16, EveryBf16RoundTripsExactly) {
-  for (std::uint32_t bits = 0; bits <= 0xffffu; ++bits) {
-    const auto x = static_cast<bf16>(bits);
-    const float f = from_bf16(x);
-    if (std::isnan(f)) continue;
-    ASSERT_EQ(to_bf16(f), x) << "bits 0x" << std::hex << bits;
-  }
-}
 
 TEST(DevicePoolSizeClass, SmallRequestsRoundTo512Bytes) {
   EXPECT_EQ(DevicePool::size_class(0), 0u);

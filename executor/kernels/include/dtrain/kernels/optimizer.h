@@ -8,7 +8,9 @@
 //   m      = beta1 * m + (1 - beta1) * g
 //   v      = beta2 * v + (1 - beta2) * g^2
 //   param  = param - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-// lr comes from the schedule (lr_schedule.h); beta1, beta2, eps and weight_decay from TrainingSpec.
+// Every operation is rounded to float on its own (no fused multiply-add), in this order, on both backends: one
+// definition of the per-element update serves the CPU loop and the CUDA kernel (adamw_update.h), so the two give the
+// same bits. lr comes from the schedule (lr_schedule.h); beta1, beta2, eps and weight_decay from TrainingSpec.
 // Weight decay is not applied to norm weights and biases (GPT-2, Megatron and Llama practice): the caller sets
 // decay = false for those buffers and true for the matrices (linear and embedding weights).
 //

@@ -35,9 +35,9 @@
 #include <vector>
 
 #include "dtrain/comm/communicator.h"
+#include "dtrain/common/bf16.h"
 #include "dtrain/common/dtype.h"
 #include "dtrain/kernels/attention.h"
-#include "dtrain/kernels/cuda/bf16.h"
 #include "dtrain/kernels/cross_entropy.h"
 #include "dtrain/kernels/dropout.h"
 #include "dtrain/kernels/embedding.h"
@@ -53,9 +53,6 @@ struct ConstSpan {
   const float* data = nullptr;
   std::int64_t size = 0;
 };
-
-// bf16 storage (dtrain/kernels/cuda/bf16.h: the upper half of an fp32, carried as std::uint16_t).
-using bf16 = kernels::cuda::bf16;
 
 // The DType of an activation element type.
 template <typename A>

@@ -4,7 +4,7 @@
 // computes (same formulas, layouts, shape structs and accumulate/overwrite conventions; see the headers in
 // dtrain/kernels/), so the executor can switch backends op by op. What differs is the element types, stated in each
 // header of dtrain/kernels/cuda/:
-//   - activations and their gradients: bf16 (dtrain/kernels/cuda/bf16.h), computed in fp32 and rounded once;
+//   - activations and their gradients: bf16 (dtrain::bf16, dtrain/common/bf16.h), computed in fp32 and rounded once;
 //   - weights read by the forward and backward passes (linear, embedding tables): bf16 copies of the fp32 master
 //     weights (cast_fp32_to_bf16 after each optimizer step); norm weights are read in fp32 directly (a few KB);
 //   - parameter gradients: fp32, accumulated (+=), what AdamW and the gradient norm read;
@@ -31,7 +31,7 @@
 #include <memory>
 #include <string>
 
-#include "dtrain/kernels/cuda/bf16.h"
+#include "dtrain/common/bf16.h"
 #include "dtrain/kernels/cuda/memory.h"
 
 namespace dtrain::kernels::cuda {
