@@ -158,7 +158,7 @@ def draw(edges):
         out.append(f"{part}/")
         for t in members:
             linked = ", ".join(sorted(deps.get(t, ()))) or "-"
-            out.append(f"  {t:<20} -> {linked}")
+            out.append(f"  {t:<22} -> {linked}")
     return "\n".join(out) + "\n"
 
 
