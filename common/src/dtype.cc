@@ -8,6 +8,9 @@ std::string_view to_string(DType dtype) {
     case DType::kFp16: return "fp16";
     case DType::kFp8: return "fp8";
     case DType::kFp32: return "fp32";
+    case DType::kUint8: return "uint8";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
   }
   return "?";
 }
@@ -20,14 +23,32 @@ std::optional<DType> parse_dtype(std::string_view text) {
   return std::nullopt;
 }
 
-int activation_bytes(DType dtype) { return dtype == DType::kFp32 ? 4 : 2; }
+bool is_integer(DType dtype) { return dtype == DType::kUint8 || dtype == DType::kInt32 || dtype == DType::kInt64; }
+
+int activation_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::kBf16:
+    case DType::kFp16:
+    case DType::kFp8: return 2;
+    case DType::kFp32: return 4;
+    case DType::kUint8: return 1;
+    case DType::kInt32: return 4;
+    case DType::kInt64: return 8;
+  }
+  return 4;
+}
 
 int gemm_operand_bytes(DType dtype) {
   switch (dtype) {
     case DType::kFp8: return 1;
     case DType::kFp32: return 4;
-    default: return 2;
+    case DType::kBf16:
+    case DType::kFp16: return 2;
+    case DType::kUint8:
+    case DType::kInt32:
+    case DType::kInt64: return activation_bytes(dtype);
   }
+  return 2;
 }
 
 }  // namespace dtrain

@@ -10,6 +10,9 @@ double GpuSpec::peak_flops(DType dtype) const {
     case DType::kFp16: return tflops_fp16 * 1e12;
     case DType::kFp8: return tflops_fp8 * 1e12;
     case DType::kFp32: return tflops_fp32 * 1e12;
+    case DType::kUint8:
+    case DType::kInt32:
+    case DType::kInt64: return 0;  // not a training format: no GEMM runs on it
   }
   return 0;
 }

@@ -45,6 +45,17 @@ void max_floats(void* c, const void* a, const void* b, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) out[i] = std::max(x[i], y[i]);
 }
 
+// Gloo's reduce functions for an integer type T (src/host_dtype.h: sums wrap).
+template <typename T>
+void sum_integers(void* c, const void* a, const void* b, std::size_t n) {
+  detail::reduce_integers(ReduceOp::kSum, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(c), n);
+}
+
+template <typename T>
+void max_integers(void* c, const void* a, const void* b, std::size_t n) {
+  detail::reduce_integers(ReduceOp::kMax, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(c), n);
+}
+
 void ignore_sigpipe_once() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -108,23 +119,35 @@ class GlooCommunicator final : public Communicator {
  protected:
   void do_group(std::span<const P2POp> ops) override;
 
-  // Reductions run in fp32 (bf16 buffers are widened first, src/host_dtype.h); gathers, broadcasts and messages
-  // move the caller's bytes as they are.
+  // Reductions of the floating types run in fp32 (bf16 buffers are widened first, src/host_dtype.h), of the integer
+  // types in their own type; gathers, broadcasts and messages move the caller's bytes as they are.
   void do_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
-    detail::reduce_in_fp32(send, count, recv, count, dtype,
-                           [&](const float* s, float* r) { all_reduce_fp32(s, r, count, op); });
+    if (is_integer(dtype)) {
+      detail::with_integer_type(dtype, [&](auto zero) {
+        using T = decltype(zero);
+        ring_all_reduce(static_cast<const T*>(send), static_cast<T*>(recv), count,
+                        op == ReduceOp::kSum ? &sum_integers<T> : &max_integers<T>);
+      });
+      return;
+    }
+    detail::reduce_in_fp32(send, count, recv, count, dtype, [&](const float* s, float* r) {
+      ring_all_reduce(s, r, count, op == ReduceOp::kSum ? &sum_floats : &max_floats);
+    });
   }
 
-  void all_reduce_fp32(const float* send, float* recv, std::size_t count, ReduceOp op) {
+  // Gloo's ring all-reduce on elements of T with an elementwise reduce function (c = a op b over n elements).
+  using ReduceFn = void (*)(void* c, const void* a, const void* b, std::size_t n);
+  template <typename T>
+  void ring_all_reduce(const T* send, T* recv, std::size_t count, ReduceFn reduce) {
     if (size() == 1) {
-      if (send != recv) std::memcpy(recv, send, count * sizeof(float));
+      if (send != recv) std::memcpy(recv, send, count * sizeof(T));
       return;
     }
     run_quarantined<gloo::AllreduceOptions>("ring all-reduce", [&](gloo::AllreduceOptions& opts) {
-      if (send != recv) opts.setInput(const_cast<float*>(send), count);  // Gloo only reads the input
+      if (send != recv) opts.setInput(const_cast<T*>(send), count);  // Gloo only reads the input
       opts.setOutput(recv, count);
       opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-      opts.setReduceFunction(op == ReduceOp::kSum ? &sum_floats : &max_floats);
+      opts.setReduceFunction(reduce);
       opts.setTag(next_tag_++);
       opts.setTimeout(timeout_);
       gloo::allreduce(opts);
@@ -152,6 +175,15 @@ class GlooCommunicator final : public Communicator {
 
   void do_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
     const std::size_t total = count * static_cast<std::size_t>(size());
+    if (is_integer(dtype)) {
+      // The ring below reduces floats; integers (small, rare: counts and flags) are all-reduced whole and this
+      // rank's block kept, which gives the same result.
+      const std::size_t bytes = count * element_bytes(dtype);
+      std::vector<unsigned char> all(total * element_bytes(dtype));
+      do_all_reduce(send, all.data(), total, dtype, op);
+      std::memcpy(recv, all.data() + static_cast<std::size_t>(rank()) * bytes, bytes);
+      return;
+    }
     detail::reduce_in_fp32(send, total, recv, count, dtype, [&](const float* s, float* r) {
       if (size() == 1) {
         if (s != r) std::memcpy(r, s, count * sizeof(float));

@@ -10,9 +10,9 @@
 // Between arrival and the end of phase A every rank is running this code, so the waits there need no timeout.
 // Point-to-point messages meet in per-(sender, receiver, tag) queues; whichever side comes second copies the data
 // while the first side waits, and a waiting side may withdraw only while its message is still unmatched.
-// Element types: the rounds move bytes; reductions always run on fp32 buffers (bf16 buffers are widened to fp32
-// first and rounded back after, src/host_dtype.h), while a contribution records the caller's dtype so that ranks
-// that disagree on it fail with a mismatch.
+// Element types: the rounds move bytes; reductions run on fp32 buffers for the floating types (bf16 buffers are
+// widened to fp32 first and rounded back after, src/host_dtype.h) and on the caller's buffers for the integer types,
+// while a contribution records the caller's dtype so that ranks that disagree on it fail with a mismatch.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -25,6 +25,7 @@
 #include <mutex>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/comm/inproc.h"
@@ -68,7 +69,7 @@ enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kBroadcast, 
 struct Contribution {
   CollectiveKind kind = CollectiveKind::kBarrier;
   ReduceOp op = ReduceOp::kSum;
-  DType dtype = DType::kFp32;  // the caller's; the buffers of a reduction are fp32 whatever it is
+  DType dtype = DType::kFp32;  // the caller's; the buffers of a reduction are fp32 unless it is an integer type
   const void* send = nullptr;
   void* recv = nullptr;
   std::size_t count = 0;
@@ -101,10 +102,11 @@ struct Contribution {
     if (kind == CollectiveKind::kBroadcast && root != o.root) return false;
     return true;
   }
-  // Bytes of one element of the buffers: reductions run on fp32, the other collectives move the caller's type.
+  // Bytes of one element of the buffers: reductions of floating types run on fp32, everything else moves the
+  // caller's type.
   std::size_t element_size() const {
     const bool reduction = kind == CollectiveKind::kAllReduce || kind == CollectiveKind::kReduceScatter;
-    return reduction ? sizeof(float) : element_bytes(dtype);
+    return reduction && !is_integer(dtype) ? sizeof(float) : element_bytes(dtype);
   }
 };
 
@@ -115,7 +117,9 @@ struct Round {
   int arrived = 0;
   int phase_a_done = 0;
   std::string mismatch;
-  std::vector<float> scratch;  // fp32 results of a reduction, or the bytes a gather or broadcast moves
+  // The results of a reduction (fp32, or the integer type), or the bytes a gather or broadcast moves. Byte storage
+  // from the allocator, aligned for every element type.
+  std::vector<unsigned char> scratch;
   std::vector<std::shared_ptr<InprocGroupState>> split_group;
   std::vector<int> split_rank;
 };
@@ -172,19 +176,39 @@ using detail::Posted;
 using detail::Round;
 using Clock = std::chrono::steady_clock;
 
-// x_0 op x_1 op ... op x_{n-1}, left to right, for elements [begin, end) of every part's send buffer at `offset`.
-void reduce_parts(const std::vector<Contribution>& parts, ReduceOp op, std::size_t offset, std::size_t begin,
-                  std::size_t end, float* out) {
-  const float* first = static_cast<const float*>(parts[0].send) + offset;
+// x_0 op x_1 op ... op x_{n-1}, left to right, for elements [begin, end) of every part's send buffer at `offset`
+// (elements of T), into out (elements of T).
+template <typename T>
+void reduce_parts_as(const std::vector<Contribution>& parts, ReduceOp op, std::size_t offset, std::size_t begin,
+                     std::size_t end, T* out) {
+  const T* first = static_cast<const T*>(parts[0].send) + offset;
   std::copy(first + begin, first + end, out + begin);
   for (std::size_t k = 1; k < parts.size(); ++k) {
-    const float* x = static_cast<const float*>(parts[k].send) + offset;
-    if (op == ReduceOp::kSum) {
-      for (std::size_t i = begin; i < end; ++i) out[i] = out[i] + x[i];
+    const T* x = static_cast<const T*>(parts[k].send) + offset;
+    if constexpr (std::is_same_v<T, float>) {
+      if (op == ReduceOp::kSum) {
+        for (std::size_t i = begin; i < end; ++i) out[i] = out[i] + x[i];
+      } else {
+        for (std::size_t i = begin; i < end; ++i) out[i] = std::max(out[i], x[i]);
+      }
     } else {
-      for (std::size_t i = begin; i < end; ++i) out[i] = std::max(out[i], x[i]);
+      detail::reduce_integers(op, out + begin, x + begin, out + begin, end - begin);
     }
   }
+}
+
+// reduce_parts_as for the parts' element type (fp32 for the floating types), out being the round's scratch bytes.
+void reduce_parts(const std::vector<Contribution>& parts, ReduceOp op, std::size_t offset, std::size_t begin,
+                  std::size_t end, unsigned char* out) {
+  const DType dtype = parts[0].dtype;
+  if (!is_integer(dtype)) {
+    reduce_parts_as(parts, op, offset, begin, end, reinterpret_cast<float*>(out));
+    return;
+  }
+  detail::with_integer_type(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    reduce_parts_as(parts, op, offset, begin, end, reinterpret_cast<T*>(out));
+  });
 }
 
 Contribution contribution(CollectiveKind kind, const void* send, void* recv, std::size_t count, DType dtype,
@@ -215,6 +239,10 @@ class InprocCommunicator final : public Communicator {
  protected:
   void do_group(std::span<const P2POp> ops) override;
   void do_all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    if (is_integer(dtype)) {
+      collective(contribution(CollectiveKind::kAllReduce, send, recv, count, dtype, op));
+      return;
+    }
     detail::reduce_in_fp32(send, count, recv, count, dtype, [&](const float* s, float* r) {
       collective(contribution(CollectiveKind::kAllReduce, s, r, count, dtype, op));
     });
@@ -223,6 +251,10 @@ class InprocCommunicator final : public Communicator {
     collective(contribution(CollectiveKind::kAllGather, send, recv, count, dtype));
   }
   void do_reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) override {
+    if (is_integer(dtype)) {
+      collective(contribution(CollectiveKind::kReduceScatter, send, recv, count, dtype, op));
+      return;
+    }
     const std::size_t total = count * static_cast<std::size_t>(size());
     detail::reduce_in_fp32(send, total, recv, count, dtype, [&](const float* s, float* r) {
       collective(contribution(CollectiveKind::kReduceScatter, s, r, count, dtype, op));
@@ -332,18 +364,14 @@ void InprocCommunicator::prepare_round(Round& round) const {
   InprocGroupState& g = *group_;
   const int n = g.size;
   const Contribution& mine = round.parts[rank_];
-  // Scratch in floats, enough for the bytes of the round's elements.
-  auto floats_for = [&](std::size_t elements) {
-    return (elements * mine.element_size() + sizeof(float) - 1) / sizeof(float);
-  };
   switch (mine.kind) {
     case CollectiveKind::kAllReduce:
     case CollectiveKind::kBroadcast:
-      round.scratch.resize(floats_for(mine.count));
+      round.scratch.resize(mine.count * mine.element_size());
       break;
     case CollectiveKind::kAllGather:
     case CollectiveKind::kReduceScatter:
-      round.scratch.resize(floats_for(mine.count * static_cast<std::size_t>(n)));
+      round.scratch.resize(mine.count * static_cast<std::size_t>(n) * mine.element_size());
       break;
     case CollectiveKind::kBarrier:
       break;
@@ -374,14 +402,14 @@ void InprocCommunicator::phase_a(Round& round) const {
   const auto r = static_cast<std::size_t>(rank_);
   const std::size_t count = mine.count;
   const std::size_t bytes = count * mine.element_size();
-  auto* scratch_bytes = reinterpret_cast<unsigned char*>(round.scratch.data());
+  unsigned char* scratch_bytes = round.scratch.data();
   switch (mine.kind) {
     case CollectiveKind::kAllReduce:
       // Balanced slices; every element is reduced by exactly one rank in the fixed rank order.
-      reduce_parts(round.parts, mine.op, 0, count * r / n, count * (r + 1) / n, round.scratch.data());
+      reduce_parts(round.parts, mine.op, 0, count * r / n, count * (r + 1) / n, scratch_bytes);
       break;
     case CollectiveKind::kReduceScatter:
-      reduce_parts(round.parts, mine.op, r * count, 0, count, round.scratch.data() + r * count);
+      reduce_parts(round.parts, mine.op, r * count, 0, count, scratch_bytes + r * bytes);
       break;
     case CollectiveKind::kAllGather:
       std::memcpy(scratch_bytes + r * bytes, mine.send, bytes);
@@ -401,7 +429,7 @@ void InprocCommunicator::phase_b(Round& round) const {
   const auto r = static_cast<std::size_t>(rank_);
   const std::size_t count = mine.count;
   const std::size_t bytes = count * mine.element_size();
-  const auto* scratch_bytes = reinterpret_cast<const unsigned char*>(round.scratch.data());
+  const unsigned char* scratch_bytes = round.scratch.data();
   switch (mine.kind) {
     case CollectiveKind::kAllReduce:
       std::memcpy(mine.recv, scratch_bytes, bytes);

@@ -20,6 +20,12 @@ std::optional<ncclDataType_t> nccl_data_type(DType dtype) {
       return ncclFloat16;
     case DType::kFp8:
       return std::nullopt;
+    case DType::kUint8:
+      return ncclUint8;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
   }
   return std::nullopt;
 }

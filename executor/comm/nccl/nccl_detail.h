@@ -20,8 +20,8 @@
 
 namespace dtrain::comm::detail {
 
-// NCCL's element type for a dtype the backend supports (fp32, bf16, fp16); nullopt for the others (fp8: NCCL has
-// e4m3 and e5m2, dtrain's DType::kFp8 does not say which).
+// NCCL's element type for a dtype the backend supports (fp32, bf16, fp16, uint8, int32, int64); nullopt for the
+// others (fp8: NCCL has e4m3 and e5m2, dtrain's DType::kFp8 does not say which).
 std::optional<ncclDataType_t> nccl_data_type(DType dtype);
 ncclRedOp_t nccl_reduce_op(ReduceOp op);
 

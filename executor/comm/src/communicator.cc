@@ -40,7 +40,12 @@ std::size_t element_bytes(DType dtype) {
     case DType::kFp16:
       return 2;
     case DType::kFp8:
+    case DType::kUint8:
       return 1;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
   }
   return 4;
 }
@@ -123,9 +128,10 @@ void Communicator::run_checked(std::string_view description, Fn&& fn) {
 
 void Communicator::check_supported(std::string_view description, DType dtype) const {
   if (supports(dtype)) return;
+  // The supported types of the same kind as the one asked for (floating point or integer): the useful alternatives.
   std::string supported;
-  for (DType d : {DType::kFp32, DType::kBf16, DType::kFp16, DType::kFp8}) {
-    if (!supports(d)) continue;
+  for (DType d : {DType::kFp32, DType::kBf16, DType::kFp16, DType::kFp8, DType::kUint8, DType::kInt32, DType::kInt64}) {
+    if (!supports(d) || is_integer(d) != is_integer(dtype)) continue;
     if (!supported.empty()) supported += ", ";
     supported += to_string(d);
   }

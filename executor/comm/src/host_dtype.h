@@ -1,5 +1,5 @@
-// Element types on the host backends (inproc, Gloo), private to dtrain::comm: bf16 conversions and the adapter that
-// computes a bf16 reduction in fp32.
+// Element types on the host backends (inproc, Gloo), private to dtrain::comm: bf16 conversions, the adapter that
+// computes a bf16 reduction in fp32, and integer reductions (exact in their own type).
 //
 // Why fp32: a bf16 sum rounded after every addition loses up to 8 bits over a few ranks and depends on the order of
 // the additions; widening the inputs, reducing in fp32 in the backend's fixed order and rounding once keeps the
@@ -8,7 +8,10 @@
 // afford.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/comm/communicator.h"
@@ -40,7 +43,31 @@ void reduce_in_fp32(const void* send, std::size_t send_count, void* recv, std::s
   narrow_to_bf16(wide_recv.data(), recv_count, recv);
 }
 
-// fp32 and bf16: what the host backends support.
-inline bool host_supports(DType dtype) { return dtype == DType::kFp32 || dtype == DType::kBf16; }
+// fp32, bf16 and the integer types: what the host backends support.
+inline bool host_supports(DType dtype) { return dtype == DType::kFp32 || dtype == DType::kBf16 || is_integer(dtype); }
+
+// Calls fn(T{}) with T the C++ type of an integer dtype (std::uint8_t, std::int32_t, std::int64_t).
+template <typename Fn>
+void with_integer_type(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kUint8: fn(std::uint8_t{}); return;
+    case DType::kInt32: fn(std::int32_t{}); return;
+    case DType::kInt64: fn(std::int64_t{}); return;
+    default: break;
+  }
+  DTRAIN_CHECK(false, "not an integer dtype");
+}
+
+// out[i] = a[i] op b[i] for i < n, integers. Sums wrap modulo 2^bits (computed unsigned, where overflow is defined),
+// as NCCL's integer sums do. out may be a or b.
+template <typename T>
+void reduce_integers(ReduceOp op, const T* a, const T* b, T* out, std::size_t n) {
+  using U = std::make_unsigned_t<T>;
+  if (op == ReduceOp::kSum) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<T>(static_cast<U>(static_cast<U>(a[i]) + b[i]));
+  } else {
+    for (std::size_t i = 0; i < n; ++i) out[i] = std::max(a[i], b[i]);
+  }
+}
 
 }  // namespace dtrain::comm::detail

@@ -8,11 +8,13 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/common/digest.h"
@@ -96,7 +98,6 @@ std::string node_name() {
 // summary when the Slurm plugin gave them (DTRAIN_TOPOLOGY_DIGEST, DTRAIN_TOPOLOGY; empty otherwise).
 struct RendezvousFacts {
   static constexpr std::size_t kDigest = 0, kNode = 64, kTopoDigest = 128, kTopoSummary = 160, kBytes = 384;
-  static constexpr int kFloats = static_cast<int>(kBytes / sizeof(float));
   char bytes[kBytes] = {};
 
   void put(std::size_t at, std::size_t size, const std::string& text) {
@@ -161,8 +162,9 @@ void check_topologies(const std::vector<RendezvousFacts>& all) {
 // Every rank shows the others its plan digest, node and node topology; a topology that differs stops every rank
 // naming the odd node, then any difference of plans stops them all, naming both digests and the nodes (a node whose
 // topology differs from the others plans differently).
-// World collectives on host values. A device-memory world (NCCL) takes device buffers only: there the values travel
-// through the backend's memory, ordered with its stream.
+// World collectives on host values, of the communicator's element types (bytes, integers: nothing is packed into
+// floats). A device-memory world (NCCL) takes device buffers only: there the values travel through the backend's
+// memory, ordered with its stream.
 class HostCollectives {
  public:
   HostCollectives(comm::Communicator& world, Backend& backend) : world_(world), backend_(backend) {}
@@ -170,33 +172,37 @@ class HostCollectives {
   int rank() const { return world_.rank(); }
   int size() const { return world_.size(); }
 
-  void all_gather(const float* send, float* recv, std::size_t count) {
-    run(send, count, recv, count * static_cast<std::size_t>(world_.size()),
-        [&](float* in, float* out) { world_.all_gather(in, out, count); });
+  // recv (size() * count elements) = the send buffers (count elements of dtype each) of ranks 0, 1, ...
+  void all_gather(const void* send, void* recv, std::size_t count, DType dtype) {
+    const std::size_t bytes = count * comm::element_bytes(dtype);
+    run(send, bytes, recv, bytes * static_cast<std::size_t>(world_.size()),
+        [&](void* in, void* out) { world_.all_gather(in, out, count, dtype); });
   }
-  void broadcast(float* buffer, std::size_t count, int root) {
-    run(buffer, count, buffer, count, [&](float* in, float*) { world_.broadcast(in, count, root); });
+  void broadcast(void* buffer, std::size_t count, DType dtype, int root) {
+    const std::size_t bytes = count * comm::element_bytes(dtype);
+    run(buffer, bytes, buffer, bytes, [&](void* in, void*) { world_.broadcast(in, count, dtype, root); });
   }
-  void all_reduce(float* buffer, std::size_t count, comm::ReduceOp op) {
-    run(buffer, count, buffer, count, [&](float* in, float*) { world_.all_reduce(in, in, count, op); });
+  void all_reduce(void* buffer, std::size_t count, DType dtype, comm::ReduceOp op) {
+    const std::size_t bytes = count * comm::element_bytes(dtype);
+    run(buffer, bytes, buffer, bytes, [&](void* in, void*) { world_.all_reduce(in, in, count, dtype, op); });
   }
 
  private:
-  // op(in, out) with in holding `send` and out `recv_count` floats; recv gets in back for an in-place op (recv ==
-  // send), else out.
+  // op(in, out) with in holding `send` and out `recv_bytes`; recv gets in back for an in-place op (recv == send),
+  // else out.
   template <typename Op>
-  void run(const float* send, std::size_t send_count, float* recv, std::size_t recv_count, Op&& op) {
+  void run(const void* send, std::size_t send_bytes, void* recv, std::size_t recv_bytes, Op&& op) {
     if (world_.memory_space() == comm::MemorySpace::kHost) {
-      op(const_cast<float*>(send), recv);  // host memory goes straight through (a send buffer is only read)
+      op(const_cast<void*>(send), recv);  // host memory goes straight through (a send buffer is only read)
       return;
     }
-    Buffer<float> in(backend_, send_count), out(backend_, recv_count);
-    backend_.copy_to_backend(in.data(), send, send_count * sizeof(float));
+    Buffer<std::uint8_t> in(backend_, send_bytes), out(backend_, recv_bytes);
+    backend_.copy_to_backend(in.data(), send, send_bytes);
     backend_.order_before(world_);
     op(in.data(), out.data());
     backend_.order_after(world_);
     world_.synchronize();  // completed, with the timeout (and no longer counted as pending by the executor's watchdog)
-    backend_.copy_to_host(recv, recv == send ? in.data() : out.data(), recv_count * sizeof(float));
+    backend_.copy_to_host(recv, recv == send ? in.data() : out.data(), recv_bytes);
   }
 
   comm::Communicator& world_;
@@ -204,7 +210,6 @@ class HostCollectives {
 };
 
 void check_plan_digests(HostCollectives& world, const std::string& digest) {
-  static_assert(sizeof(float) == 4);
   RendezvousFacts mine;
   mine.put(RendezvousFacts::kDigest, RendezvousFacts::kNode, digest.substr(0, 63));
   mine.put(RendezvousFacts::kNode, RendezvousFacts::kTopoDigest - RendezvousFacts::kNode, node_name());
@@ -212,15 +217,10 @@ void check_plan_digests(HostCollectives& world, const std::string& digest) {
            env_or_empty("DTRAIN_TOPOLOGY_DIGEST"));
   mine.put(RendezvousFacts::kTopoSummary, RendezvousFacts::kBytes - RendezvousFacts::kTopoSummary,
            env_or_empty("DTRAIN_TOPOLOGY"));
-  float mine_floats[RendezvousFacts::kFloats];
-  std::memcpy(mine_floats, mine.bytes, sizeof mine_floats);
-  std::vector<float> gathered(static_cast<std::size_t>(RendezvousFacts::kFloats * world.size()));
-  world.all_gather(mine_floats, gathered.data(), RendezvousFacts::kFloats);
   std::vector<RendezvousFacts> all(static_cast<std::size_t>(world.size()));
-  for (int r = 0; r < world.size(); ++r) {
-    std::memcpy(all[static_cast<std::size_t>(r)].bytes, gathered.data() + RendezvousFacts::kFloats * r,
-                RendezvousFacts::kBytes);
-  }
+  // Gathered as bytes straight into the array, one rank's facts after another.
+  static_assert(std::is_trivially_copyable_v<RendezvousFacts> && sizeof(RendezvousFacts) == RendezvousFacts::kBytes);
+  world.all_gather(mine.bytes, all.data(), RendezvousFacts::kBytes, DType::kUint8);
   check_topologies(all);
   for (int r = 0; r < world.size(); ++r) {
     const RendezvousFacts& theirs = all[static_cast<std::size_t>(r)];
@@ -235,10 +235,8 @@ void check_plan_digests(HostCollectives& world, const std::string& digest) {
 }
 
 std::int64_t broadcast_int(HostCollectives& world, std::int64_t value) {
-  // Two floats carry 48 bits exactly.
-  float v[2] = {static_cast<float>(value >> 24), static_cast<float>(value & 0xffffff)};
-  world.broadcast(v, 2, 0);
-  return (static_cast<std::int64_t>(v[0]) << 24) | static_cast<std::int64_t>(v[1]);
+  world.broadcast(&value, 1, DType::kInt64, 0);
+  return value;
 }
 
 // Converts local element range [a, b) of a tensor into full-coordinate blocks (row pieces merged when they stack).
@@ -380,8 +378,8 @@ class Run {
   }
 
   bool agree_on_stop() {
-    float flag = g_stop.load() ? 1.0f : 0.0f;
-    if (world_.size() > 1) host_.all_reduce(&flag, 1, comm::ReduceOp::kMax);
+    std::int32_t flag = g_stop.load() ? 1 : 0;
+    if (world_.size() > 1) host_.all_reduce(&flag, 1, DType::kInt32, comm::ReduceOp::kMax);
     return flag > 0;
   }
 

@@ -151,14 +151,21 @@ class BodyBuilder {
   }
 
  private:
-  Instr compute(const std::string& name, int layer, Pass pass, int index = -1) const {
+  Instr compute(BodyOp body_op, int layer, Pass pass, int index = -1) const {
     Instr in;
     in.op = Opcode::kCompute;
-    in.name = name;
+    in.body_op = body_op;
     in.layer = layer;
     in.pass = pass;
     in.index = index;
     return in;
+  }
+
+  // The body op of a layer graph op, by its name (the layer graph and BodyOp list the same ops).
+  static BodyOp body_op_of(const model::Op& op) {
+    auto body_op = parse_body_op(op.name);
+    if (!body_op) throw internal_error(fmt::format("layer graph op '{}' has no BodyOp", op.name));
+    return *body_op;
   }
 
   Instr tp_collective(Opcode op, What what, int layer, int index, std::int64_t count, ReduceOp reduce) const {
@@ -195,16 +202,18 @@ class BodyBuilder {
   // them before the sum would count them tp times).
   void embedding_forward(std::vector<Instr>& out) const {
     int index = 0;
-    out.push_back(compute("embed.tokens", -1, Pass::kForward));
+    out.push_back(compute(BodyOp::kEmbedTokens, -1, Pass::kForward));
     if (tp()) reduce(out, -1, index);
-    if (m_.position == model::PositionKind::kLearned) out.push_back(compute("embed.positions", -1, Pass::kForward));
+    if (m_.position == model::PositionKind::kLearned) {
+      out.push_back(compute(BodyOp::kEmbedPositions, -1, Pass::kForward));
+    }
   }
 
   void embedding_backward(std::vector<Instr>& out, Pass pass) const {
     int index = 200;
-    if (m_.position == model::PositionKind::kLearned) out.push_back(compute("embed.positions", -1, pass));
+    if (m_.position == model::PositionKind::kLearned) out.push_back(compute(BodyOp::kEmbedPositions, -1, pass));
     if (sp()) gather(out, -1, index);  // the forward's reduce-scatter becomes an all-gather of the gradient
-    out.push_back(compute("embed.tokens", -1, pass));
+    out.push_back(compute(BodyOp::kEmbedTokens, -1, pass));
   }
 
   void layer_forward(std::vector<Instr>& out, int layer, Pass pass) const {
@@ -212,7 +221,7 @@ class BodyBuilder {
     for (std::size_t k = 0; k < graph_.layer.size(); ++k) {
       const model::Op& op = graph_.layer[k];
       if (op.split == model::TpSplit::kColumn && sp()) gather(out, layer, index);
-      out.push_back(compute(op.name, layer, pass));
+      out.push_back(compute(body_op_of(op), layer, pass));
       if (op.split == model::TpSplit::kRow && tp()) reduce(out, layer, index);
     }
   }
@@ -223,7 +232,7 @@ class BodyBuilder {
     for (auto it = graph_.layer.rbegin(); it != graph_.layer.rend(); ++it) {
       const model::Op& op = *it;
       if (c_.recompute == plan::Recompute::kSelective && op.kind == model::OpKind::kAttention) {
-        out.push_back(compute(op.name, layer, Pass::kRecompute));
+        out.push_back(compute(body_op_of(op), layer, Pass::kRecompute));
       }
       // Row-parallel: the forward reduce-scatter's gradient is an all-gather (SP); an all-reduce's is the identity.
       if (op.split == model::TpSplit::kRow && sp()) gather(out, layer, index);
@@ -232,7 +241,7 @@ class BodyBuilder {
       if (op.split == model::TpSplit::kColumn && sp() && pass == Pass::kBackward) {
         gather(out, layer, index, What::kSavedInput);
       }
-      out.push_back(compute(op.name, layer, pass));
+      out.push_back(compute(body_op_of(op), layer, pass));
       if (op.split == model::TpSplit::kColumn && tp()) reduce(out, layer, index);  // partial input gradients
     }
   }
@@ -240,30 +249,30 @@ class BodyBuilder {
   void head_forward(std::vector<Instr>& out) const {
     const int L = static_cast<int>(m_.layers);
     int index = 0;
-    out.push_back(compute("head.norm", L, Pass::kForward));
+    out.push_back(compute(BodyOp::kHeadNorm, L, Pass::kForward));
     if (sp()) gather(out, L, index);
-    out.push_back(compute("head.logits", L, Pass::kForward));
+    out.push_back(compute(BodyOp::kHeadLogits, L, Pass::kForward));
     if (!tp()) {
-      out.push_back(compute("head.cross_entropy", L, Pass::kForward));
+      out.push_back(compute(BodyOp::kHeadCrossEntropy, L, Pass::kForward));
       return;
     }
     // Megatron's vocab-parallel cross entropy: max, then sum of exponentials and the target logit.
-    out.push_back(compute("head.cross_entropy", L, Pass::kForward, 0));
+    out.push_back(compute(BodyOp::kHeadCrossEntropy, L, Pass::kForward, 0));
     out.push_back(tp_collective(Opcode::kAllReduce, What::kLogitsMax, L, index++, tokens_, ReduceOp::kMax));
-    out.push_back(compute("head.cross_entropy", L, Pass::kForward, 1));
+    out.push_back(compute(BodyOp::kHeadCrossEntropy, L, Pass::kForward, 1));
     out.push_back(tp_collective(Opcode::kAllReduce, What::kLogitsSumExp, L, index++, tokens_, ReduceOp::kSum));
     out.push_back(tp_collective(Opcode::kAllReduce, What::kTargetLogit, L, index++, tokens_, ReduceOp::kSum));
-    out.push_back(compute("head.cross_entropy", L, Pass::kForward, 2));
+    out.push_back(compute(BodyOp::kHeadCrossEntropy, L, Pass::kForward, 2));
   }
 
   void head_backward(std::vector<Instr>& out, Pass pass) const {
     const int L = static_cast<int>(m_.layers);
     int index = 200;
-    out.push_back(compute("head.cross_entropy", L, pass));
+    out.push_back(compute(BodyOp::kHeadCrossEntropy, L, pass));
     if (sp() && pass == Pass::kBackward) gather(out, L, index, What::kSavedInput);
-    out.push_back(compute("head.logits", L, pass));
+    out.push_back(compute(BodyOp::kHeadLogits, L, pass));
     if (tp()) reduce(out, L, index);
-    out.push_back(compute("head.norm", L, pass));
+    out.push_back(compute(BodyOp::kHeadNorm, L, pass));
   }
 
   void weight_grads(std::vector<Instr>& out, const std::vector<model::Op>& ops, int layer) const {
@@ -271,7 +280,7 @@ class BodyBuilder {
     for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
       if (it->kind != model::OpKind::kLinear || it->params == 0) continue;
       if (it->split != model::TpSplit::kRow && sp()) gather(out, layer, index, What::kSavedInput);
-      out.push_back(compute(it->name, layer, Pass::kBackwardWeight));
+      out.push_back(compute(body_op_of(*it), layer, Pass::kBackwardWeight));
     }
   }
 

@@ -90,6 +90,37 @@ std::string_view to_string(ReduceOp r) {
   return "?";
 }
 
+std::string_view to_string(BodyOp op) {
+  switch (op) {
+    case BodyOp::kNone: return "none";
+    case BodyOp::kEmbedTokens: return "embed.tokens";
+    case BodyOp::kEmbedPositions: return "embed.positions";
+    case BodyOp::kAttnNorm: return "attn.norm";
+    case BodyOp::kAttnQkv: return "attn.qkv";
+    case BodyOp::kAttnRope: return "attn.rope";
+    case BodyOp::kAttnCore: return "attn.core";
+    case BodyOp::kAttnProj: return "attn.proj";
+    case BodyOp::kAttnResidual: return "attn.residual";
+    case BodyOp::kMlpNorm: return "mlp.norm";
+    case BodyOp::kMlpFc1: return "mlp.fc1";
+    case BodyOp::kMlpAct: return "mlp.act";
+    case BodyOp::kMlpFc2: return "mlp.fc2";
+    case BodyOp::kMlpResidual: return "mlp.residual";
+    case BodyOp::kHeadNorm: return "head.norm";
+    case BodyOp::kHeadLogits: return "head.logits";
+    case BodyOp::kHeadCrossEntropy: return "head.cross_entropy";
+  }
+  return "?";
+}
+
+std::optional<BodyOp> parse_body_op(std::string_view t) {
+  for (int i = static_cast<int>(BodyOp::kNone) + 1; i <= static_cast<int>(BodyOp::kHeadCrossEntropy); ++i) {
+    auto op = static_cast<BodyOp>(i);
+    if (to_string(op) == t) return op;
+  }
+  return std::nullopt;
+}
+
 std::string_view to_string(BodyKind k) {
   switch (k) {
     case BodyKind::kForward: return "fwd";
@@ -103,7 +134,7 @@ std::string_view to_string(BodyKind k) {
 std::string to_text(const Instr& in) {
   std::string s(to_string(in.op));
   auto field = [&](const char* key, auto value) { s += fmt::format(" {}={}", key, value); };
-  if (in.op == Opcode::kCompute) field("op", in.name);
+  if (in.op == Opcode::kCompute) field("op", to_string(in.body_op));
   if (in.is_collective()) field("on", to_string(in.on));
   if (in.what != What::kNone) field("what", to_string(in.what));
   if (in.pass != Pass::kNone) field("pass", to_string(in.pass));

@@ -186,7 +186,9 @@ class Parser {
     for (const auto& [key, value] : key_values(words, 1)) {
       if (key == "op") {
         if (in.op == Opcode::kCompute) {
-          in.name = value;
+          auto body_op = parse_body_op(value);
+          if (!body_op) fail(fmt::format("op={}: unknown stage-body op ({})", value, known_body_ops()));
+          in.body_op = *body_op;
         } else if (value == "sum") {
           in.reduce = ReduceOp::kSum;
         } else if (value == "max") {
@@ -230,6 +232,15 @@ class Parser {
       }
     }
     return in;
+  }
+
+  static std::string known_body_ops() {
+    std::string names;
+    for (int i = static_cast<int>(BodyOp::kNone) + 1; i <= static_cast<int>(BodyOp::kHeadCrossEntropy); ++i) {
+      if (!names.empty()) names += ", ";
+      names += to_string(static_cast<BodyOp>(i));
+    }
+    return names;
   }
 
   template <typename E>

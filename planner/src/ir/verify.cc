@@ -44,7 +44,8 @@ class Hasher {
   void add(const Instr& in, std::int64_t peer) {
     add(static_cast<std::uint64_t>(in.op) | static_cast<std::uint64_t>(in.what) << 8 |
         static_cast<std::uint64_t>(in.on) << 16 | static_cast<std::uint64_t>(in.pass) << 24 |
-        static_cast<std::uint64_t>(in.reduce) << 32 | static_cast<std::uint64_t>(in.dtype) << 40);
+        static_cast<std::uint64_t>(in.reduce) << 32 | static_cast<std::uint64_t>(in.dtype) << 40 |
+        static_cast<std::uint64_t>(in.body_op) << 48);
     add(static_cast<std::uint64_t>(static_cast<std::uint32_t>(in.chunk)) << 32 | static_cast<std::uint32_t>(in.mb));
     add(static_cast<std::uint64_t>(static_cast<std::uint32_t>(in.layer)) << 32 |
         static_cast<std::uint32_t>(in.layer_end));
@@ -52,7 +53,6 @@ class Hasher {
         static_cast<std::uint32_t>(in.group));
     add(static_cast<std::uint64_t>(in.count));
     add(static_cast<std::uint64_t>(peer));
-    if (!in.name.empty()) add(in.name);
   }
   std::uint64_t value() const { return h_; }
 

@@ -63,6 +63,15 @@ TEST(NcclTypes, SupportedDTypesMapOntoNcclTypesAndFp8IsNotSupported) {
   EXPECT_EQ(element_bytes(DType::kFp16), sizeof(__half));
 }
 
+TEST(NcclTypes, IntegerTypesMapOntoNcclIntegerTypes) {
+  EXPECT_EQ(detail::nccl_data_type(DType::kUint8), std::optional<ncclDataType_t>(ncclUint8));
+  EXPECT_EQ(detail::nccl_data_type(DType::kInt32), std::optional<ncclDataType_t>(ncclInt32));
+  EXPECT_EQ(detail::nccl_data_type(DType::kInt64), std::optional<ncclDataType_t>(ncclInt64));
+  EXPECT_EQ(element_bytes(DType::kUint8), sizeof(std::uint8_t));
+  EXPECT_EQ(element_bytes(DType::kInt32), sizeof(std::int32_t));
+  EXPECT_EQ(element_bytes(DType::kInt64), sizeof(std::int64_t));
+}
+
 TEST(NcclErrors, RemoteAndSystemErrorsArePeerFailuresOthersAreLocal) {
   EXPECT_EQ(detail::nccl_failure_kind(ncclRemoteError), BackendFailure::Kind::kPeerFailure);
   EXPECT_EQ(detail::nccl_failure_kind(ncclSystemError), BackendFailure::Kind::kPeerFailure);

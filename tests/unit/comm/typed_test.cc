@@ -4,8 +4,10 @@
 // fail with a mismatch (inproc, which checks it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -240,6 +242,109 @@ TEST_P(TypedTest, SendToSelfMustAgreeOnTheType) {
   });
 }
 
+// A value of T for (rank, element, salt), spread over T's whole range: negative ones and int64 values beyond 2^53
+// (which a float or a double would round) included.
+template <typename T>
+T integer_value(int rank, std::size_t i, int salt) {
+  const std::uint64_t x = (static_cast<std::uint64_t>(rank) + 1) * 0x9e3779b97f4a7c15ull ^
+                          (static_cast<std::uint64_t>(i) + 1) * 0xbf58476d1ce4e5b9ull ^ static_cast<std::uint64_t>(salt);
+  return static_cast<T>(x ^ (x >> 29));
+}
+
+// The integer types through every operation on size ranks: exact, sums wrapping modulo 2^bits.
+template <typename T>
+void check_integers(Communicator& comm, DType dtype) {
+  using U = std::make_unsigned_t<T>;
+  const int size = comm.size();
+  const auto n = static_cast<std::size_t>(size);
+  const auto me = static_cast<std::size_t>(comm.rank());
+  int salt = 0;
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{9}, std::size_t{300}}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+      ++salt;
+      std::vector<T> send(count * n);
+      for (std::size_t i = 0; i < send.size(); ++i) send[i] = integer_value<T>(comm.rank(), i, salt);
+      std::vector<T> expected(count * n);
+      for (std::size_t i = 0; i < expected.size(); ++i) {
+        T e = integer_value<T>(0, i, salt);
+        for (int r = 1; r < size; ++r) {
+          const T x = integer_value<T>(r, i, salt);
+          e = op == ReduceOp::kSum ? static_cast<T>(static_cast<U>(static_cast<U>(e) + static_cast<U>(x)))
+                                   : std::max(e, x);
+        }
+        expected[i] = e;
+      }
+      std::vector<T> recv(count * n, 0);
+      comm.all_reduce(send.data(), recv.data(), count * n, dtype, op);
+      EXPECT_EQ(recv, expected) << "all_reduce " << to_string(op) << " of " << count * n;
+      std::vector<T> in_place = send;
+      comm.all_reduce(in_place.data(), in_place.data(), count * n, dtype, op);
+      EXPECT_EQ(in_place, expected) << "in-place all_reduce " << to_string(op);
+      std::vector<T> shard(count, 0);
+      comm.reduce_scatter(send.data(), shard.data(), count, dtype, op);
+      EXPECT_TRUE(std::equal(shard.begin(), shard.end(), expected.begin() + static_cast<std::ptrdiff_t>(me * count)))
+          << "reduce_scatter " << to_string(op) << " of " << count;
+    }
+    std::vector<T> mine(count);
+    for (std::size_t i = 0; i < count; ++i) mine[i] = integer_value<T>(comm.rank(), i, 0);
+    std::vector<T> gathered(count * n, 0);
+    comm.all_gather(mine.data(), gathered.data(), count, dtype);
+    for (std::size_t i = 0; i < count * n; ++i) {
+      ASSERT_EQ(gathered[i], integer_value<T>(static_cast<int>(i / count), i % count, 0)) << "all_gather element " << i;
+    }
+    const int root = size - 1;
+    std::vector<T> buffer = comm.rank() == root ? mine : std::vector<T>(count, 0);
+    comm.broadcast(buffer.data(), count, dtype, root);
+    for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(buffer[i], integer_value<T>(root, i, 0)) << "broadcast " << i;
+    const int right = (comm.rank() + 1) % size;
+    const int left = (comm.rank() + size - 1) % size;
+    std::vector<T> in(count, 0);
+    const P2POp ops[] = {P2POp::send(mine.data(), count, dtype, right, message_tag("integer ring")),
+                         P2POp::recv(in.data(), count, dtype, left, message_tag("integer ring"))};
+    comm.group(ops);
+    for (std::size_t i = 0; i < count; ++i) ASSERT_EQ(in[i], integer_value<T>(left, i, 0)) << "message " << i;
+  }
+}
+
+TEST_P(TypedTest, IntegersMoveAndReduceExactlyThroughEveryOperation) {
+  for (int size = 1; size <= 4; ++size) {
+    SCOPED_TRACE("world size " + std::to_string(size));
+    run_ranks(GetParam(), size, [](Communicator& comm, std::vector<float>&) {
+      EXPECT_TRUE(comm.supports(DType::kUint8));
+      EXPECT_TRUE(comm.supports(DType::kInt32));
+      EXPECT_TRUE(comm.supports(DType::kInt64));
+      {
+        SCOPED_TRACE("uint8");
+        check_integers<std::uint8_t>(comm, DType::kUint8);
+      }
+      {
+        SCOPED_TRACE("int32");
+        check_integers<std::int32_t>(comm, DType::kInt32);
+      }
+      {
+        SCOPED_TRACE("int64");
+        check_integers<std::int64_t>(comm, DType::kInt64);
+      }
+    });
+  }
+}
+
+TEST_P(TypedTest, ByteSumsWrapAndInt64BeyondDoublePrecisionIsExact) {
+  run_ranks(GetParam(), 2, [](Communicator& comm, std::vector<float>&) {
+    std::uint8_t bytes[2] = {200, static_cast<std::uint8_t>(comm.rank() == 0 ? 7 : 250)};
+    comm.all_reduce(bytes, bytes, 2, DType::kUint8, ReduceOp::kSum);
+    EXPECT_EQ(bytes[0], 144);  // 400 mod 256
+    EXPECT_EQ(bytes[1], 1);    // 257 mod 256
+    // 2^60 + 1 and 2^60 + 3: their sum, 2^61 + 4, and each of them are not doubles.
+    std::int64_t v = (std::int64_t{1} << 60) + (comm.rank() == 0 ? 1 : 3);
+    comm.all_reduce(&v, &v, 1, DType::kInt64, ReduceOp::kSum);
+    EXPECT_EQ(v, (std::int64_t{1} << 61) + 4);
+    std::int64_t step = comm.rank() == 0 ? (std::int64_t{1} << 53) + 1 : -1;
+    comm.broadcast(&step, 1, DType::kInt64, 0);
+    EXPECT_EQ(step, (std::int64_t{1} << 53) + 1);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, TypedTest,
                          ::testing::Values(Backend::kInproc, Backend::kGlooThreads, Backend::kGlooProcesses),
                          backend_name);
@@ -285,6 +390,28 @@ TEST(ElementBytes, OfEveryType) {
   EXPECT_EQ(describe_elements(1, DType::kFp32), "1 float");
   EXPECT_EQ(describe_elements(3, DType::kBf16), "3 bf16 values");
   EXPECT_EQ(to_string(P2POp::send(nullptr, 1, DType::kBf16, 2, 7)), "send(1 bf16 value to rank 2, tag 7)");
+}
+
+TEST(ElementBytes, OfTheIntegerTypes) {
+  EXPECT_EQ(element_bytes(DType::kUint8), 1u);
+  EXPECT_EQ(element_bytes(DType::kInt32), 4u);
+  EXPECT_EQ(element_bytes(DType::kInt64), 8u);
+  EXPECT_EQ(describe_elements(384, DType::kUint8), "384 uint8 values");
+  EXPECT_EQ(describe_elements(1, DType::kInt64), "1 int64 value");
+}
+
+TEST(InprocTyped, AnUnsupportedFloatTypeListsTheSupportedFloatTypesOnly) {
+  // The message of an unsupported type names the supported types of its kind (floating point or integer).
+  run_ranks(Backend::kInproc, 1, [](Communicator& comm, std::vector<float>&) {
+    std::uint16_t x[2] = {};
+    try {
+      comm.broadcast(x, 2, DType::kFp16, 0);
+      ADD_FAILURE() << "fp16 broadcast did not throw";
+    } catch (const Error& e) {
+      EXPECT_TRUE(contains(e.what(), "(it supports fp32, bf16)")) << e.what();
+      EXPECT_FALSE(contains(e.what(), "int64")) << e.what();
+    }
+  });
 }
 
 }  // namespace

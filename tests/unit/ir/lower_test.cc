@@ -1,5 +1,7 @@
 #include "dtrain/ir/lower.h"
 
+#include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -126,6 +128,41 @@ TEST(Lowering, MalformedProgramTextNamesTheLine) {
   EXPECT_THROW(parse_program("program format=1 rank=0 world=1\nschedule\n  1: OPTIM\nend\n", "x"), Error);
   EXPECT_THROW(parse_program("program format=1 rank=0 world=1\nschedule\n  0: JUMP\nend\n", "x"), Error);
   EXPECT_THROW(parse_program("program format=2 rank=0 world=1\n", "x"), Error);
+}
+
+TEST(Lowering, UnknownBodyOpIsAnInputErrorNamingTheLineAndTheOp) {
+  const std::string text =
+      "program format=1 rank=0 world=1\nbody chunk=0 kind=fwd\n  0: COMPUTE op=attn.norm pass=fwd layer=0\n"
+      "  1: COMPUTE op=attn.flash pass=fwd layer=0\nend\n";
+  try {
+    parse_program(text, "bad.ir");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), ErrorCategory::kInput);
+    EXPECT_THAT(std::string(e.what()), ::testing::StartsWith("bad.ir:4: op=attn.flash: unknown stage-body op ("));
+  }
+}
+
+TEST(Lowering, EveryComputeCarriesItsBodyOpAndItsName) {
+  for (int i = static_cast<int>(BodyOp::kNone) + 1; i <= static_cast<int>(BodyOp::kHeadCrossEntropy); ++i) {
+    auto op = static_cast<BodyOp>(i);
+    EXPECT_EQ(parse_body_op(to_string(op)), op) << to_string(op);
+  }
+  EXPECT_EQ(parse_body_op("none"), std::nullopt);
+  model::ModelDescription m = small_gpt(4);
+  plan::Plan p = make(m, layout(2, 2, 1, 1, Schedule::k1F1B), 4);
+  int computes = 0;
+  for (const auto& prog : lower_all(p)) {
+    for (const auto& body : prog.bodies) {
+      for (const Instr& in : body->instrs) {
+        if (in.op != Opcode::kCompute) continue;
+        ++computes;
+        EXPECT_NE(in.body_op, BodyOp::kNone) << to_text(in);
+        EXPECT_THAT(to_text(in), ::testing::HasSubstr(fmt::format("op={} ", to_string(in.body_op))));
+      }
+    }
+  }
+  EXPECT_GT(computes, 0);
 }
 
 TEST(Lowering, OneFOneBWarmupAndBucketOverlap) {

@@ -73,6 +73,30 @@ enum class What : std::uint8_t {
                      // (norms, row-parallel biases, positions) are partial sums over sequence shards
 };
 
+// The model op a COMPUTE instruction of a stage body runs: the layer graph's ops (dtrain/model/layer_graph.h) plus
+// the learned position embedding, which lowering adds after the token lookup. The text form is the layer graph's
+// name (to_string: "attn.qkv"); the executor dispatches on the kind with a switch, so an op added here is a compile
+// error (-Wswitch) until every pass handles it.
+enum class BodyOp : std::uint8_t {
+  kNone,              // not a COMPUTE instruction
+  kEmbedTokens,       // embed.tokens        vocab-parallel token embedding
+  kEmbedPositions,    // embed.positions     learned position embedding (+ embedding dropout)
+  kAttnNorm,          // attn.norm
+  kAttnQkv,           // attn.qkv            column-parallel
+  kAttnRope,          // attn.rope
+  kAttnCore,          // attn.core           attention on the local heads
+  kAttnProj,          // attn.proj           row-parallel
+  kAttnResidual,      // attn.residual       bias + dropout + residual
+  kMlpNorm,           // mlp.norm
+  kMlpFc1,            // mlp.fc1             column-parallel
+  kMlpAct,            // mlp.act             GELU or SwiGLU
+  kMlpFc2,            // mlp.fc2             row-parallel
+  kMlpResidual,       // mlp.residual
+  kHeadNorm,          // head.norm
+  kHeadLogits,        // head.logits         vocab-parallel output projection
+  kHeadCrossEntropy,  // head.cross_entropy  vocab-parallel cross entropy
+};
+
 // Which pass a body op belongs to.
 enum class Pass : std::uint8_t { kNone, kForward, kBackward, kBackwardInput, kBackwardWeight, kRecompute };
 
@@ -83,7 +107,10 @@ std::string_view to_string(CommGroup g);
 std::string_view to_string(What w);
 std::string_view to_string(Pass p);
 std::string_view to_string(ReduceOp r);
+std::string_view to_string(BodyOp op);
 std::optional<Opcode> parse_opcode(std::string_view text);
+// The op named `text` ("attn.qkv"); nullopt for any other text ("none" included).
+std::optional<BodyOp> parse_body_op(std::string_view text);
 
 struct Instr {
   Opcode op = Opcode::kCompute;
@@ -100,7 +127,7 @@ struct Instr {
   std::int32_t layer_end = -1;  // BWD or bucket range end (exclusive); -1 = the whole chunk
   std::int32_t index = -1;   // bucket index; collective index within a layer; model-op index in the layer graph
   std::int64_t count = 0;    // elements
-  std::string name;          // body op: the layer graph op ("attn.qkv"); empty otherwise
+  BodyOp body_op = BodyOp::kNone;  // COMPUTE: the model op ("op=attn.qkv" in the text); kNone otherwise
 
   bool is_p2p() const { return op == Opcode::kSend || op == Opcode::kRecv; }
   bool is_collective() const {

@@ -12,7 +12,9 @@
 // operation has a typed form (`const void*` / `void*`, a count of elements and a dtrain::DType) and, for fp32, a
 // `float*` form that is the typed form with DType::kFp32. Which element types a backend moves and reduces is
 // `supports(dtype)`: inproc and Gloo support fp32 and bf16 (bf16 reductions are computed in fp32 and rounded to bf16
-// once, at the end), NCCL supports fp32, bf16 and fp16; an unsupported type is an invalid argument.
+// once, at the end), NCCL supports fp32, bf16 and fp16; an unsupported type is an invalid argument. Every backend
+// also moves and reduces the integer types uint8, int32 and int64 (bytes such as strings, and integers such as a
+// step or a flag, which floats would round), with every operation; their sums wrap modulo 2^bits, as NCCL's do.
 //
 // Completion: on the host backends a call returns when the data is in place. A device backend returns once the
 // operation is ordered on its stream (see dtrain/comm/nccl.h); synchronize() then waits, with the timeout, for
@@ -79,7 +81,8 @@ std::string_view to_string(ReduceOp op);
 // Where the buffers handed to a communicator must live.
 enum class MemorySpace { kHost, kDevice };
 
-// Bytes of one element of `dtype` in a communication buffer: 4 for fp32, 2 for bf16 and fp16, 1 for fp8.
+// Bytes of one element of `dtype` in a communication buffer: 4 for fp32 and int32, 2 for bf16 and fp16, 1 for fp8
+// and uint8, 8 for int64.
 std::size_t element_bytes(DType dtype);
 
 // "4 floats" for fp32 (as every message has said since the float-only interface), "4 bf16 values" otherwise.

@@ -72,24 +72,14 @@ class Executor {
   StepMetrics run_step(std::int64_t step);
 
   const ParamLayout& layout() const;
-  Backend& backend() const;
-  DType activations() const;
-  // Parameters, gradients and Adam moments (moments only for the elements this rank updates; see owned()), in the
-  // backend's memory: host pointers only when backend().host_accessible(); otherwise these throw dtrain::Error
-  // (internal) until the executor has host copies for them.
-  float* params();
-  const float* params() const;
-  // Gradients of the last step (reduced; with the distributed optimizer only the owned elements are complete).
-  const float* grads() const;
-  // Adam moments for element ranges of the flat buffer that this rank updates (all of it without the distributed
-  // optimizer; its shard of every bucket with it), as (begin, end) ranges in ascending order.
+  // Element ranges of the flat parameter buffer that this rank updates (all of it without the distributed optimizer;
+  // its shard of every bucket with it), as (begin, end) ranges in ascending order: the Adam moments hold these
+  // elements only, concatenated in this order.
   const std::vector<std::pair<std::int64_t, std::int64_t>>& owned() const;
-  float* exp_avg();     // owned elements only, concatenated in `owned()` order
-  float* exp_avg_sq();
-  std::int64_t owned_size() const;
 
-  // Host copies of the fp32 state, for checkpoints and comparisons, on every backend (the pointer accessors above
-  // work on host-memory backends only): params and grads hold layout().size() floats, the moments owned_size().
+  // Host copies of the fp32 state, for checkpoints and comparisons, on every backend: params and grads (the last
+  // step's, reduced; with the distributed optimizer only the owned elements are complete) hold layout().size()
+  // floats, the moments the owned elements.
   enum class State { kParams, kGrads, kExpAvg, kExpAvgSq };
   std::vector<float> read(State which) const;
   // Replaces a state with `host` (the size read() returns; else dtrain::Error, internal). Weight copies of another

@@ -1,0 +1,122 @@
+// Construction of the interpreter: shapes, parameters, rope tables, the elements this rank updates (interpreter.h).
+#include "interpreter.h"
+
+#include <algorithm>
+
+#include "dtrain/kernels/rope.h"
+
+namespace dtrain::exec::detail {
+
+namespace k = dtrain::kernels;
+using ir::Instr;
+using ir::Opcode;
+using ir::What;
+
+template <typename A>
+Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Program& program,
+                            Communicators& communicators, const DataSource& source, const ExecutorOptions& options,
+                            Backend& backend)
+    : md(model), m(model.model), prog(program), comms(communicators), data(source), opt(options), be(backend),
+      kern(backend.kernels<A>()), layout(model.model, program) {
+  if (comms.world->memory_space() != be.memory_space()) {
+    throw input_error(fmt::format("the {} backend keeps tensors in {} memory, but the {} communicator takes {} memory",
+                                  be.name(), be.host_accessible() ? "host" : "device", comms.world->backend(),
+                                  comms.world->memory_space() == comm::MemorySpace::kHost ? "host" : "device"));
+  }
+  if (m.dropout > 0 && prog.sequence_parallel && prog.tp > 1) {
+    throw input_error("the CPU executor runs dropout without sequence parallelism only (set dropout = 0 or "
+                      "sequence_parallel=false)");
+  }
+  if (data.vocab() > m.vocab) {
+    throw input_error(fmt::format("the data's vocabulary ({}) is larger than the model's (vocab = {})", data.vocab(),
+                                  m.vocab));
+  }
+  T = static_cast<std::int64_t>(prog.micro_batch) * m.seq_len;
+  sp = prog.sequence_parallel && prog.tp > 1;
+  Tl = sp ? T / prog.tp : T;
+  h = m.hidden;
+  d = m.head_dim();
+  Hl = m.heads / prog.tp;
+  KVl = m.kv_heads / prog.tp;
+  fl = m.ffn_hidden / prog.tp;
+  qkv_cols = (Hl + 2 * KVl) * d;
+  fc1_cols = m.activation == model::ActivationKind::kSwiGlu ? 2 * fl : fl;
+  auto [vb, ve] = vocab_range(m.vocab, prog.tp_rank, prog.tp);
+  vocab = k::VocabShard{vb, ve};
+  {
+    std::vector<float> initial(static_cast<std::size_t>(layout.size()), 0.0f);
+    layout.initialise(opt.seed, initial.data());
+    params = upload(initial);
+  }
+  grads = F32(be, params.size());
+  if constexpr (!std::is_same_v<A, float>) weights = Tensor(be, params.size());
+  if (m.position == model::PositionKind::kRope) {
+    std::vector<float> cos(static_cast<std::size_t>(m.seq_len * d / 2)), sin(cos.size());
+    k::rope_table(m.rope_theta, m.seq_len, d, cos.data(), sin.data());
+    rope_cos = upload(cos);
+    rope_sin = upload(sin);
+  }
+  plan_owned_ranges();
+  std::int64_t n = 0;
+  for (auto [b, e] : owned_ranges) n += e - b;
+  m1 = F32(be, static_cast<std::size_t>(n));
+  m2 = F32(be, static_cast<std::size_t>(n));
+  sched.lr = md.training.lr;
+  sched.min_lr = md.training.min_lr;
+  sched.warmup_steps = md.training.warmup_steps;
+  sched.decay_steps = std::max(md.training.decay_steps, md.training.warmup_steps);
+  k::validate(sched);
+  // Full recomputation repeats each layer from its norm, so a recomputed attention norm marks it.
+  for (const auto& b : prog.bodies) {
+    for (const auto& in : b->instrs) {
+      if (in.pass == ir::Pass::kRecompute && in.body_op == ir::BodyOp::kAttnNorm) recompute_full = true;
+    }
+  }
+}
+
+// Without the distributed optimizer this rank updates every element; with it, its shard of every bucket.
+template <typename A>
+void Interpreter<A>::plan_owned_ranges() {
+  if (!prog.distributed_optimizer || prog.dp == 1) {
+    owned_ranges = {{0, layout.size()}};
+    return;
+  }
+  for (const auto& in : prog.schedule) {
+    if (in.op != Opcode::kReduceScatter || in.on != ir::CommGroup::kDp) continue;
+    auto range = bucket_range(in);
+    std::int64_t n = range.second - range.first;
+    std::int64_t shard = (n + prog.dp - 1) / prog.dp;
+    shard_of_range[range.first] = shard;
+    std::int64_t b = range.first + prog.dp_rank * shard, e = std::min(range.second, b + shard);
+    if (b < e) owned_ranges.emplace_back(b, e);
+  }
+  std::sort(owned_ranges.begin(), owned_ranges.end());
+}
+
+template <typename A>
+std::pair<std::int64_t, std::int64_t> Interpreter<A>::bucket_range(const Instr& in) const {
+  if (in.what == What::kEmbeddingGrad || in.what == What::kEmbeddingParams) return layout.tied_range();
+  return layout.unit_range(in.chunk, in.layer, in.layer_end);
+}
+
+std::unique_ptr<InterpreterBase> make_interpreter(const model::ModelDescription& model, const ir::Program& program,
+                                                  Communicators& comms, const DataSource& data,
+                                                  const ExecutorOptions& options) {
+  Backend& backend = options.backend != nullptr ? *options.backend : cpu_backend();
+  switch (options.activations) {
+    case DType::kFp32:
+      return std::make_unique<Interpreter<float>>(model, program, comms, data, options, backend);
+    case DType::kBf16:
+      return std::make_unique<Interpreter<bf16>>(model, program, comms, data, options, backend);
+    default:
+      throw input_error(fmt::format("activations of type {}: the executor runs fp32 or bf16 activations",
+                                    to_string(options.activations)));
+  }
+}
+
+// The class for both activation types: its constructor, the members defined above and in interpreter.h, and its
+// vtable; the other files instantiate the members they define.
+template class Interpreter<float>;
+template class Interpreter<bf16>;
+
+}  // namespace dtrain::exec::detail

@@ -1,0 +1,249 @@
+// The interpreter behind dtrain::exec::Executor (dtrain/exec/executor.h), private to dtrain::exec.
+//
+// Interpreter<A> runs one rank's program for activations of type A (float, or bf16 with fp32 master weights). Its
+// member functions live in one file per concern, each instantiated for float and bf16:
+//   interpreter.cc     construction: shapes, parameters, rope tables, the elements this rank updates
+//   schedule.cc        a step: the schedule loop, FWD/BWD passes through their bodies, LOAD, SEND/RECV groups, the
+//                      schedule's collectives, and the ordering of communication with the backend's work (deferred
+//                      gradient reductions, the end-of-step synchronize and its watchdog messages)
+//   layer_ops.cc       the stage-body ops: forward, backward and recomputation of each ir::BodyOp, and the
+//                      tensor-parallel collectives inside a body
+//   optimizer_step.cc  the gradient norm (once per step) and AdamW
+// What a step changes is in one StepState (step_state.h), replaced at the start of every step.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "dtrain/common/error.h"
+#include "dtrain/exec/backend.h"
+#include "dtrain/exec/executor.h"
+#include "dtrain/exec/params.h"
+#include "dtrain/ir/program.h"
+#include "dtrain/kernels/dropout.h"
+#include "dtrain/kernels/lr_schedule.h"
+#include "step_state.h"
+
+namespace dtrain::exec::detail {
+
+inline double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// What the Executor sees of the interpreter, whatever its activation type.
+class InterpreterBase {
+ public:
+  virtual ~InterpreterBase() = default;
+  virtual StepMetrics run(std::int64_t step_index) = 0;
+  virtual const ParamLayout& param_layout() const = 0;
+  virtual Backend& backend() = 0;
+  // The fp32 state in backend memory (Executor::read / write).
+  virtual F32& param_buffer() = 0;
+  virtual F32& grad_buffer() = 0;
+  virtual F32& exp_avg_buffer() = 0;
+  virtual F32& exp_avg_sq_buffer() = 0;
+  virtual const std::vector<std::pair<std::int64_t, std::int64_t>>& owned() const = 0;
+  virtual const std::vector<ir::Slice>& trace() const = 0;
+};
+
+// The interpreter for the options' activation type on their backend (cpu_backend() when none). Throws dtrain::Error
+// (input) when the program does not fit the model, the backend or the communicators.
+std::unique_ptr<InterpreterBase> make_interpreter(const model::ModelDescription& model, const ir::Program& program,
+                                                  Communicators& comms, const DataSource& data,
+                                                  const ExecutorOptions& options);
+
+template <typename A>
+class Interpreter final : public InterpreterBase {
+ public:
+  using Tensor = Buffer<A>;  // an activation or activation gradient
+  static constexpr DType kAct = kDTypeOf<A>;
+
+  Interpreter(const model::ModelDescription& model, const ir::Program& program, Communicators& communicators,
+              const DataSource& source, const ExecutorOptions& options, Backend& backend);
+
+  StepMetrics run(std::int64_t step_index) override;
+  const ParamLayout& param_layout() const override { return layout; }
+  Backend& backend() override { return be; }
+  F32& param_buffer() override { return params; }
+  F32& grad_buffer() override { return grads; }
+  F32& exp_avg_buffer() override { return m1; }
+  F32& exp_avg_sq_buffer() override { return m2; }
+  const std::vector<std::pair<std::int64_t, std::int64_t>>& owned() const override { return owned_ranges; }
+  const std::vector<ir::Slice>& trace() const override { return step_.slices; }
+
+ private:
+  // ---- interpreter.cc: construction and the parameter layout ----
+  void plan_owned_ranges();
+  std::pair<std::int64_t, std::int64_t> bucket_range(const ir::Instr& in) const;
+
+  // ---- schedule.cc: the step ----
+  ChunkState<A>& state(int chunk, int mb);
+  void run_pass(const ir::Instr& in);
+  void load(const ir::Instr& in);
+  std::size_t p2p_group(std::size_t pc);
+  void schedule_collective(const ir::Instr& in);
+  void check_count(const ir::Instr& in, std::int64_t actual) const;
+  void settle();
+  void synchronize_all();
+  std::string pending_instruction(const std::vector<std::size_t>& pcs, std::string_view message) const;
+  void slice(ir::Stream stream, std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b,
+             std::string name, std::string category, std::size_t pc);
+
+  // ---- layer_ops.cc: stage-body ops ----
+  void forward_op(const ir::Instr& in, ChunkState<A>& st, Tensor& cur, bool recompute);
+  void backward_op(const ir::Instr& in, ChunkState<A>& st, Tensor& cur);
+  void recompute_op(const ir::Instr& op, ChunkState<A>& st);
+  void free_recomputed(ChunkState<A>& st);
+  void body_collective(const ir::Instr& in, ChunkState<A>& st, Tensor& cur, Tensor& rcur);
+  const Tensor& saved_input_for(const ir::Instr& in, ChunkState<A>& st);
+  void all_gather_rows(Tensor& t, std::int64_t cols);
+  void reduce_scatter_rows(Tensor& t, std::int64_t cols);
+  void norm_forward(const std::string& prefix, const Tensor& x, Tensor& y, F32& a, F32& b);
+  void norm_backward(const std::string& prefix, const Tensor& x, const F32& a, const F32& b, Tensor& dy);
+  void residual_forward(const Tensor& residual, Tensor& branch, const A* bias, int layer, kernels::DropoutSite site);
+  void residual_backward(Tensor& dout, Tensor& res_grad, float* dbias, int layer, kernels::DropoutSite site);
+  void linear_backward(const ir::Instr& in, LayerState<A>* ls, ChunkState<A>& st, Tensor& cur,
+                       std::int64_t in_features, std::int64_t out_features, const A* w, float* dw, float* db,
+                       const Tensor& saved_input);
+  kernels::AttentionDropout* attention_dropout(kernels::AttentionDropout& drop, int layer);
+  LayerState<A>& layer_state(ChunkState<A>& st, int layer) {
+    return st.layers[static_cast<std::size_t>(layer - step_.first_layer)];
+  }
+
+  // ---- optimizer_step.cc ----
+  double local_grad_norm_squared();
+  double grad_norm_squared();
+  void optimizer_step();
+
+  // ---- shared helpers ----
+  // Parameters and gradients by tensor name (fp32), and the weights as the passes read them (type A).
+  float* P(const std::string& name) { return params.data() + layout.at(name).offset; }
+  float* G(const std::string& name) { return grads.data() + layout.at(name).offset; }
+  const A* weight_base() {
+    if constexpr (std::is_same_v<A, float>) return params.data();
+    else return weights.data();
+  }
+  const A* W(const std::string& name) { return weight_base() + layout.at(name).offset; }
+  const A* W_opt(const std::string& name) {
+    const TensorSpec* t = layout.find(name);
+    return t == nullptr ? nullptr : weight_base() + t->offset;
+  }
+  float* G_opt(const std::string& name) {
+    const TensorSpec* t = layout.find(name);
+    return t == nullptr ? nullptr : grads.data() + t->offset;
+  }
+  static std::string L(int layer, const char* name) { return fmt::format("layers.{}.{}", layer, name); }
+  const A* vocab_weight() { return m.tied_embeddings ? W("embed.tokens.weight") : W("head.logits.weight"); }
+  float* vocab_weight_grad() { return m.tied_embeddings ? G("embed.tokens.weight") : G("head.logits.weight"); }
+
+  // A host array in backend memory.
+  template <typename E>
+  Buffer<E> upload(const std::vector<E>& host) {
+    Buffer<E> out(be, host.size());
+    be.copy_to_backend(out.data(), host.data(), host.size() * sizeof(E));
+    return out;
+  }
+  // t.resize(n) for a tensor that may not have met the backend yet (a pass state's first use).
+  template <typename E>
+  void sized(Buffer<E>& t, std::size_t n) {
+    if (t.backend() == nullptr) t = Buffer<E>(be, n);
+    else t.resize(n);
+  }
+
+  // First global sample of micro-batch mb of this step on this rank.
+  std::int64_t sample_base(int mb) const {
+    return step_.index * opt.global_batch + static_cast<std::int64_t>(prog.dp_rank) * (opt.global_batch / prog.dp) +
+           static_cast<std::int64_t>(mb) * prog.micro_batch;
+  }
+  // Token index (in the micro-batch, 0..T) of the first token held here (sequence-parallel shard).
+  std::int64_t token_offset(std::int64_t rows) const { return rows == T ? 0 : prog.tp_rank * Tl; }
+  // Calls fn(sample_in_microbatch, first_position, length, row) for each piece of one sequence in rows [0, n) that
+  // start at micro-batch token `offset`.
+  template <typename Fn>
+  void for_each_sequence_piece(std::int64_t offset, std::int64_t n, Fn&& fn) const {
+    std::int64_t t = offset;
+    while (t < offset + n) {
+      std::int64_t sample = t / m.seq_len, pos = t % m.seq_len;
+      std::int64_t len = std::min(m.seq_len - pos, offset + n - t);
+      fn(sample, pos, len, t - offset);
+      t += len;
+    }
+  }
+  // Dropout of the running micro-batch: its layout in the step's batch, and the key of one site.
+  kernels::HiddenLayout dropout_layout() const {
+    return {prog.micro_batch, m.seq_len, h, sample_base(step_.mb) - step_.index * opt.global_batch, 0, m.seq_len};
+  }
+  kernels::DropoutKey dropout_key(int layer, kernels::DropoutSite site) const {
+    return {opt.seed, static_cast<std::uint64_t>(step_.index), static_cast<std::uint32_t>(layer), site};
+  }
+
+  // Runs fn and counts its time as communication (the metrics' comm_s). On a device backend a call returns once its
+  // operation is queued, so this is host time, not transfer time.
+  template <typename Fn>
+  void timed(Fn&& fn) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    step_.comm_seconds += seconds_between(t0, std::chrono::steady_clock::now());
+  }
+  // Runs fn (one operation on c) ordered with the backend's work: c waits for the work queued so far, and the work
+  // queued next waits for c — at once, or (later = true) only at settle(), so that a gradient reduction overlaps the
+  // rest of the backward pass. Only gradient reductions whose buffers nothing touches before the optimizer are
+  // deferred.
+  template <typename Fn>
+  void communicate(comm::Communicator& c, Fn&& fn, bool later = false) {
+    step_.issued[&c].push_back(step_.pc);
+    be.order_before(c);
+    timed(std::forward<Fn>(fn));
+    if (later) {
+      if (std::find(step_.deferred.begin(), step_.deferred.end(), &c) == step_.deferred.end()) {
+        step_.deferred.push_back(&c);
+      }
+    } else {
+      be.order_after(c);
+    }
+  }
+
+  // ---- what lives across steps ----
+  const model::ModelDescription& md;
+  const model::ModelSpec& m;
+  const ir::Program& prog;
+  Communicators& comms;
+  const DataSource& data;
+  ExecutorOptions opt;
+  Backend& be;
+  Kernels<A>& kern;
+  ParamLayout layout;
+  F32 params, grads, m1, m2;
+  // For A != float: the weights the passes read, params rounded to A at the start of every step (after the optimizer
+  // and, with the distributed optimizer, the parameter all-gather; after a checkpoint was loaded into params).
+  Tensor weights;
+  // Element ranges of the flat buffer this rank updates (owned()); with the distributed optimizer, the shard size of
+  // each bucket by the flat range's begin.
+  std::vector<std::pair<std::int64_t, std::int64_t>> owned_ranges;
+  std::map<std::int64_t, std::int64_t> shard_of_range;
+  kernels::LrSchedule sched;
+  // Shapes: tokens per micro-batch (T) and held here (Tl, a sequence shard with SP), hidden, head dim, local heads,
+  // local kv heads, local ffn width, local QKV and fc1 output columns.
+  std::int64_t T = 0, Tl = 0, h = 0, d = 0, Hl = 0, KVl = 0, fl = 0, qkv_cols = 0, fc1_cols = 0;
+  bool sp = false;
+  // Full recomputation (the backward bodies repeat whole layers): a layer keeps only its input after its forward.
+  bool recompute_full = false;
+  kernels::VocabShard vocab;
+  F32 rope_cos, rope_sin;
+
+  StepState<A> step_;
+};
+
+extern template class Interpreter<float>;
+extern template class Interpreter<bf16>;
+
+}  // namespace dtrain::exec::detail

@@ -1,0 +1,397 @@
+// One training step of the interpreter (interpreter.h): the schedule, instruction by instruction. FWD/BWD run a
+// chunk's stage body (layer_ops.cc); SEND/RECV move a chunk's output or input gradient, consecutive ones of one group
+// going to the communicator as one group; LOAD reads the rank's samples; the schedule's collectives reduce
+// data-parallel buckets (contiguous ranges of the flat gradient buffer, dtrain/exec/params.h), the tied embeddings,
+// the loss and the gradient norm. Also here: how communication is ordered with the backend's work, and the end of the
+// step, where every communicator is synchronised (a device communicator's watchdog).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "interpreter.h"
+
+namespace dtrain::exec::detail {
+
+using ir::Instr;
+using ir::Opcode;
+using ir::What;
+using Clock = std::chrono::steady_clock;
+
+template <typename A>
+StepMetrics Interpreter<A>::run(std::int64_t step_index) {
+  step_ = StepState<A>{};
+  step_.index = step_index;
+  be.fill(static_cast<std::int64_t>(grads.size()), 0.0f, grads.data());
+  if constexpr (!std::is_same_v<A, float>) {
+    kern.from_fp32(static_cast<std::int64_t>(params.size()), params.data(), weights.data());
+  }
+  step_.start = Clock::now();
+  for (std::size_t pc = 0; pc < prog.schedule.size();) {
+    const Instr& in = prog.schedule[pc];
+    step_.pc = pc;
+    auto t0 = Clock::now();
+    try {
+      if (in.is_p2p()) {
+        std::size_t n = p2p_group(pc);
+        slice(ir::Stream::kPp, t0, Clock::now(),
+              fmt::format("{} x{} from pc {}", in.op == Opcode::kSend ? "SEND" : "RECV", n, pc), "p2p", pc);
+        pc += n;
+        continue;
+      }
+      switch (in.op) {
+        case Opcode::kLoad: load(in); break;
+        case Opcode::kForward:
+        case Opcode::kBackward:
+        case Opcode::kBackwardInput:
+        case Opcode::kBackwardWeight: {
+          run_pass(in);
+          std::string_view kname = in.op == Opcode::kForward ? "F" : in.op == Opcode::kBackward ? "B"
+                                   : in.op == Opcode::kBackwardInput ? "BI" : "W";
+          std::string_view cat = in.op == Opcode::kForward ? "forward" : in.op == Opcode::kBackward ? "backward"
+                                 : in.op == Opcode::kBackwardInput ? "backward_input" : "backward_weight";
+          slice(ir::Stream::kCompute, t0, Clock::now(), fmt::format("{} c{} mb{}", kname, in.chunk, in.mb),
+                std::string(cat), pc);
+          break;
+        }
+        case Opcode::kAllReduce:
+        case Opcode::kAllGather:
+        case Opcode::kReduceScatter:
+          schedule_collective(in);
+          slice(ir::Stream::kDp, t0, Clock::now(), fmt::format("{} {}", ir::to_string(in.op), ir::to_string(in.what)),
+                "dp", pc);
+          break;
+        case Opcode::kOptimizerStep:
+          optimizer_step();
+          slice(ir::Stream::kCompute, t0, Clock::now(), "optimizer", "optimizer", pc);
+          break;
+        case Opcode::kCheckpoint: break;  // the runtime decides whether this step writes one
+        default: throw input_error("not a schedule instruction");
+      }
+    } catch (const Error& e) {
+      throw e.with_context(ir::describe(prog, pc));
+    }
+    ++pc;
+  }
+  settle();
+  // The watchdog of device communicators (nccl.h): wait for every operation of the step, with the timeout.
+  synchronize_all();
+  if (!step_.chunks.empty() || !step_.outgoing.empty()) {
+    throw internal_error(fmt::format("rank {}: {} pass states and {} tensors left at the end of the step", prog.rank,
+                                     step_.chunks.size(), step_.outgoing.size()));
+  }
+  StepMetrics out;
+  out.step = step_.index + 1;
+  out.loss = prog.world > 1 ? step_.loss_total : step_.loss_sum;
+  out.grad_norm = std::sqrt(step_.grad_norm_squared.value_or(0.0));
+  out.lr = step_.lr;
+  out.seconds = seconds_between(step_.start, Clock::now());
+  out.comm_seconds = step_.comm_seconds;
+  return out;
+}
+
+template <typename A>
+ChunkState<A>& Interpreter<A>::state(int chunk, int mb) {
+  auto [it, inserted] = step_.chunks.try_emplace({chunk, mb});
+  if (inserted) {
+    const ir::ChunkInfo* ci = prog.chunk_info(chunk);
+    it->second.layers.resize(static_cast<std::size_t>(ci->layers));
+  }
+  return it->second;
+}
+
+namespace {
+int units_of(const ir::ChunkInfo& ci) { return ci.layers + (ci.embedding ? 1 : 0) + (ci.head ? 1 : 0); }
+}  // namespace
+
+template <typename A>
+void Interpreter<A>::run_pass(const Instr& in) {
+  const ir::ChunkInfo* ci = prog.chunk_info(in.chunk);
+  if (ci == nullptr) throw input_error(fmt::format("chunk {} is not held by this rank", in.chunk));
+  ir::BodyKind kind = in.op == Opcode::kForward          ? ir::BodyKind::kForward
+                      : in.op == Opcode::kBackward       ? ir::BodyKind::kBackward
+                      : in.op == Opcode::kBackwardInput  ? ir::BodyKind::kBackwardInput
+                                                         : ir::BodyKind::kBackwardWeight;
+  const ir::Body* body = prog.body(in.chunk, kind);
+  if (body == nullptr) throw input_error(fmt::format("no {} body for chunk {}", ir::to_string(kind), in.chunk));
+  ChunkState<A>& st = state(in.chunk, in.mb);
+  step_.first_layer = ci->first_layer;
+  step_.mb = in.mb;
+  step_.body = body;
+  Tensor& cur = st.cur;
+  if (in.op == Opcode::kForward) {
+    if (!ci->embedding) {
+      if (st.input.empty()) throw input_error("the forward's input activation was never received");
+      cur.swap(st.input);
+      st.input.clear();
+    }
+  } else if ((in.op == Opcode::kBackward || in.op == Opcode::kBackwardInput) && st.units_done == 0 && !ci->head) {
+    if (st.grad_out.empty()) throw input_error("the backward's output gradient was never received");
+    cur.swap(st.grad_out);
+    st.grad_out.clear();
+  }
+  for (std::size_t i = 0; i < body->instrs.size(); ++i) {
+    const Instr& op = body->instrs[i];
+    bool in_range = in.layer_end < 0 || (op.layer >= in.layer && op.layer < in.layer_end);
+    if (!in_range) continue;
+    step_.body_pc = i;
+    if (op.op != Opcode::kCompute) body_collective(op, st, cur, st.rcur);
+    else if (op.pass == ir::Pass::kForward) forward_op(op, st, cur, false);
+    else if (op.pass == ir::Pass::kRecompute) recompute_op(op, st);
+    else backward_op(op, st, cur);
+  }
+  // Units covered by this pass (a bucket piece covers a range).
+  if (in.op == Opcode::kBackward || in.op == Opcode::kBackwardInput) {
+    int units = 0;
+    for (int u = -1; u <= m.layers; ++u) {
+      bool held = u == -1 ? ci->embedding
+                          : u == m.layers ? ci->head
+                                          : (u >= ci->first_layer && u < ci->first_layer + ci->layers);
+      if (held && (in.layer_end < 0 || (u >= in.layer && u < in.layer_end))) ++units;
+    }
+    st.units_done += units;
+  }
+  if (in.op == Opcode::kForward) {
+    if (!ci->head) step_.outgoing[{static_cast<int>(What::kActivation), in.chunk, in.mb}] = std::move(cur);
+    free_recomputed(st);
+    cur.clear();
+    return;
+  }
+  bool input_grads_done = st.units_done == units_of(*ci);
+  if ((in.op == Opcode::kBackward || in.op == Opcode::kBackwardInput) && input_grads_done) {
+    if (!ci->embedding) step_.outgoing[{static_cast<int>(What::kGradient), in.chunk, in.mb}] = std::move(cur);
+    cur.clear();
+  }
+  if (in.op == Opcode::kBackwardWeight) st.weights_done = true;
+  bool finished = input_grads_done && (in.op == Opcode::kBackward || st.weights_done);
+  if (finished) step_.chunks.erase({in.chunk, in.mb});
+}
+
+template <typename A>
+void Interpreter<A>::load(const Instr& in) {
+  ChunkState<A>& st = in.what == What::kTargets ? state(prog.pp * prog.vpp - 1, in.mb) : state(0, in.mb);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(T)), targets(static_cast<std::size_t>(T));
+  std::int64_t base = sample_base(in.mb);
+  for (int b = 0; b < prog.micro_batch; ++b) {
+    data.sample(base + b, m.seq_len, ids.data() + b * m.seq_len, targets.data() + b * m.seq_len);
+  }
+  if (in.what == What::kTokens || in.what == What::kBatch) st.ids = upload(ids);
+  if (in.what == What::kTargets || in.what == What::kBatch) st.targets = upload(targets);
+}
+
+// Consecutive SEND/RECV of one group, starting at pc; returns how many instructions they took.
+template <typename A>
+std::size_t Interpreter<A>::p2p_group(std::size_t pc) {
+  std::vector<comm::P2POp> ops;
+  std::vector<Tensor> sent;
+  std::size_t end = pc + 1;
+  if (prog.schedule[pc].group >= 0) {
+    while (end < prog.schedule.size() && prog.schedule[end].is_p2p() &&
+           prog.schedule[end].group == prog.schedule[pc].group) {
+      ++end;
+    }
+  }
+  sent.reserve(end - pc);
+  for (std::size_t i = pc; i < end; ++i) {
+    const Instr& in = prog.schedule[i];
+    auto peer_it = std::find(prog.pp_group.begin(), prog.pp_group.end(), in.peer);
+    if (peer_it == prog.pp_group.end()) throw input_error(fmt::format("peer {} is not in the pipeline group", in.peer));
+    int peer = static_cast<int>(peer_it - prog.pp_group.begin());
+    comm::Tag tag = comm::message_tag(fmt::format("{} c{} mb{}", ir::to_string(in.what), in.chunk, in.mb));
+    if (in.op == Opcode::kSend) {
+      auto it = step_.outgoing.find(std::make_tuple(static_cast<int>(in.what), in.chunk, in.mb));
+      if (it == step_.outgoing.end()) throw input_error("nothing to send: its pass has not produced it");
+      if (static_cast<std::int64_t>(it->second.size()) != in.count) {
+        throw input_error(fmt::format("the tensor to send holds {} elements, the instruction says {}",
+                                      it->second.size(), in.count));
+      }
+      sent.push_back(std::move(it->second));
+      step_.outgoing.erase(it);
+      ops.push_back(comm::P2POp::send(sent.back().data(), sent.back().size(), kAct, peer, tag));
+    } else {
+      // act of chunk c-1 is the input of chunk c; grad of chunk c+1's input is chunk c's output gradient.
+      Tensor& dst = in.what == What::kActivation ? state(in.chunk + 1, in.mb).input
+                                                 : state(in.chunk - 1, in.mb).grad_out;
+      dst = Tensor(be, static_cast<std::size_t>(in.count));
+      ops.push_back(comm::P2POp::recv(dst.data(), dst.size(), kAct, peer, tag));
+    }
+  }
+  communicate(*comms.pp, [&] { comms.pp->group(ops); });
+  return end - pc;
+}
+
+// A data-parallel (or embedding, or tensor-parallel replicated, or world) collective of the schedule.
+template <typename A>
+void Interpreter<A>::schedule_collective(const Instr& in) {
+  // Only a bucket's all-reduce overlaps what follows; every other collective here reads gradients (perhaps of a
+  // bucket still being reduced) or parameters the optimizer wrote.
+  if (!(in.on == ir::CommGroup::kDp && in.op == Opcode::kAllReduce)) settle();
+  if (in.on == ir::CommGroup::kWorld) {
+    double local = in.what == What::kGradNorm ? local_grad_norm_squared() : step_.loss_sum;
+    // fp32 on the wire would round the sums; the all-reduce of doubles is done as two floats (hi, lo).
+    float pair[2] = {static_cast<float>(local), 0.0f};
+    pair[1] = static_cast<float>(local - static_cast<double>(pair[0]));
+    F32 wire(be, 2);  // the communicator reads backend memory
+    be.copy_to_backend(wire.data(), pair, sizeof(pair));
+    communicate(*comms.world, [&] { comms.world->all_reduce(wire.data(), wire.data(), 2, comm::ReduceOp::kSum); });
+    be.copy_to_host(pair, wire.data(), sizeof(pair));
+    double total = static_cast<double>(pair[0]) + static_cast<double>(pair[1]);
+    if (in.what == What::kGradNorm) step_.grad_norm_squared = total;
+    else step_.loss_total = total;
+    return;
+  }
+  if (in.on == ir::CommGroup::kTp && in.what == What::kReplicatedGrads) {
+    std::vector<const TensorSpec*> parts;
+    std::size_t total = 0;
+    for (const auto& t : layout.tensors()) {
+      if (t.chunk == in.chunk && t.tp_replicated && t.unit >= in.layer && t.unit < in.layer_end) {
+        parts.push_back(&t);
+        total += static_cast<std::size_t>(t.numel());
+      }
+    }
+    check_count(in, static_cast<std::int64_t>(total));
+    F32 buf(be, total);
+    std::size_t at = 0;
+    for (const auto* t : parts) {
+      be.copy(buf.data() + at, grads.data() + t->offset, static_cast<std::size_t>(t->numel()) * sizeof(float));
+      at += static_cast<std::size_t>(t->numel());
+    }
+    communicate(*comms.tp, [&] { comms.tp->all_reduce(buf.data(), buf.data(), buf.size(), comm::ReduceOp::kSum); });
+    std::size_t pos = 0;
+    for (const auto* t : parts) {
+      be.copy(grads.data() + t->offset, buf.data() + pos, static_cast<std::size_t>(t->numel()) * sizeof(float));
+      pos += static_cast<std::size_t>(t->numel());
+    }
+    return;
+  }
+  if (in.on == ir::CommGroup::kEmbedding) {
+    auto [b, e] = layout.tied_range();
+    check_count(in, e - b);
+    communicate(*comms.embedding, [&] {
+      comms.embedding->all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(e - b),
+                                  comm::ReduceOp::kSum);
+    });
+    return;
+  }
+  if (in.on != ir::CommGroup::kDp) throw input_error("unexpected collective in the schedule");
+  auto [b, e] = bucket_range(in);
+  check_count(in, e - b);
+  std::int64_t n = e - b;
+  comm::Communicator& dp = *comms.dp;
+  if (in.op == Opcode::kAllReduce) {
+    auto reduce = [&] {
+      dp.all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(n), comm::ReduceOp::kSum);
+    };
+    communicate(dp, reduce, /*later=*/true);
+    return;
+  }
+  std::int64_t shard = shard_of_range.at(b);
+  F32 buf(be, static_cast<std::size_t>(shard * prog.dp));
+  auto copy_floats = [&](float* dst, const float* src, std::int64_t count) {
+    be.copy(dst, src, static_cast<std::size_t>(count) * sizeof(float));
+  };
+  float* flat = in.op == Opcode::kReduceScatter ? grads.data() : params.data();
+  float* my_block = buf.data() + prog.dp_rank * shard;
+  std::int64_t mine = b + prog.dp_rank * shard;
+  std::int64_t mine_n = std::max<std::int64_t>(0, std::min(e, mine + shard) - mine);
+  if (in.op == Opcode::kReduceScatter) {
+    copy_floats(buf.data(), flat + b, n);
+    communicate(dp, [&] {
+      dp.reduce_scatter(buf.data(), my_block, static_cast<std::size_t>(shard), comm::ReduceOp::kSum);
+    });
+    copy_floats(flat + mine, my_block, mine_n);
+  } else {  // all-gather of the updated parameters
+    copy_floats(my_block, flat + mine, mine_n);
+    communicate(dp, [&] { dp.all_gather(my_block, buf.data(), static_cast<std::size_t>(shard)); });
+    copy_floats(flat + b, buf.data(), n);
+  }
+}
+
+template <typename A>
+void Interpreter<A>::check_count(const Instr& in, std::int64_t actual) const {
+  if (actual != in.count) {
+    throw input_error(fmt::format("the instruction says {} elements but the parameters it covers hold {}", in.count,
+                                  actual));
+  }
+}
+
+// The backend's next work waits for every deferred reduction.
+template <typename A>
+void Interpreter<A>::settle() {
+  for (comm::Communicator* c : step_.deferred) be.order_after(*c);
+  step_.deferred.clear();
+}
+
+// synchronize() on every communicator of the rank. A failure (a device communicator's watchdog: an operation that
+// did not complete within the timeout, or failed) gets the instruction that issued the operation as context.
+template <typename A>
+void Interpreter<A>::synchronize_all() {
+  for (comm::Communicator* c : {comms.world, comms.tp.get(), comms.pp.get(), comms.dp.get(), comms.embedding.get()}) {
+    if (c == nullptr) continue;
+    std::vector<std::size_t> pcs = std::move(step_.issued[c]);
+    step_.issued[c].clear();
+    try {
+      timed([&] { c->synchronize(); });
+    } catch (const Error& e) {
+      throw e.with_context(pending_instruction(pcs, e.what()));
+    }
+  }
+}
+
+// The instruction of "operation k of n issued since the last synchronize" (the NCCL watchdog's words) when the
+// counts agree with what this rank issued; otherwise every instruction that issued on the group since then.
+template <typename A>
+std::string Interpreter<A>::pending_instruction(const std::vector<std::size_t>& pcs, std::string_view message) const {
+  const std::int64_t step = step_.index + 1;
+  std::size_t at = message.find("(operation ");
+  if (at != std::string_view::npos) {
+    unsigned long k = 0, n = 0;
+    std::string tail(message.substr(at));
+    if (std::sscanf(tail.c_str(), "(operation %lu of %lu", &k, &n) == 2 && n == pcs.size() && k >= 1 && k <= n) {
+      return fmt::format("at the end of step {}, waiting for the operation issued by {}", step,
+                         ir::describe(prog, pcs[k - 1]));
+    }
+  }
+  if (pcs.empty()) return fmt::format("at the end of step {}", step);
+  std::vector<std::string> names;
+  for (std::size_t pc : pcs) names.push_back(ir::describe(prog, pc));
+  return fmt::format("at the end of step {}, waiting for the operations issued by {}", step, fmt::join(names, "; "));
+}
+
+template <typename A>
+void Interpreter<A>::slice(ir::Stream stream, Clock::time_point a, Clock::time_point b, std::string name,
+                           std::string category, std::size_t pc) {
+  if (!opt.record_trace) return;
+  ir::Slice s;
+  s.rank = prog.rank;
+  s.stream = stream;
+  s.start_s = seconds_between(step_.start, a);
+  s.duration_s = seconds_between(a, b);
+  s.name = std::move(name);
+  s.category = std::move(category);
+  s.pc = static_cast<std::int32_t>(pc);
+  step_.slices.push_back(std::move(s));
+}
+
+// This file's members for both activation types (interpreter.h).
+#define DTRAIN_INSTANTIATE_SCHEDULE(A)                                                                          \
+  template StepMetrics Interpreter<A>::run(std::int64_t);                                                       \
+  template ChunkState<A>& Interpreter<A>::state(int, int);                                                      \
+  template void Interpreter<A>::run_pass(const Instr&);                                                         \
+  template void Interpreter<A>::load(const Instr&);                                                             \
+  template std::size_t Interpreter<A>::p2p_group(std::size_t);                                                  \
+  template void Interpreter<A>::schedule_collective(const Instr&);                                              \
+  template void Interpreter<A>::check_count(const Instr&, std::int64_t) const;                                  \
+  template void Interpreter<A>::settle();                                                                       \
+  template void Interpreter<A>::synchronize_all();                                                              \
+  template std::string Interpreter<A>::pending_instruction(const std::vector<std::size_t>&, std::string_view)   \
+      const;                                                                                                    \
+  template void Interpreter<A>::slice(ir::Stream, Clock::time_point, Clock::time_point, std::string, std::string, \
+                                      std::size_t);
+DTRAIN_INSTANTIATE_SCHEDULE(float)
+DTRAIN_INSTANTIATE_SCHEDULE(bf16)
+#undef DTRAIN_INSTANTIATE_SCHEDULE
+
+}  // namespace dtrain::exec::detail
