@@ -20,9 +20,9 @@
 #include <fstream>
 
 #include "dtrain/common/error.h"
+#include "dtrain/common/hostlist.h"
 #include "dtrain/common/version.h"
 #include "dtrain/spank/addresses.h"
-#include "dtrain/spank/hostlist.h"
 #include "dtrain/spank/slurm_conf.h"
 #include "dtrain/store/auth.h"
 #include "dtrain/topology/to_cluster.h"

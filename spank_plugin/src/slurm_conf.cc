@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "dtrain/common/error.h"
+#include "dtrain/common/hostlist.h"
 #include "dtrain/common/strings.h"
-#include "dtrain/spank/hostlist.h"
 
 namespace dtrain::spank {
 

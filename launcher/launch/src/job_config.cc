@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "dtrain/common/error.h"
+#include "dtrain/common/hostlist.h"
 #include "dtrain/common/strings.h"
-#include "dtrain/launch/hostlist.h"
 
 extern char** environ;
 

@@ -1,4 +1,4 @@
-#include "dtrain/launch/hostlist.h"
+#include "dtrain/common/hostlist.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include "dtrain/common/error.h"
 #include "dtrain/common/strings.h"
 
-namespace dtrain::launch {
+namespace dtrain {
 namespace {
 
 bool all_digits(std::string_view s) {
@@ -134,4 +134,4 @@ std::vector<std::string> expand_hostlist(std::string_view expression, std::size_
   return Expander(expression, max_hosts).run();
 }
 
-}  // namespace dtrain::launch
+}  // namespace dtrain

@@ -1,12 +1,13 @@
-// Slurm host list expansion: the forms Slurm prints, and the errors.
-#include "dtrain/launch/hostlist.h"
+// Slurm host list expansion (dtrain/common/hostlist.h, used by dtlaunch and the Slurm plugin): the forms Slurm prints,
+// and the errors.
+#include "dtrain/common/hostlist.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "dtrain/common/error.h"
 
-namespace dtrain::launch {
+namespace dtrain {
 namespace {
 
 using ::testing::ElementsAre;
@@ -67,5 +68,24 @@ TEST(Hostlist, SizeLimit) {
   EXPECT_THROW(expand_hostlist("n[0-99999999999]"), Error);
 }
 
+using Hosts = std::vector<std::string>;
+
+// The forms the Slurm plugin meets: SLURM_STEP_NODELIST and slurm.conf node lines.
+TEST(Hostlist, ExpandsSlurmExpressions) {
+  EXPECT_EQ(expand_hostlist("n1"), Hosts({"n1"}));
+  EXPECT_EQ(expand_hostlist("n[1-4]"), Hosts({"n1", "n2", "n3", "n4"}));
+  EXPECT_EQ(expand_hostlist("gpu[001-003,007],login2"), Hosts({"gpu001", "gpu002", "gpu003", "gpu007", "login2"}));
+  EXPECT_EQ(expand_hostlist("n[08-10]"), Hosts({"n08", "n09", "n10"}));
+  EXPECT_EQ(expand_hostlist("rack[1-2]-n[01-02]"), Hosts({"rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"}));
+  EXPECT_EQ(expand_hostlist("a,b[2],c"), Hosts({"a", "b2", "c"}));
+  EXPECT_EQ(expand_hostlist(" n[3,1] "), Hosts({"n3", "n1"}));  // order as written: node 0 is the first
+}
+
+TEST(Hostlist, RejectsMalformedExpressions) {
+  for (const char* bad : {"", "n[1-4", "n1-4]", "n[4-1]", "n[a-b]", "n[1-]", "a,,b", "n[]", "n[1-2000000]"}) {
+    EXPECT_THROW(expand_hostlist(bad), Error) << bad;
+  }
+}
+
 }  // namespace
-}  // namespace dtrain::launch
+}  // namespace dtrain
