@@ -117,13 +117,13 @@ void prepare_step(spank_t sp, State& s, const UserRequest& request, const std::o
   TopologyFingerprint fingerprint = topology_fingerprint(node);
 
   LoadedInputs in = load_inputs(request, s.args);
-  std::optional<topology::ClusterSpec> cluster;
-  if (!in.plan_file) {
-    cluster = in.cluster ? fit_cluster(*in.cluster, shape, in.cluster_source)
-                         : fit_cluster(topology::cluster_from_topology(node, nodes), shape,
-                                       fmt::format("node {}'s topology", s.node_name));
+  std::optional<topology::ClusterSpec> cluster = in.cluster;
+  std::string cluster_source = in.cluster_source;
+  if (!in.plan_file && !cluster) {
+    cluster = topology::cluster_from_topology(node, nodes);
+    cluster_source = fmt::format("node {}'s topology", s.node_name);
   }
-  StepPlan plan = make_step_plan(request, in, cluster, shape);
+  StepPlan plan = make_step_plan(request, in, cluster, cluster_source, shape);
 
   std::optional<SlurmConf> conf;
   std::string conf_path = slurm_conf_path(process_environment());

@@ -44,9 +44,7 @@ int srun_local_user_init(spank_t sp) {
       step_shape(static_cast<int>(nodes), static_cast<int>(tasks), std::vector<std::string>(argv, argv + argc));
   const LoadedInputs& in = *s.inputs;
   if (in.plan_file || in.cluster) {
-    std::optional<topology::ClusterSpec> cluster;
-    if (in.cluster) cluster = fit_cluster(*in.cluster, shape, in.cluster_source);
-    StepPlan plan = make_step_plan(request, in, cluster, shape);
+    StepPlan plan = make_step_plan(request, in, in.cluster, in.cluster_source, shape);
     slurm_verbose("dtrain: plan %s for %s: %s", plan.plan.digest.substr(0, 12).c_str(), shape.describe().c_str(),
                   plan.plan.config.summary().c_str());
     if (request.explain) std::fputs(explain_step_plan(plan).c_str(), stderr);

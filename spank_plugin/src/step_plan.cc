@@ -3,10 +3,8 @@
 #include <fmt/format.h>
 #include <sys/stat.h>
 
-#include <numeric>
-
 #include "dtrain/common/error.h"
-#include "dtrain/plan/search.h"
+#include "dtrain/plan/plan_job.h"
 
 namespace dtrain::spank {
 
@@ -79,25 +77,9 @@ LoadedInputs load_inputs(const UserRequest& request, const PluginArgs& args) {
   return in;
 }
 
-topology::ClusterSpec fit_cluster(topology::ClusterSpec c, const StepShape& shape, const std::string& source) {
-  int k = shape.ranks_per_node;
-  if (k > c.node.gpus) {
-    throw input_error(fmt::format("the step runs {} ranks per node, but {} describes nodes of {} GPUs", k,
-                                  source.empty() ? c.name : source, c.node.gpus));
-  }
-  if (k < c.node.gpus) {
-    // The step's ranks use GPUs 0..k-1 of each node: they share the first NVLink domain when k fits in it.
-    c.node.nvlink_domain = k <= c.node.nvlink_domain ? k : std::gcd(c.node.nvlink_domain, k);
-    if (!c.node.nic_of_gpu.empty()) c.node.nic_of_gpu.resize(static_cast<std::size_t>(k));
-    c.node.gpus = k;
-  }
-  c.nodes = shape.nodes;
-  topology::validate(c);
-  return c;
-}
-
 StepPlan make_step_plan(const UserRequest& request, const LoadedInputs& in,
-                        const std::optional<topology::ClusterSpec>& cluster, const StepShape& shape) {
+                        const std::optional<topology::ClusterSpec>& cluster, const std::string& cluster_source,
+                        const StepShape& shape) {
   StepPlan s;
   if (in.plan_file) {
     const plan::Plan& p = *in.plan_file;
@@ -109,28 +91,29 @@ StepPlan make_step_plan(const UserRequest& request, const LoadedInputs& in,
                       p.inputs.gpus, shape.describe()));
     }
     s.plan = p;
-    s.cost_model = std::make_shared<plan::CostModel>(p.model, p.cluster);
+    s.cost_model = std::make_shared<const plan::CostModel>(p.model, p.cluster);
   } else {
     DTRAIN_CHECK(in.model.has_value() && cluster.has_value(), "planning needs a model and a cluster");
-    s.cost_model = std::make_shared<plan::CostModel>(*in.model, *cluster);
-    s.options.gpus = shape.world_size();
-    s.options.global_batch = in.model->training.global_batch;
-    s.options.global_batch_source = in.model->located("training.global_batch", "global_batch");
-    if (request.plan.mode == PlanMode::kFixed) s.options.fixed = request.plan.fixed;
-    plan::SearchResult r;
+    plan::JobRequest job;
+    job.shape = shape.job_shape();
+    job.cluster_source = cluster_source;
+    if (request.plan.mode == PlanMode::kFixed) job.fixed = request.plan.fixed;
+    plan::Job prepared = plan::prepare_job(*in.model, *cluster, job);  // fits the cluster to the step
+    plan::JobPlan planned;
     try {
-      r = plan::search(*s.cost_model, s.options);
+      planned = plan::search_job(std::move(prepared));
     } catch (const Error& e) {
       throw e.with_context(request.plan_source);
     }
-    if (!r.best) {
-      auto fit = plan::minimum_gpus_that_fit(*s.cost_model, s.options);
+    if (!planned.plan) {
       throw Error(ErrorCategory::kPlan, ExitCode::kNoFeasiblePlan,
                   fmt::format("no layout fits this step ({}, cluster '{}'): {}", shape.describe(), cluster->name,
-                              plan::infeasible_text(*s.cost_model, s.options, r, fit)));
+                              plan::no_feasible_plan(planned).what()));
     }
-    s.plan = plan::make_plan(*r.best, *s.cost_model, s.options.fixed);
-    s.search = std::move(r);
+    s.cost_model = planned.job.cost_model;
+    s.options = planned.job.options;
+    s.plan = std::move(*planned.plan);
+    s.search = std::move(planned.search);
   }
   s.text = plan::render_plan(s.plan);
   // One line for an environment variable (megatron_args() continues lines with " \" for a shell script).

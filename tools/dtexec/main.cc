@@ -4,6 +4,7 @@
 //                [--checkpoint-dir D --checkpoint-every K] [--resume] [--metrics out.jsonl] [--trace out.json]
 //                [--deterministic] [--cluster C.toml] [--fix K=V,...] [--epochs E] [--threads T] [--timeout-s S]
 //                [--dtype fp32|bf16] [--device cpu|cuda]
+//   dtexec train --model M.toml --plan (auto|plan.toml) [--cluster C.toml] [--fix K=V,...] --write-plan FILE
 //   dtexec tokenize --input FILE.txt --output FILE.tokens
 //
 // Rank and world from RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (world size 1 when absent); with more than one
@@ -12,13 +13,17 @@
 // of global rank 0 when tasks are ranks, as PyTorch's rank 0 hosts its TCPStore at MASTER_ADDR:MASTER_PORT) this
 // rank hosts the store on DTRAIN_STORE's port itself. Without --plan, a plan file named by DTRAIN_PLAN (what the
 // Slurm plugin sets in every task) is used, else auto. DTRAIN_PLUGIN_ERROR (set by the plugin when it could not
-// prepare the task) is reported and ends the rank with exit 2 before anything else.
+// prepare the task) is reported and ends the rank with exit 2 before anything else. With --plan auto and --cluster,
+// the plan is for WORLD_SIZE / LOCAL_WORLD_SIZE nodes of LOCAL_WORLD_SIZE ranks (exec::make_plan). --write-plan writes
+// the plan this rank would train with and exits: no rendezvous, no step (the plan dtplan plan and the Slurm plugin
+// make for the same shape, byte for byte).
 #include <malloc.h>
 
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <thread>
 
 #include "dtrain/comm/gloo.h"
@@ -32,6 +37,8 @@
 #include "dtrain/exec/data.h"
 #include "dtrain/exec/trainer.h"
 #include "dtrain/kernels/threads.h"
+#include "dtrain/model/model_spec.h"
+#include "dtrain/plan/plan_file.h"
 #include "dtrain/store/client.h"
 #include "dtrain/store/gloo_store.h"
 #include "dtrain/store/server.h"
@@ -99,6 +106,7 @@ int run_train(exec::TrainOptions options, const std::string& device, double time
   int local_world = env_int("LOCAL_WORLD_SIZE", 1);
   int local_rank = env_int("LOCAL_RANK", 0);
   if (world < 1 || rank >= world) throw input_error(fmt::format("RANK={} is outside WORLD_SIZE={}", rank, world));
+  options.ranks_per_node = env_int("LOCAL_WORLD_SIZE", 0);
   log::set_rank(rank);
   keep_freed_memory();
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -163,6 +171,20 @@ int run_train(exec::TrainOptions options, const std::string& device, double time
   }
 }
 
+// --write-plan: the plan train() would run (exec::make_plan), written to `path`; nothing else starts.
+int write_plan(exec::TrainOptions options, const std::string& path) {
+  int world = env_int("WORLD_SIZE", 1);
+  if (world < 1) throw input_error("WORLD_SIZE=0: expected at least 1 rank");
+  options.ranks_per_node = env_int("LOCAL_WORLD_SIZE", 0);
+  plan::Plan p = exec::make_plan(options, model::load_model(options.model_path), world);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << plan::render_plan(p);
+  out.flush();
+  if (!out) throw io_error(fmt::format("--write-plan {}: cannot be written", path));
+  std::printf("plan %s (%s) written to %s\n", p.digest.c_str(), p.config.summary().c_str(), path.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -184,7 +206,11 @@ int main(int argc, char** argv) {
   train->add_option("--fix", o.fixed, "Pinned dimensions for --plan auto, as in dtplan --fix");
   train->add_option("--data", o.data, "Token file (dtexec tokenize), or 'synthetic'");
   train->add_option("--epochs", o.epochs, "Read the token file this many times");
-  train->add_option("--steps", o.steps, "Train until this step (a resumed run continues from its checkpoint)")->required();
+  auto* steps_option =
+      train->add_option("--steps", o.steps, "Train until this step (a resumed run continues from its checkpoint)");
+  std::string plan_output;
+  train->add_option("--write-plan", plan_output,
+                    "Write the plan this rank would train with (plan.toml) to this file and exit without training");
   train->add_option("--seed", o.seed, "Seed of the initial weights and dropout");
   train->add_option("--checkpoint-dir", o.checkpoint_dir, "Directory of checkpoints (one step-N directory each)");
   train->add_option("--checkpoint-every", o.checkpoint_every, "Write a checkpoint every K steps");
@@ -229,6 +255,8 @@ int main(int argc, char** argv) {
         o.plan = env_plan;
       }
     }
+    if (!plan_output.empty()) return write_plan(o, plan_output);
+    if (steps_option->count() == 0) throw CLI::RequiredError(steps_option->get_name());
     return run_train(o, device, timeout_s, threads);
   }, [](const std::string& message) { log::error("", "{}", message); });
 }

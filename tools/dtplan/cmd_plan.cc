@@ -10,8 +10,8 @@
 #include "dtrain/common/error.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/plan/plan_file.h"
+#include "dtrain/plan/plan_job.h"
 #include "dtrain/plan/report.h"
-#include "dtrain/plan/search.h"
 #include "planning_inputs.h"
 
 namespace dtrain::dtplan {
@@ -79,28 +79,31 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   if (ec) throw io_error(fmt::format("{}: cannot be renamed into place: {}", path, ec.message()));
 }
 
-// Plans and reports; returns the explanation of the chosen layout. Throws exit 3 when nothing fits.
-Explanation plan_and_explain(const PlanningInputs& in, bool json) {
-  plan::SearchResult result = plan::search(*in.cost_model, in.options);
-  if (!result.best) {
-    auto fit = plan::minimum_gpus_that_fit(*in.cost_model, in.options);
-    if (json) std::cout << plan::infeasible_json(*in.cost_model, in.options, result, fit).dump(2) << "\n";
-    throw Error(ErrorCategory::kPlan, ExitCode::kNoFeasiblePlan,
-                plan::infeasible_text(*in.cost_model, in.options, result, fit));
+// Plans (plan::search_job, as dtexec --plan auto and the Slurm plugin do) and reports; returns the explanation of
+// the chosen layout, and its plan in `plan` when given. Throws exit 3 when nothing fits.
+Explanation plan_and_explain(const PlanningInputs& in, bool json, plan::Plan* plan = nullptr) {
+  plan::JobPlan job = plan::search_job(in);
+  if (!job.plan) {
+    if (json) {
+      auto fit = plan::minimum_gpus_that_fit(*in.cost_model, in.options);
+      std::cout << plan::infeasible_json(*in.cost_model, in.options, job.search, fit).dump(2) << "\n";
+    }
+    throw plan::no_feasible_plan(job);
   }
   Explanation e;
   e.model = in.cost_model.get();
   e.options = in.options;
-  e.chosen = *result.best;
-  e.search = std::move(result);
+  e.chosen = *job.search.best;
+  e.search = std::move(job.search);
+  e.plan_digest = job.plan->digest;
+  if (plan != nullptr) *plan = std::move(*job.plan);
   return e;
 }
 
 void run_plan(const PlanOptions& o) {
   PlanningInputs in = load_planning_inputs(o.inputs);
-  Explanation e = plan_and_explain(in, o.json);
-  plan::Plan p = plan::make_plan(e.chosen, *in.cost_model, in.options.fixed);
-  e.plan_digest = p.digest;
+  plan::Plan p;
+  Explanation e = plan_and_explain(in, o.json, &p);
   if (!o.output.empty()) write_file_atomically(o.output, plan::render_plan(p));
   if (o.json) {
     std::cout << plan::explain_json(e).dump(2) << "\n";
@@ -157,8 +160,9 @@ void run_explain(const PlanOptions& o) {
       return;
     }
     InputOptions io = o.inputs;
-    io.gpus = p.inputs.gpus;
-    io.nodes = 0;
+    io.nodes = p.inputs.nodes;  // the plan's shape
+    io.ranks_per_node = p.inputs.gpus_per_node;
+    io.gpus = 0;
     io.global_batch = p.inputs.global_batch;
     io.fixed = {p.inputs.fixed};
     PlanningInputs in = load_planning_inputs(io);
@@ -176,7 +180,6 @@ void run_explain(const PlanOptions& o) {
   }
   PlanningInputs in = load_planning_inputs(o.inputs);
   Explanation e = plan_and_explain(in, o.json);
-  e.plan_digest = plan::make_plan(e.chosen, *in.cost_model, in.options.fixed).digest;
   add_comparison(e, in, o.compare);
   if (!o.emit.empty()) {
     std::cout << plan::megatron_args(*in.cost_model, e.chosen.config);

@@ -15,10 +15,46 @@ void add_input_options(CLI::App& cmd, InputOptions& o) {
   cmd.add_option("--topology", o.topology,
                  "Plan for homogeneous nodes like this one: an hwloc XML file, or 'live' for this machine");
   cmd.add_option("--nodes", o.nodes, "Number of nodes (overrides [cluster] nodes)");
-  cmd.add_option("--gpus", o.gpus, "Number of GPUs (a multiple of the GPUs per node; overrides [cluster] nodes)");
+  cmd.add_option("--gpus", o.gpus,
+                 "Number of GPUs (ranks): a multiple of the ranks per node, or fewer than one node's GPUs for one "
+                 "node (overrides [cluster] nodes)");
+  cmd.add_option("--ranks-per-node", o.ranks_per_node,
+                 "Ranks (GPUs used) per node when fewer than the node has: they run on GPUs 0..K-1 (default: all; "
+                 "docs/cost-model.md#fitting-the-cluster-to-the-job)");
   cmd.add_option("--global-batch", o.global_batch, "Sequences per optimizer step (overrides [training] global_batch)");
   cmd.add_option("--fix", o.fixed, "Pin dimensions: tp=8,pp=4,dp=2,vpp=1,micro_batch=1,recompute=full,"
                                    "sequence_parallel=true,distributed_optimizer=false,schedule=1f1b");
+}
+
+plan::JobShape job_shape(const InputOptions& o, const topology::ClusterSpec& cluster) {
+  if (o.nodes < 0 || o.gpus < 0) throw input_error("--nodes and --gpus must be positive");
+  if (o.ranks_per_node < 0) throw input_error("--ranks-per-node must be positive");
+  const int node_gpus = cluster.node.gpus;
+  const std::string& where = cluster.locations.count("node.gpus") ? cluster.locations.at("node.gpus") : cluster.name;
+  plan::JobShape shape;
+  shape.ranks_per_node = node_gpus;
+  if (o.ranks_per_node > 0) {
+    shape.ranks_per_node = o.ranks_per_node;
+  } else if (o.gpus > 0 && o.gpus < node_gpus) {
+    if (node_gpus % o.gpus != 0) {
+      throw input_error(fmt::format("{}: --gpus {} does not divide the GPUs of one node", where, o.gpus));
+    }
+    shape.ranks_per_node = o.gpus;  // one node, partly used
+  }
+  const int k = shape.ranks_per_node;
+  if (o.nodes > 0 && o.gpus > 0 && o.nodes * k != o.gpus) {
+    throw input_error(fmt::format("--nodes {} and --gpus {} disagree: {} nodes of {} GPUs are {} GPUs", o.nodes, o.gpus,
+                                  o.nodes, k, o.nodes * k));
+  }
+  if (o.gpus > 0 && o.gpus % k != 0) {
+    if (o.ranks_per_node > 0) {
+      throw input_error(fmt::format("--gpus {} is not a multiple of --ranks-per-node {}", o.gpus, k));
+    }
+    throw input_error(fmt::format("{}: --gpus {} is not a multiple of the GPUs per node (use {} or {})", where, o.gpus,
+                                  o.gpus / k * k, (o.gpus / k + 1) * k));
+  }
+  shape.nodes = o.nodes > 0 ? o.nodes : o.gpus > 0 ? o.gpus / k : cluster.nodes;
+  return shape;
 }
 
 PlanningInputs load_planning_inputs(const InputOptions& o) {
@@ -35,36 +71,15 @@ PlanningInputs load_planning_inputs(const InputOptions& o) {
       o.topology.empty() ? topology::load_cluster(o.cluster)
                          : topology::load_cluster_from_topology(o.topology == "live" ? "" : o.topology, 1);
   if (!o.topology.empty()) cluster.locations["node.gpus"] = fmt::format("{}: {} GPUs per node", o.topology, cluster.node.gpus);
-  if (o.nodes < 0 || o.gpus < 0) throw input_error("--nodes and --gpus must be positive");
-  if (o.nodes > 0 && o.gpus > 0 && o.nodes * cluster.node.gpus != o.gpus) {
-    throw input_error(fmt::format("--nodes {} and --gpus {} disagree: {} nodes of {} GPUs are {} GPUs", o.nodes, o.gpus,
-                                  o.nodes, cluster.node.gpus, o.nodes * cluster.node.gpus));
-  }
-  int gpus = cluster.total_gpus();
-  if (o.nodes > 0) gpus = o.nodes * cluster.node.gpus;
-  if (o.gpus > 0) {
-    if (o.gpus > cluster.node.gpus && o.gpus % cluster.node.gpus != 0) {
-      throw input_error(fmt::format("{}: --gpus {} is not a multiple of the GPUs per node (use {} or {})",
-                                    cluster.locations["node.gpus"], o.gpus, o.gpus / cluster.node.gpus * cluster.node.gpus,
-                                    (o.gpus / cluster.node.gpus + 1) * cluster.node.gpus));
-    }
-    if (o.gpus < cluster.node.gpus && cluster.node.gpus % o.gpus != 0) {
-      throw input_error(fmt::format("{}: --gpus {} does not divide the GPUs of one node", cluster.locations["node.gpus"],
-                                    o.gpus));
-    }
-    gpus = o.gpus;
-  }
-  cluster.nodes = std::max(1, gpus / cluster.node.gpus);
-
-  PlanningInputs in;
-  in.options.gpus = gpus;
-  in.options.global_batch = o.global_batch > 0 ? o.global_batch : model.training.global_batch;
-  in.options.global_batch_source = o.global_batch > 0 ? fmt::format("--global-batch {}", o.global_batch)
-                                                      : model.located("training.global_batch", "global_batch");
+  plan::JobRequest request;
+  request.shape = job_shape(o, cluster);
   if (o.global_batch < 0) throw input_error("--global-batch must be at least 1");
-  for (const auto& f : o.fixed) in.options.fixed = plan::merge(in.options.fixed, plan::parse_fixed(f));
-  in.cost_model = std::make_unique<plan::CostModel>(std::move(model), std::move(cluster));
-  return in;
+  if (o.global_batch > 0) {
+    request.global_batch = o.global_batch;
+    request.global_batch_source = fmt::format("--global-batch {}", o.global_batch);
+  }
+  for (const auto& f : o.fixed) request.fixed = plan::merge(request.fixed, plan::parse_fixed(f));
+  return plan::prepare_job(model, cluster, request);
 }
 
 void check_plan_matches(const plan::Plan& p, const PlanningInputs& in, const std::string& plan_path) {

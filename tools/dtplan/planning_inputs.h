@@ -1,6 +1,7 @@
-// The inputs every planning subcommand shares: model, cluster, size of the allocation, global batch, pinned
-// dimensions. Command-line flags override the files (--global-batch over [training] global_batch, --nodes/--gpus
-// over [cluster] nodes).
+// The inputs every planning subcommand shares: model, cluster, shape of the job, global batch, pinned dimensions.
+// Command-line flags override the files (--global-batch over [training] global_batch, --nodes/--gpus over [cluster]
+// nodes, --ranks-per-node or a --gpus below one node over [node] gpus). The job is planned by plan::plan_job's steps
+// (dtrain/plan/plan_job.h), as dtexec --plan auto and the Slurm plugin plan theirs.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -9,7 +10,7 @@
 #include <vector>
 
 #include "dtrain/plan/plan_file.h"
-#include "dtrain/plan/search.h"
+#include "dtrain/plan/plan_job.h"
 
 namespace dtrain::dtplan {
 
@@ -19,16 +20,20 @@ struct InputOptions {
   std::string topology;  // hwloc XML of one node (homogeneous nodes); "live" for this machine
   int nodes = 0;
   int gpus = 0;
+  int ranks_per_node = 0;
   std::int64_t global_batch = 0;
   std::vector<std::string> fixed;
 };
 
 void add_input_options(CLI::App& cmd, InputOptions& options);
 
-struct PlanningInputs {
-  std::unique_ptr<plan::CostModel> cost_model;
-  plan::SearchOptions options;
-};
+// The job ready to search (plan::prepare_job): the model on the cluster fitted to the job's shape, and the options.
+using PlanningInputs = plan::Job;
+
+// The job's shape from the flags and the cluster description: --ranks-per-node K (default: a --gpus below one node,
+// else the node's GPUs); --nodes N (default: --gpus / K, else [cluster] nodes). Throws dtrain::Error (input) naming
+// the flag when the flags disagree or --gpus does not fill whole nodes.
+plan::JobShape job_shape(const InputOptions& options, const topology::ClusterSpec& cluster);
 
 // Loads and validates; throws dtrain::Error (input, exit 2) naming the file, line and key or the flag.
 PlanningInputs load_planning_inputs(const InputOptions& options);

@@ -26,7 +26,7 @@
 #include "dtrain/exec/heartbeat.h"
 #include "dtrain/ir/lower.h"
 #include "dtrain/ir/simulate.h"
-#include "dtrain/plan/search.h"
+#include "dtrain/plan/plan_job.h"
 
 namespace dtrain::exec {
 
@@ -64,25 +64,38 @@ topology::ClusterSpec local_cpu_cluster(int ranks) {
   return topology::default_network(c);
 }
 
+}  // namespace
+
 plan::Plan make_plan(const TrainOptions& o, const model::ModelDescription& model, int world) {
   if (o.plan != "auto") return plan::load_plan(o.plan);
-  topology::ClusterSpec cluster = o.cluster_path.empty() ? local_cpu_cluster(world) : topology::load_cluster(o.cluster_path);
-  if (world < cluster.node.gpus) cluster.node.gpus = world;
-  if (cluster.node.nvlink_domain > cluster.node.gpus) cluster.node.nvlink_domain = cluster.node.gpus;
-  cluster.nodes = std::max(1, world / cluster.node.gpus);
-  plan::CostModel cm(model, cluster);
-  plan::SearchOptions so;
-  so.gpus = world;
-  so.global_batch = model.training.global_batch;
-  so.global_batch_source = model.located("training.global_batch", "global_batch");
-  for (const auto& f : o.fixed) so.fixed = plan::merge(so.fixed, plan::parse_fixed(f));
-  plan::SearchResult r = plan::search(cm, so);
-  if (!r.best) {
-    throw Error(ErrorCategory::kPlan, ExitCode::kNoFeasiblePlan,
-                fmt::format("--plan auto: no layout of model '{}' fits {} ranks", model.model.name, world));
+  plan::JobRequest request;
+  topology::ClusterSpec cluster;
+  if (o.cluster_path.empty()) {
+    cluster = local_cpu_cluster(world);  // one node of `world` ranks
+    request.shape = {1, world};
+  } else {
+    cluster = topology::load_cluster(o.cluster_path);
+    int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : std::min(world, cluster.node.gpus);
+    if (world % per_node != 0) {
+      throw input_error(fmt::format("--plan auto: WORLD_SIZE={} is not a multiple of the {} ranks per node "
+                                    "(LOCAL_WORLD_SIZE): every node must run as many ranks",
+                                    world, per_node));
+    }
+    request.shape = {world / per_node, per_node};
+    request.cluster_source = "--cluster " + o.cluster_path;
   }
-  return plan::make_plan(*r.best, cm, so.fixed);
+  for (const auto& f : o.fixed) request.fixed = plan::merge(request.fixed, plan::parse_fixed(f));
+  try {
+    return std::move(*plan::plan_job(model, cluster, request).plan);
+  } catch (const Error& e) {
+    if (e.exit_code() != ExitCode::kNoFeasiblePlan) throw;
+    throw Error(ErrorCategory::kPlan, ExitCode::kNoFeasiblePlan,
+                fmt::format("--plan auto: no layout of model '{}' fits {} ranks: {}", model.model.name, world,
+                            e.what()));
+  }
 }
+
+namespace {
 
 // The node this rank runs on, for messages: SLURMD_NODENAME under Slurm (nodes of a test cluster share one host
 // name), else the host name.

@@ -92,11 +92,11 @@ TEST_F(StepPlanTest, PlansTheStepShapeDeterministically) {
   args.cluster = kCpu;
   LoadedInputs in = load_inputs(r, args);
   StepShape shape = step_shape(2, 8, {"dtexec"});
-  auto cluster = fit_cluster(*in.cluster, shape, in.cluster_source);
+  auto cluster = plan::fit_cluster(*in.cluster, shape.job_shape(), in.cluster_source);
   EXPECT_EQ(cluster.nodes, 2);
   EXPECT_EQ(cluster.node.gpus, 4);
-  StepPlan a = make_step_plan(r, in, cluster, shape);
-  StepPlan b = make_step_plan(r, in, cluster, shape);
+  StepPlan a = make_step_plan(r, in, in.cluster, in.cluster_source, shape);
+  StepPlan b = make_step_plan(r, in, in.cluster, in.cluster_source, shape);
   EXPECT_EQ(a.plan.digest, b.plan.digest);
   EXPECT_EQ(a.text, b.text);
   EXPECT_EQ(a.plan.config.world_size(), 8);
@@ -114,7 +114,7 @@ TEST_F(StepPlanTest, FixedDimensionsArePinned) {
   UserRequest r = request("tp=2,pp=2", kTiny, kCpu);
   LoadedInputs in = load_inputs(r, {});
   StepShape shape = step_shape(2, 4, {"x"});
-  StepPlan p = make_step_plan(r, in, fit_cluster(*in.cluster, shape, ""), shape);
+  StepPlan p = make_step_plan(r, in, in.cluster, "", shape);
   EXPECT_EQ(p.plan.config.tp, 2);
   EXPECT_EQ(p.plan.config.pp, 2);
   EXPECT_EQ(p.plan.config.dp, 1);
@@ -125,7 +125,7 @@ TEST_F(StepPlanTest, NoLayoutFitsIsAPlanErrorNamingTheStep) {
   LoadedInputs in = load_inputs(r, {});
   StepShape shape = step_shape(2, 2, {"x"});
   try {
-    make_step_plan(r, in, fit_cluster(*in.cluster, shape, ""), shape);
+    make_step_plan(r, in, in.cluster, "", shape);
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.exit_code(), ExitCode::kNoFeasiblePlan);
@@ -138,13 +138,13 @@ TEST_F(StepPlanTest, NoLayoutFitsIsAPlanErrorNamingTheStep) {
 TEST_F(StepPlanTest, MoreRanksPerNodeThanGpusIsRefused) {
   LoadedInputs in = load_inputs(request("auto", kTiny, kCpu), {});
   try {
-    fit_cluster(*in.cluster, step_shape(1, 5, {"x"}), "--dtrain-cluster=c.toml");
+    plan::fit_cluster(*in.cluster, step_shape(1, 5, {"x"}).job_shape(), "--dtrain-cluster=c.toml");
     FAIL();
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("5 ranks per node, but --dtrain-cluster=c.toml describes nodes of 4 GPUs"));
   }
   topology::ClusterSpec dgx = topology::load_cluster(kDgx);
-  topology::ClusterSpec two = fit_cluster(dgx, step_shape(3, 6, {"x"}), "");
+  topology::ClusterSpec two = plan::fit_cluster(dgx, step_shape(3, 6, {"x"}).job_shape(), "");
   EXPECT_EQ(two.node.gpus, 2);
   EXPECT_EQ(two.node.nvlink_domain, 2);
   EXPECT_EQ(two.nodes, 3);
@@ -155,17 +155,17 @@ TEST_F(StepPlanTest, PlanFilesAreCheckedAgainstModelAndShape) {
   UserRequest r = request("auto", kTiny, kCpu);
   LoadedInputs in = load_inputs(r, {});
   StepShape shape = step_shape(2, 8, {"x"});
-  StepPlan made = make_step_plan(r, in, fit_cluster(*in.cluster, shape, ""), shape);
+  StepPlan made = make_step_plan(r, in, in.cluster, "", shape);
   std::string plan_path = write("plan.toml", made.text);
 
   UserRequest from_file = request(plan_path, "");
   LoadedInputs fin = load_inputs(from_file, {});
   ASSERT_TRUE(fin.plan_file.has_value());
-  StepPlan same = make_step_plan(from_file, fin, std::nullopt, shape);
+  StepPlan same = make_step_plan(from_file, fin, std::nullopt, "", shape);
   EXPECT_EQ(same.plan.digest, made.plan.digest);
   EXPECT_THAT(same.megatron_args, HasSubstr("--tensor-model-parallel-size"));
   try {
-    make_step_plan(from_file, fin, std::nullopt, step_shape(4, 8, {"x"}));
+    make_step_plan(from_file, fin, std::nullopt, "", step_shape(4, 8, {"x"}));
     FAIL();
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("was made for 2 nodes x 4 GPUs (8 ranks), but this step runs 4 nodes x 2 ranks"));

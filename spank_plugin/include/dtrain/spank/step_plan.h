@@ -1,5 +1,5 @@
-// The plan of a job step: the inputs the user named, checked and loaded; the cluster fitted to the step; the plan
-// made (or read from a plan file) for exactly the step's nodes and ranks per node.
+// The plan of a job step: the inputs the user named, checked and loaded; the plan made by plan::plan_job (which fits
+// the cluster to the step) or read from a plan file, for exactly the step's nodes and ranks per node.
 //
 // srun (as the user) runs all of it before anything launches, so that user errors fail there with a message; every
 // node's slurmstepd runs it again (as the user, in user_init) from the same inputs and so reaches the same plan: the
@@ -36,25 +36,25 @@ struct LoadedInputs {
 //   plugin off.
 LoadedInputs load_inputs(const UserRequest& request, const PluginArgs& args);
 
-// The cluster description as the step uses it: `shape.nodes` nodes of `shape.ranks_per_node` GPUs (a step may use
-// fewer GPUs per node than the nodes have: the NVLink domain and the NIC rails shrink with it). Throws
-// dtrain::Error (input) when the step runs more ranks per node than the description has GPUs.
-topology::ClusterSpec fit_cluster(topology::ClusterSpec cluster, const StepShape& shape, const std::string& source);
-
 struct StepPlan {
   plan::Plan plan;
   std::string text;           // the plan file's bytes (render_plan)
   std::string megatron_args;  // Megatron-LM flags for the plan
-  std::shared_ptr<plan::CostModel> cost_model;
+  std::shared_ptr<const plan::CostModel> cost_model;
   std::optional<plan::SearchResult> search;  // absent for a plan file
   plan::SearchOptions options;
 };
 
-// Plans the step (auto or pinned dimensions) on `cluster` (already fitted), or checks the plan file against the
-// step's shape. Throws dtrain::Error: kNoFeasiblePlan naming the model and the step with the planner's nearest
-// misses; (input) for pinned dimensions that cannot work; (input) when a plan file was made for another shape.
+// Plans the step (auto or pinned dimensions) with plan::plan_job's steps: `cluster` is the description as given (the
+// user's, the administrator's, or the node's topology), fitted to the step's nodes and ranks per node by
+// plan::fit_cluster (`cluster_source` names it in messages), so the plan is byte for byte the one `dtplan plan` and
+// `dtexec train --plan auto` make for the same shape. With a plan file (inputs.plan_file), checks it against the
+// step's shape instead (`cluster` unused). Throws dtrain::Error: kNoFeasiblePlan naming the model and the step with
+// the planner's nearest misses; (input) for more ranks per node than the description's GPUs, for pinned dimensions
+// that cannot work, and when a plan file was made for another shape.
 StepPlan make_step_plan(const UserRequest& request, const LoadedInputs& inputs,
-                        const std::optional<topology::ClusterSpec>& cluster, const StepShape& shape);
+                        const std::optional<topology::ClusterSpec>& cluster, const std::string& cluster_source,
+                        const StepShape& shape);
 
 // The report `dtplan explain` prints for this plan (what --dtrain-explain shows before the step starts).
 std::string explain_step_plan(const StepPlan& step);

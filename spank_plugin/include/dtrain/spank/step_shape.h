@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/plan/plan_job.h"
+
 namespace dtrain::spank {
 
 enum class LaunchStyle { kTaskPerRank, kNodeLauncher };
@@ -25,6 +27,8 @@ struct StepShape {
   LaunchStyle style = LaunchStyle::kTaskPerRank;
 
   int world_size() const { return nodes * ranks_per_node; }
+  // The shape as the planner sees it (plan::plan_job).
+  plan::JobShape job_shape() const { return {nodes, ranks_per_node}; }
   // "2 nodes x 4 ranks (task per rank)"
   std::string describe() const;
 };

@@ -2,8 +2,9 @@
 //
 // The world communicator is the caller's (dtexec connects Gloo through the launcher's store; tests run ranks as
 // threads over the in-process backend), so this is the same code under every launcher. What happens, in order:
-//   1. the plan: loaded from a file, or made on the spot (`auto`) from the model and a cluster description with the
-//      world size as GPU count — deterministic, so every rank makes the same one;
+//   1. the plan (make_plan): loaded from a file, or made on the spot (`auto`) by plan::plan_job from the model and
+//      a cluster description for the world's nodes and ranks per node — deterministic, so every rank makes the same
+//      one, and the same `dtplan plan` and the Slurm plugin make for that shape;
 //   2. every rank shows its plan digest to the others (an all-gather): a mismatch stops every rank with exit 5,
 //      naming both digests; a plan made for another model stops with exit 5 naming the model digests;
 //   3. the rank lowers its own program (the code of `dtplan lower`) and splits the tp, pp, dp groups;
@@ -24,6 +25,8 @@
 #include "dtrain/comm/communicator.h"
 #include "dtrain/common/error.h"
 #include "dtrain/exec/executor.h"
+#include "dtrain/model/model_spec.h"
+#include "dtrain/plan/plan_file.h"
 
 namespace dtrain::exec {
 
@@ -32,6 +35,9 @@ struct TrainOptions {
   std::string plan = "auto";        // "auto" or a plan.toml
   std::string cluster_path;         // for plan auto; empty: this machine's CPU ranks (examples/clusters/local-cpu.toml)
   std::vector<std::string> fixed;   // --fix for plan auto
+  // For plan auto with a cluster description: ranks on each node (dtexec: LOCAL_WORLD_SIZE); 0: full nodes of the
+  // description, or one node when the world is smaller than a node.
+  int ranks_per_node = 0;
   std::string data = "synthetic";   // "synthetic" or a token file
   int epochs = 1;
   // The step to train until (a total, not a count of this run's steps): a resumed run continues from its
@@ -62,6 +68,13 @@ struct TrainResult {
   std::vector<StepMetrics> steps;       // every step this run took
   std::string plan_digest;
 };
+
+// The plan train() runs on a world of `world` ranks: the plan file `options.plan`, or for "auto" the plan of
+// plan::plan_job for `options.cluster_path` fitted to world / ranks_per_node nodes of `options.ranks_per_node`
+// ranks (without a cluster description: this machine's CPUs, one node of `world` ranks), the model's global batch
+// and `options.fixed`. Throws dtrain::Error: (input) for a plan file or cluster that does not load, or a world that
+// is not whole nodes; kNoFeasiblePlan when no layout fits.
+plan::Plan make_plan(const TrainOptions& options, const model::ModelDescription& model, int world);
 
 // Runs training on this rank. Throws dtrain::Error with the exit code of the failure.
 TrainResult train(const TrainOptions& options, comm::Communicator& world);
