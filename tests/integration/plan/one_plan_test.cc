@@ -4,6 +4,7 @@
 // matrix: every model of examples/models and bench/models, every cluster of examples/clusters, and shapes with all
 // of a node's GPUs, fewer ranks than GPUs per node (a half, and three quarters: an NVLink domain that does not
 // divide), one node and several.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,8 +16,6 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "dtrain/common/error.h"
 #include "dtrain/spank/step_plan.h"
@@ -73,9 +72,9 @@ int run_shell(const std::string& command) {
 
 Outcome run_dtplan(const Case& c, const fs::path& dir) {
   fs::path out = dir / "dtplan.toml", log = dir / "dtplan.log";
-  std::string cmd = fmt::format("{}/dtplan plan --model {} --cluster {} --nodes {} --ranks-per-node {}{} -o {} > {} 2>&1",
-                                kBin, c.model, c.cluster, c.nodes, c.ranks_per_node,
-                                c.fix.empty() ? "" : " --fix " + c.fix, out.string(), log.string());
+  std::string cmd = fmt::format(
+      "{}/dtplan plan --model {} --cluster {} --nodes {} --ranks-per-node {}{} -o {} > {} 2>&1", kBin, c.model,
+      c.cluster, c.nodes, c.ranks_per_node, c.fix.empty() ? "" : " --fix " + c.fix, out.string(), log.string());
   Outcome o;
   o.exit_code = run_shell(cmd);
   o.text = o.exit_code == 0 ? slurp(out) : "";
@@ -86,8 +85,8 @@ Outcome run_dtplan(const Case& c, const fs::path& dir) {
 Outcome run_dtexec(const Case& c, const fs::path& dir) {
   fs::path out = dir / "dtexec.toml", log = dir / "dtexec.log";
   std::string cmd = fmt::format(
-      "env -u DTRAIN_PLAN RANK=0 WORLD_SIZE={} LOCAL_WORLD_SIZE={} {}/dtexec train --model {} --plan auto --cluster {}{} "
-      "--write-plan {} > {} 2>&1",
+      "env -u DTRAIN_PLAN RANK=0 WORLD_SIZE={} LOCAL_WORLD_SIZE={} "
+      "{}/dtexec train --model {} --plan auto --cluster {}{} --write-plan {} > {} 2>&1",
       c.nodes * c.ranks_per_node, c.ranks_per_node, kBin, c.model, c.cluster, c.fix.empty() ? "" : " --fix " + c.fix,
       out.string(), log.string());
   Outcome o;
@@ -144,7 +143,8 @@ std::vector<Case> matrix() {
     if (!small) ++turn;
   }
   cases.push_back({kRoot + "/examples/models/tiny.toml", kRoot + "/examples/clusters/dgx-a100-80g.toml", 2, 4, "tp=2"});
-  cases.push_back({kRoot + "/examples/models/tiny.toml", kRoot + "/examples/clusters/pcie-a100.toml", 2, 6, "pp=2,dp=3"});
+  cases.push_back(
+      {kRoot + "/examples/models/tiny.toml", kRoot + "/examples/clusters/pcie-a100.toml", 2, 6, "pp=2,dp=3"});
   return cases;
 }
 

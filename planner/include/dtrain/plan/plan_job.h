@@ -50,8 +50,7 @@ struct JobShape {
 // With k equal to the node's GPUs only the node count changes, so fitting a fitted cluster again changes nothing.
 // `source` names the description in messages ("--dtrain-cluster=c.toml"; empty: the cluster's source or name).
 // Throws dtrain::Error (input): a shape below 1 node or 1 rank per node, or more ranks per node than GPUs.
-topology::ClusterSpec fit_cluster(topology::ClusterSpec cluster, const JobShape& shape,
-                                  const std::string& source = "");
+topology::ClusterSpec fit_cluster(topology::ClusterSpec cluster, const JobShape& shape, const std::string& source = "");
 
 // What the caller asks of the planner, besides the model and the cluster description.
 struct JobRequest {
@@ -90,7 +89,6 @@ Error no_feasible_plan(const JobPlan& searched);
 
 // prepare_job, then search_job. Returns with `plan` set; throws no_feasible_plan(...) when nothing fits, and what
 // prepare_job and search_job throw.
-JobPlan plan_job(const model::ModelDescription& model, const topology::ClusterSpec& cluster,
-                 const JobRequest& request);
+JobPlan plan_job(const model::ModelDescription& model, const topology::ClusterSpec& cluster, const JobRequest& request);
 
 }  // namespace dtrain::plan
