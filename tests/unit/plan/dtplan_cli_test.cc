@@ -362,4 +362,29 @@ TEST(DtplanCli, UsageErrorsExitTwo) {
   EXPECT_THAT(nodes.err, HasSubstr("--nodes 2 and --gpus 24 disagree"));
 }
 
+// --ranks-per-node: a job using fewer GPUs per node than the nodes have
+// (docs/cost-model.md#fitting-the-cluster-to-the-job).
+TEST(DtplanCli, RanksPerNodeShapesTheJob) {
+  const std::string tiny = kRoot + "/examples/models/tiny.toml";
+  TempDir tmp;
+  std::string plan = (tmp / "p.toml").string();
+  const std::string inputs = "--model " + tiny + " --cluster " + kDgx + " --global-batch 36";
+  Result r = run("plan " + inputs + " --nodes 3 --ranks-per-node 6 -o " + plan);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string text = slurp(plan);
+  EXPECT_THAT(text, HasSubstr("\nnodes = 3\ngpus_per_node = 6\ngpus = 18\n"));
+  EXPECT_THAT(text, HasSubstr("nic_of_gpu = [0, 1, 2, 3, 4, 5]\n"));
+  // --gpus with --ranks-per-node gives the node count
+  Result same = run("plan " + inputs + " --gpus 18 --ranks-per-node 6 -o " + plan);
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_EQ(slurp(plan), text);
+  Result over = run("plan --model " + tiny + " --cluster " + kDgx + " --nodes 2 --ranks-per-node 9");
+  EXPECT_EQ(over.exit_code, 2);
+  EXPECT_THAT(over.err, HasSubstr("the job runs 9 ranks per node, but"));
+  EXPECT_THAT(over.err, HasSubstr("describes nodes of 8 GPUs"));
+  Result uneven = run("plan --model " + tiny + " --cluster " + kDgx + " --gpus 10 --ranks-per-node 4");
+  EXPECT_EQ(uneven.exit_code, 2);
+  EXPECT_THAT(uneven.err, HasSubstr("--gpus 10 is not a multiple of --ranks-per-node 4"));
+}
+
 }  // namespace
