@@ -78,8 +78,9 @@ plan::Plan make_plan(const TrainOptions& o, const model::ModelDescription& model
     int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : std::min(world, cluster.node.gpus);
     if (world % per_node != 0) {
       throw input_error(fmt::format("--plan auto: WORLD_SIZE={} is not a multiple of the {} ranks per node "
-                                    "(LOCAL_WORLD_SIZE): every node must run as many ranks",
-                                    world, per_node));
+                                    "(LOCAL_WORLD_SIZE, else the GPUs per node of {}): every node must run as many "
+                                    "ranks",
+                                    world, per_node, o.cluster_path));
     }
     request.shape = {world / per_node, per_node};
     request.cluster_source = "--cluster " + o.cluster_path;

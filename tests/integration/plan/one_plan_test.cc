@@ -196,5 +196,21 @@ TEST(OnePlan, DtplanDtexecAndThePluginMakeTheSamePlanFile) {
   EXPECT_GT(infeasible, 0);
 }
 
+// dtexec plans for whole nodes: a world that LOCAL_WORLD_SIZE does not divide is refused, naming both.
+TEST(OnePlan, DtexecRefusesAWorldThatIsNotWholeNodes) {
+  std::string templ = (fs::temp_directory_path() / "one-plan-XXXXXX").string();
+  fs::path dir = mkdtemp(templ.data());
+  Case c{kRoot + "/examples/models/tiny.toml", kRoot + "/examples/clusters/local-cpu.toml", 1, 4, ""};
+  std::string cmd = fmt::format(
+      "env -u DTRAIN_PLAN WORLD_SIZE=6 LOCAL_WORLD_SIZE=4 {}/dtexec train --model {} --plan auto --cluster {} "
+      "--write-plan {} > {} 2>&1",
+      kBin, c.model, c.cluster, (dir / "p.toml").string(), (dir / "log").string());
+  EXPECT_EQ(run_shell(cmd), 2);
+  EXPECT_NE(slurp(dir / "log").find("WORLD_SIZE=6 is not a multiple of the 4 ranks per node"), std::string::npos)
+      << slurp(dir / "log");
+  EXPECT_FALSE(fs::exists(dir / "p.toml"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace dtrain
