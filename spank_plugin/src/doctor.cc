@@ -65,6 +65,23 @@ std::string resolve_plugin(const std::string& plugin, const SlurmConf* conf) {
   return (std::filesystem::path(dirs.front()) / plugin).string();
 }
 
+// The plugin is linked with BIND_NOW (hardening), so loading it resolves the spank_* functions at once. srun and
+// slurmstepd provide them from Slurm's libslurmfull.so; the doctor loads that library first, globally, as they do.
+// Returns the path loaded, or empty when none was found (the plugin's dlopen then names the missing symbol).
+std::string load_slurm_library(const SlurmConf* conf) {
+  std::vector<std::string> dirs;
+  if (conf != nullptr && !conf->plugin_dir.empty()) dirs = split(conf->plugin_dir, ':');
+  for (const char* d : {"/usr/lib/x86_64-linux-gnu/slurm-wlm", "/usr/lib/aarch64-linux-gnu/slurm-wlm",
+                        "/usr/lib64/slurm", "/usr/lib/slurm", "/usr/local/lib/slurm"}) {
+    dirs.emplace_back(d);
+  }
+  for (const auto& d : dirs) {
+    std::string p = (std::filesystem::path(d) / "libslurmfull.so").string();
+    if (exists(p) && ::dlopen(p.c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr) return p;
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string_view to_string(CheckStatus s) {
@@ -150,11 +167,15 @@ DoctorReport run_doctor(const DoctorOptions& o) {
     add("plugin", CheckStatus::kFail, fmt::format("{} does not exist", r.plugin_path),
         "build and install it: cmake --build build --target spank_dtrain && cmake --install build");
   } else {
-    // RTLD_LAZY: the spank_* functions it calls come from srun/slurmstepd and stay unresolved here.
-    void* h = ::dlopen(r.plugin_path.c_str(), RTLD_LAZY | RTLD_LOCAL);
+    const std::string slurm_library = load_slurm_library(conf ? &*conf : nullptr);
+    void* h = ::dlopen(r.plugin_path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (h == nullptr) {
       const char* why = ::dlerror();
-      add("plugin", CheckStatus::kFail, fmt::format("{} does not load: {}", r.plugin_path, why ? why : "?"),
+      add("plugin", CheckStatus::kFail,
+          fmt::format("{} does not load: {}{}", r.plugin_path, why ? why : "?",
+                      slurm_library.empty() ? " (Slurm's libslurmfull.so, which provides the spank_* functions in "
+                                              "srun and slurmstepd, was not found in PluginDir)"
+                                            : ""),
           "install the libraries it needs (ldd shows which are missing), or rebuild it on this system");
     } else {
       auto* name = static_cast<const char*>(::dlsym(h, "plugin_name"));
