@@ -35,12 +35,13 @@ int main(int argc, char** argv) {
       worst = std::max(worst, std::fabs(err));
       ++n;
       const auto& b = e.breakdown;
-      fmt::print("{:>6} {:>3} {:>3} {:>3} {:>3} {:>3} {:>5} {:>9.2f} {:>9.2f} {:>+6.1f}%  {:.2f} {:.2f} {:.2f} {:.2f} "
-                 "{:.2f} {:.2f} {:.2f} {:.2f} mem {:.1f}/{:.0f} GiB{}\n",
-                 r.name, r.layout.tp, r.layout.pp, r.layout.vpp, r.layout.dp, r.layout.micro_batch,
-                 e.config.num_microbatches, r.iter_s, e.iteration_s, 100 * err, b.compute_s, b.recompute_s,
-                 b.tp_comm_s, b.bubble_s, b.pp_comm_s, b.dp_comm_s, b.optimizer_s, b.overhead_s,
-                 e.peak_memory_bytes / (1 << 30), e.capacity_bytes / (1 << 30), e.feasible ? "" : " OOM");
+      fmt::print(
+          "{:>6} {:>3} {:>3} {:>3} {:>3} {:>3} {:>5} {:>9.2f} {:>9.2f} {:>+6.1f}%  {:.2f} {:.2f} {:.2f} {:.2f} "
+          "{:.2f} {:.2f} {:.2f} {:.2f} mem {:.1f}/{:.0f} GiB{}\n",
+          r.name, r.layout.tp, r.layout.pp, r.layout.vpp, r.layout.dp, r.layout.micro_batch, e.config.num_microbatches,
+          r.iter_s, e.iteration_s, 100 * err, b.compute_s, b.recompute_s, b.tp_comm_s, b.bubble_s, b.pp_comm_s,
+          b.dp_comm_s, b.optimizer_s, b.overhead_s, e.peak_memory_bytes / (1 << 30), e.capacity_bytes / (1 << 30),
+          e.feasible ? "" : " OOM");
     }
     fmt::print("Table 1: mean |error| {:.1f}%, worst {:.1f}%\n\n", 100 * sum / n, 100 * worst);
 
@@ -74,11 +75,12 @@ int main(int argc, char** argv) {
                                std::pair{r.mem_act_sp_selective_gib, m_sel}}) {
         worst_m = std::max(worst_m, std::fabs(pred - pub) / pub);
       }
-      fmt::print("{:>5} {:>8.2f} {:>8.2f} {:>+6.1f}% {:>8.2f} {:>8.2f} {:>+6.1f}% | {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} "
-                 "{:>7.2f} {:>7.2f}   mfu {:.1f}% (pub {:.1f}%)\n",
-                 r.name, r.iter_s, full.iteration_s, 100 * e1, r.iter_s_selective, sel.iteration_s, 100 * e2,
-                 r.mem_params_opt_gib, m_state, r.mem_act_tp_only_gib, m_tp, r.mem_act_sp_selective_gib, m_sel,
-                 100 * sel.mfu, 0.0);
+      fmt::print(
+          "{:>5} {:>8.2f} {:>8.2f} {:>+6.1f}% {:>8.2f} {:>8.2f} {:>+6.1f}% | {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} "
+          "{:>7.2f} {:>7.2f}   mfu {:.1f}% (pub {:.1f}%)\n",
+          r.name, r.iter_s, full.iteration_s, 100 * e1, r.iter_s_selective, sel.iteration_s, 100 * e2,
+          r.mem_params_opt_gib, m_state, r.mem_act_tp_only_gib, m_tp, r.mem_act_sp_selective_gib, m_sel, 100 * sel.mfu,
+          0.0);
     }
     fmt::print("Table 5: time mean |error| {:.1f}%, worst {:.1f}%; memory worst {:.1f}%\n", 100 * sum_t / nt,
                100 * worst_t, 100 * worst_m);

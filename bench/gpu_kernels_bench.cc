@@ -37,9 +37,9 @@
 namespace {
 
 using namespace dtrain::kernels;
-using dtrain::bf16;
 using cuda::Context;
 using cuda::DeviceBuffer;
+using dtrain::bf16;
 
 struct Config {
   std::vector<std::string> gemms = {"4096x4096x4096", "8192x8192x8192", "8192x4096x11008", "8192x11008x4096"};

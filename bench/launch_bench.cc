@@ -197,7 +197,6 @@ int main(int argc, char** argv) {
     }
   }
   std::filesystem::remove_all(dir);
-  std::printf(
-      "goal: 64 ranks rendezvous and start in under 3 s (the 'started' column); 0 = not observed\n");
+  std::printf("goal: 64 ranks rendezvous and start in under 3 s (the 'started' column); 0 = not observed\n");
   return failures == 0 ? 0 : 1;
 }

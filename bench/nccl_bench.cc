@@ -60,7 +60,8 @@ int run_main(int argc, char** argv) {
   Settings s;
   CLI::App app{"all-reduce bus bandwidth of dtrain's NCCL backend, one thread per GPU"};
   app.add_option("--gpus", s.gpus, "GPUs (ranks) to use; 0: every visible GPU")->check(CLI::NonNegativeNumber);
-  app.add_option("--dtype", s.dtype, "element type: bf16, fp16 or fp32")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  app.add_option("--dtype", s.dtype, "element type: bf16, fp16 or fp32")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
   app.add_option("--min-bytes", s.min_bytes, "smallest message, bytes")->check(CLI::PositiveNumber);
   app.add_option("--max-bytes", s.max_bytes, "largest message, bytes")->check(CLI::PositiveNumber);
   app.add_option("--factor", s.factor, "ratio of successive sizes")->check(CLI::Range(2, 1024));
@@ -85,8 +86,8 @@ int run_main(int argc, char** argv) {
   }
   const int ranks = s.gpus == 0 ? visible : s.gpus;
   if (ranks > visible) {
-    std::fprintf(stderr, "nccl_bench: --gpus %d, but this process sees %d GPU%s (check CUDA_VISIBLE_DEVICES)\n",
-                 ranks, visible, visible == 1 ? "" : "s");
+    std::fprintf(stderr, "nccl_bench: --gpus %d, but this process sees %d GPU%s (check CUDA_VISIBLE_DEVICES)\n", ranks,
+                 visible, visible == 1 ? "" : "s");
     return static_cast<int>(dtrain::ExitCode::kBadInput);
   }
   const dtrain::DType dtype = *dtrain::parse_dtype(s.dtype);
@@ -110,7 +111,8 @@ int run_main(int argc, char** argv) {
         }
         for (std::size_t i = 0; i < byte_sizes.size(); ++i) {
           const std::size_t count = byte_sizes[i] / element;
-          for (int w = 0; w < s.warmup; ++w) comm->all_reduce(buffer, buffer, count, dtype, dtrain::comm::ReduceOp::kSum);
+          for (int w = 0; w < s.warmup; ++w)
+            comm->all_reduce(buffer, buffer, count, dtype, dtrain::comm::ReduceOp::kSum);
           comm->barrier();  // also waits for the warm-up
           const auto start = Clock::now();
           for (int k = 0; k < s.iterations; ++k) {
@@ -153,15 +155,14 @@ int run_main(int argc, char** argv) {
     std::printf("%s\n", report.dump(2).c_str());
     return 0;
   }
-  std::printf("nccl_bench: all_reduce(sum), %s, %d GPU%s (one thread each), NCCL %s; %d iterations after %d warm-up; "
-              "time is the slowest rank's\n\n",
-              s.dtype.c_str(), ranks, ranks == 1 ? "" : "s", dtrain::comm::nccl_version().c_str(), s.iterations,
-              s.warmup);
+  std::printf(
+      "nccl_bench: all_reduce(sum), %s, %d GPU%s (one thread each), NCCL %s; %d iterations after %d warm-up; "
+      "time is the slowest rank's\n\n",
+      s.dtype.c_str(), ranks, ranks == 1 ? "" : "s", dtrain::comm::nccl_version().c_str(), s.iterations, s.warmup);
   std::printf("%12s %12s %10s %11s %11s\n", "bytes", "count", "time us", "algbw GB/s", "busbw GB/s");
   for (const auto& row : rows) {
-    std::printf("%12zu %12zu %10.1f %11.2f %11.2f\n", row["bytes"].get<std::size_t>(),
-                row["count"].get<std::size_t>(), row["time_us"].get<double>(), row["algbw_gbps"].get<double>(),
-                row["busbw_gbps"].get<double>());
+    std::printf("%12zu %12zu %10.1f %11.2f %11.2f\n", row["bytes"].get<std::size_t>(), row["count"].get<std::size_t>(),
+                row["time_us"].get<double>(), row["algbw_gbps"].get<double>(), row["busbw_gbps"].get<double>());
   }
   if (ranks == 1) std::printf("\n(one GPU: busbw is 0 by definition; algbw is a device-local copy)\n");
   return 0;

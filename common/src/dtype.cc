@@ -4,13 +4,20 @@ namespace dtrain {
 
 std::string_view to_string(DType dtype) {
   switch (dtype) {
-    case DType::kBf16: return "bf16";
-    case DType::kFp16: return "fp16";
-    case DType::kFp8: return "fp8";
-    case DType::kFp32: return "fp32";
-    case DType::kUint8: return "uint8";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
+    case DType::kBf16:
+      return "bf16";
+    case DType::kFp16:
+      return "fp16";
+    case DType::kFp8:
+      return "fp8";
+    case DType::kFp32:
+      return "fp32";
+    case DType::kUint8:
+      return "uint8";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
   }
   return "?";
 }
@@ -29,24 +36,33 @@ int activation_bytes(DType dtype) {
   switch (dtype) {
     case DType::kBf16:
     case DType::kFp16:
-    case DType::kFp8: return 2;
-    case DType::kFp32: return 4;
-    case DType::kUint8: return 1;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
+    case DType::kFp8:
+      return 2;
+    case DType::kFp32:
+      return 4;
+    case DType::kUint8:
+      return 1;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
   }
   return 4;
 }
 
 int gemm_operand_bytes(DType dtype) {
   switch (dtype) {
-    case DType::kFp8: return 1;
-    case DType::kFp32: return 4;
+    case DType::kFp8:
+      return 1;
+    case DType::kFp32:
+      return 4;
     case DType::kBf16:
-    case DType::kFp16: return 2;
+    case DType::kFp16:
+      return 2;
     case DType::kUint8:
     case DType::kInt32:
-    case DType::kInt64: return activation_bytes(dtype);
+    case DType::kInt64:
+      return activation_bytes(dtype);
   }
   return 2;
 }

@@ -28,12 +28,18 @@ std::atomic<int> g_rank{-1};
 
 std::string_view level_name(Level level) {
   switch (level) {
-    case Level::kTrace: return "trace";
-    case Level::kDebug: return "debug";
-    case Level::kInfo: return "info";
-    case Level::kWarn: return "warning";
-    case Level::kError: return "error";
-    case Level::kOff: return "off";
+    case Level::kTrace:
+      return "trace";
+    case Level::kDebug:
+      return "debug";
+    case Level::kInfo:
+      return "info";
+    case Level::kWarn:
+      return "warning";
+    case Level::kError:
+      return "error";
+    case Level::kOff:
+      return "off";
   }
   return "?";
 }
@@ -48,14 +54,21 @@ void init(std::string_view program, Level default_level) {
   Level lvl = default_level;
   if (const char* env = std::getenv("DTRAIN_LOG"); env != nullptr && *env != '\0') {
     std::string v = lowercase(env);
-    if (v == "trace") lvl = Level::kTrace;
-    else if (v == "debug") lvl = Level::kDebug;
-    else if (v == "info") lvl = Level::kInfo;
-    else if (v == "warn" || v == "warning") lvl = Level::kWarn;
-    else if (v == "error") lvl = Level::kError;
-    else if (v == "off" || v == "none") lvl = Level::kOff;
+    if (v == "trace")
+      lvl = Level::kTrace;
+    else if (v == "debug")
+      lvl = Level::kDebug;
+    else if (v == "info")
+      lvl = Level::kInfo;
+    else if (v == "warn" || v == "warning")
+      lvl = Level::kWarn;
+    else if (v == "error")
+      lvl = Level::kError;
+    else if (v == "off" || v == "none")
+      lvl = Level::kOff;
     else
-      throw input_error("DTRAIN_LOG=" + std::string(env) + ": unknown level (expected error, warn, info, debug or trace)");
+      throw input_error("DTRAIN_LOG=" + std::string(env) +
+                        ": unknown level (expected error, warn, info, debug or trace)");
   }
   set_level(lvl);
   if (const char* env = std::getenv("DTRAIN_LOG_SUBSYS"); env != nullptr && *env != '\0') {

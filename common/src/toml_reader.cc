@@ -15,16 +15,24 @@ namespace {
 
 std::string describe_type(const toml::node& n) {
   switch (n.type()) {
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
     case toml::node_type::date:
     case toml::node_type::time:
-    case toml::node_type::date_time: return "a date/time";
-    default: return "nothing";
+    case toml::node_type::date_time:
+      return "a date/time";
+    default:
+      return "nothing";
   }
 }
 
@@ -51,8 +59,7 @@ TomlDocument TomlDocument::parse_string(std::string_view text, std::string name)
     return TomlDocument(std::move(table), std::move(name));
   } catch (const toml::parse_error& e) {
     const auto& begin = e.source().begin;
-    throw input_error(
-        fmt::format("{}:{}:{}: TOML syntax error: {}", name, begin.line, begin.column, e.description()));
+    throw input_error(fmt::format("{}:{}:{}: TOML syntax error: {}", name, begin.line, begin.column, e.description()));
   }
 }
 
@@ -177,9 +184,12 @@ std::optional<std::vector<double>> TableReader::get_number_array(std::string_vie
   if (!n->is_array()) fail_type(key, "an array of numbers");
   std::vector<double> out;
   for (const auto& el : *n->as_array()) {
-    if (el.is_integer()) out.push_back(static_cast<double>(el.as_integer()->get()));
-    else if (el.is_floating_point()) out.push_back(el.as_floating_point()->get());
-    else fail(key, fmt::format("expected an array of numbers, found {} in it", describe_type(el)));
+    if (el.is_integer())
+      out.push_back(static_cast<double>(el.as_integer()->get()));
+    else if (el.is_floating_point())
+      out.push_back(el.as_floating_point()->get());
+    else
+      fail(key, fmt::format("expected an array of numbers, found {} in it", describe_type(el)));
   }
   return out;
 }

@@ -21,7 +21,7 @@ struct PublishedRow {
   double mem_params_opt_gib = 0;  // Table 5 only
   double mem_act_tp_only_gib = 0;
   double mem_act_sp_selective_gib = 0;
-  double tflops_per_gpu = 0;      // Table 1
+  double tflops_per_gpu = 0;  // Table 1
 };
 
 // Rows of a CSV in tests/data/published (comment lines start with '#'). Throws on a malformed file.

@@ -81,9 +81,8 @@ void keep_freed_memory() {
 
 // The world communicator over NCCL, one GPU per rank (LOCAL_RANK's). A single rank meets itself through an
 // in-process store; several meet through the launcher's store (the same keys as Gloo's rendezvous).
-std::unique_ptr<comm::Communicator> connect_cuda_world(gloo::rendezvous::Store* store, int rank, int world,
-                                                       int device, std::chrono::milliseconds timeout,
-                                                       const std::string& run) {
+std::unique_ptr<comm::Communicator> connect_cuda_world(gloo::rendezvous::Store* store, int rank, int world, int device,
+                                                       std::chrono::milliseconds timeout, const std::string& run) {
 #ifdef DTRAIN_HAVE_CUDA
   comm::NcclOptions no;
   no.timeout = timeout;
@@ -110,7 +109,8 @@ int run_train(exec::TrainOptions options, const std::string& device, double time
   log::set_rank(rank);
   keep_freed_memory();
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  kernels::cpu::set_num_threads(threads > 0 ? threads : std::max(1, static_cast<int>(cores) / std::max(1, local_world)));
+  kernels::cpu::set_num_threads(threads > 0 ? threads
+                                            : std::max(1, static_cast<int>(cores) / std::max(1, local_world)));
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
   auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
@@ -137,12 +137,14 @@ int run_train(exec::TrainOptions options, const std::string& device, double time
     comm = single->communicator(0);
   } else {
     if (std::getenv(store::kAddressEnv) == nullptr) {
-      throw input_error(fmt::format("WORLD_SIZE={} but DTRAIN_STORE is not set: start ranks with dtlaunch (or under "
-                                    "Slurm with the dtrain plugin), which provides the rendezvous store",
-                                    world));
+      throw input_error(
+          fmt::format("WORLD_SIZE={} but DTRAIN_STORE is not set: start ranks with dtlaunch (or under "
+                      "Slurm with the dtrain plugin), which provides the rendezvous store",
+                      world));
     }
     if (env_string("DTRAIN_STORE_HOST", "0") == "1") {
-      if (rank != 0) throw input_error(fmt::format("DTRAIN_STORE_HOST=1 on rank {}: only rank 0 hosts the store", rank));
+      if (rank != 0)
+        throw input_error(fmt::format("DTRAIN_STORE_HOST=1 on rank {}: only rank 0 hosts the store", rank));
       store::ServerOptions so;
       so.port = store::Endpoint::from_environment().port;
       hosted = std::make_unique<store::Server>(store::Secret::from_environment(), so);
@@ -199,8 +201,9 @@ int main(int argc, char** argv) {
   std::string dtype;
   auto* train = app.add_subcommand("train", "Train the model with a plan");
   train->add_option("--model", o.model_path, "Model description (model.toml)")->required();
-  auto* plan_option = train->add_option(
-      "--plan", o.plan, "A plan file, or 'auto' to plan on the spot for WORLD_SIZE ranks (default: DTRAIN_PLAN when it "
+  auto* plan_option =
+      train->add_option("--plan", o.plan,
+                        "A plan file, or 'auto' to plan on the spot for WORLD_SIZE ranks (default: DTRAIN_PLAN when it "
                         "names a plan file, as in a task of a dtrain Slurm step; else auto)");
   train->add_option("--cluster", o.cluster_path, "Cluster description for --plan auto (default: this machine's CPUs)");
   train->add_option("--fix", o.fixed, "Pinned dimensions for --plan auto, as in dtplan --fix");
@@ -219,9 +222,10 @@ int main(int argc, char** argv) {
   train->add_option("--metrics", o.metrics_path, "Append one JSON line per step (global rank 0)");
   train->add_option("--trace", o.trace_path, "Write the measured timeline (Chrome trace JSON)");
   train->add_flag("--deterministic", o.deterministic, "Bitwise repeatable runs (fixed thread counts and orders)");
-  train->add_option("--device", device,
-                    "cpu, or cuda (one GPU per rank: LOCAL_RANK's; NCCL; bf16 activations, so with --dtype bf16 "
-                    "for a model whose training.dtype is fp32)")
+  train
+      ->add_option("--device", device,
+                   "cpu, or cuda (one GPU per rank: LOCAL_RANK's; NCCL; bf16 activations, so with --dtype bf16 "
+                   "for a model whose training.dtype is fp32)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   train->add_option("--dtype", dtype,
                     "Activations: fp32, or bf16 with fp32 master weights (default: the model's training.dtype)");
@@ -233,30 +237,33 @@ int main(int argc, char** argv) {
   auto* tokenize = app.add_subcommand("tokenize", "Byte-tokenize a text file into a token file (vocabulary 256)");
   tokenize->add_option("--input", input, "Text file")->required();
   tokenize->add_option("--output", output, "Token file to write")->required();
-  return run_main(app, [&] {
-    log::init("dtexec", log::Level::kInfo);
-    app.parse(argc, argv);
-    if (*tokenize) {
-      std::int64_t n = exec::tokenize_bytes(input, output);
-      std::printf("%lld tokens written to %s\n", static_cast<long long>(n), output.c_str());
-      return 0;
-    }
-    if (!dtype.empty()) {
-      o.activations = parse_dtype(dtype);
-      if (!o.activations || (*o.activations != DType::kFp32 && *o.activations != DType::kBf16)) {
-        throw input_error(fmt::format("--dtype {}: expected fp32 or bf16", dtype));
-      }
-    }
-    if (o.deterministic) threads = 1;
-    if (plan_option->count() == 0) {
-      // DTRAIN_PLAN is also the Slurm plugin's input twin (auto, off, tp=..): only a plan file is taken from it.
-      std::string env_plan = env_string("DTRAIN_PLAN", "");
-      if (!env_plan.empty() && env_plan != "auto" && env_plan != "off" && env_plan.find('=') == std::string::npos) {
-        o.plan = env_plan;
-      }
-    }
-    if (!plan_output.empty()) return write_plan(o, plan_output);
-    if (steps_option->count() == 0) throw CLI::RequiredError(steps_option->get_name());
-    return run_train(o, device, timeout_s, threads);
-  }, [](const std::string& message) { log::error("", "{}", message); });
+  return run_main(
+      app,
+      [&] {
+        log::init("dtexec", log::Level::kInfo);
+        app.parse(argc, argv);
+        if (*tokenize) {
+          std::int64_t n = exec::tokenize_bytes(input, output);
+          std::printf("%lld tokens written to %s\n", static_cast<long long>(n), output.c_str());
+          return 0;
+        }
+        if (!dtype.empty()) {
+          o.activations = parse_dtype(dtype);
+          if (!o.activations || (*o.activations != DType::kFp32 && *o.activations != DType::kBf16)) {
+            throw input_error(fmt::format("--dtype {}: expected fp32 or bf16", dtype));
+          }
+        }
+        if (o.deterministic) threads = 1;
+        if (plan_option->count() == 0) {
+          // DTRAIN_PLAN is also the Slurm plugin's input twin (auto, off, tp=..): only a plan file is taken from it.
+          std::string env_plan = env_string("DTRAIN_PLAN", "");
+          if (!env_plan.empty() && env_plan != "auto" && env_plan != "off" && env_plan.find('=') == std::string::npos) {
+            o.plan = env_plan;
+          }
+        }
+        if (!plan_output.empty()) return write_plan(o, plan_output);
+        if (steps_option->count() == 0) throw CLI::RequiredError(steps_option->get_name());
+        return run_train(o, device, timeout_s, threads);
+      },
+      [](const std::string& message) { log::error("", "{}", message); });
 }

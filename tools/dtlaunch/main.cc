@@ -75,20 +75,23 @@ int run(int argc, char** argv) {
       break;
     }
   }
-  return run_main(app, [&] {
-    log::init("dtlaunch", log::Level::kInfo);
-    app.parse(own_argc, argv);
-    o.command = app.remaining();
-    for (int i = own_argc + 1; i < argc; ++i) o.command.emplace_back(argv[i]);
-    if (*nnodes_opt) o.nnodes = nnodes;
-    if (*node_rank_opt) o.node_rank = node_rank;
-    if (*rdzv_opt) o.rdzv = rdzv;
-    o.bind = !no_bind;
-    JobConfig job = resolve_job(o, current_environment());
-    if (job.nnodes > 1) log::init("dtlaunch[node " + std::to_string(job.node_rank) + "]", log::Level::kInfo);
-    Agent agent(std::move(job), current_environment());
-    return agent.run();
-  }, [](const std::string& message) { std::fprintf(stderr, "dtlaunch: %s\n", message.c_str()); });
+  return run_main(
+      app,
+      [&] {
+        log::init("dtlaunch", log::Level::kInfo);
+        app.parse(own_argc, argv);
+        o.command = app.remaining();
+        for (int i = own_argc + 1; i < argc; ++i) o.command.emplace_back(argv[i]);
+        if (*nnodes_opt) o.nnodes = nnodes;
+        if (*node_rank_opt) o.node_rank = node_rank;
+        if (*rdzv_opt) o.rdzv = rdzv;
+        o.bind = !no_bind;
+        JobConfig job = resolve_job(o, current_environment());
+        if (job.nnodes > 1) log::init("dtlaunch[node " + std::to_string(job.node_rank) + "]", log::Level::kInfo);
+        Agent agent(std::move(job), current_environment());
+        return agent.run();
+      },
+      [](const std::string& message) { std::fprintf(stderr, "dtlaunch: %s\n", message.c_str()); });
 }
 
 }  // namespace

@@ -41,8 +41,10 @@ void run_lower(const LowerOptions& o) {
   if (!o.all) {
     ir::Program program = ir::lower(p, o.rank);
     std::string text = ir::print_program(program);
-    if (o.output.empty()) std::cout << text;
-    else write_text(o.output, text);
+    if (o.output.empty())
+      std::cout << text;
+    else
+      write_text(o.output, text);
     return;
   }
   if (o.output.empty()) throw input_error("dtplan lower --all needs -o DIR");
@@ -75,8 +77,10 @@ struct VerifyOptions {
 };
 
 void run_verify(const VerifyOptions& o) {
-  if (o.plan.empty() == o.programs.empty()) throw input_error("dtplan verify: give exactly one of --plan and --programs");
-  std::vector<ir::Program> programs = o.plan.empty() ? load_programs(o.programs) : ir::lower_all(plan::load_plan(o.plan));
+  if (o.plan.empty() == o.programs.empty())
+    throw input_error("dtplan verify: give exactly one of --plan and --programs");
+  std::vector<ir::Program> programs =
+      o.plan.empty() ? load_programs(o.programs) : ir::lower_all(plan::load_plan(o.plan));
   ir::VerifyReport report = ir::verify(programs);
   std::cout << (o.json ? ir::report_json(report).dump(2) + "\n" : ir::report_text(report));
   if (!report.ok) set_exit_code(ExitCode::kUnsafeProgram);
@@ -99,7 +103,8 @@ void run_simulate(const SimulateOptions& o) {
   so.unit_costs = o.unit;
   ir::SimulationReport r = ir::simulate(p, programs, so);
   if (!o.trace.empty()) write_text(o.trace, ir::chrome_trace_json(r));
-  if (!o.svg.empty()) write_text(o.svg, ir::gantt_svg(r, fmt::format("{} {}", p.inputs.model_name, p.config.summary())));
+  if (!o.svg.empty())
+    write_text(o.svg, ir::gantt_svg(r, fmt::format("{} {}", p.inputs.model_name, p.config.summary())));
   double analytic = p.predicted.iteration_s;
   if (o.json) {
     auto j = ir::simulation_json(r);
@@ -134,7 +139,8 @@ void setup_ir(CLI::App& app) {
   lower->callback([lo] { run_lower(*lo); });
 
   auto vo = std::make_shared<VerifyOptions>();
-  auto* verify = app.add_subcommand("verify", "Prove the per-rank programs cannot deadlock or mismatch (exit 4 if they can)");
+  auto* verify =
+      app.add_subcommand("verify", "Prove the per-rank programs cannot deadlock or mismatch (exit 4 if they can)");
   verify->add_option("--plan", vo->plan, "Lower this plan and verify its programs");
   verify->add_option("--programs", vo->programs, "Verify the .ir programs in this directory");
   verify->add_flag("--json", vo->json, "Print the JSON report");

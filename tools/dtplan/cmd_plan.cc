@@ -123,10 +123,10 @@ std::string plan_only_text(const plan::Plan& p) {
   s += fmt::format("  predicted {} per step, {:.0f} tokens/s, {:.1f} TFLOP/s per GPU, MFU {:.1f}%, HFU {:.1f}%\n",
                    format_seconds(pr.iteration_s), pr.tokens_per_s, pr.tflops_per_gpu, 100 * pr.mfu, 100 * pr.hfu);
   const auto& b = pr.breakdown;
-  s += fmt::format("  time: compute {:.3f} s, recompute {:.3f}, tp comm {:.3f}, bubble {:.3f}, pp transfers {:.3f}, dp "
-                   "reduction {:.3f}, optimizer {:.3f}, overhead {:.3f}\n",
-                   b.compute_s, b.recompute_s, b.tp_comm_s, b.bubble_s, b.pp_comm_s, b.dp_comm_s, b.optimizer_s,
-                   b.overhead_s);
+  s += fmt::format(
+      "  time: compute {:.3f} s, recompute {:.3f}, tp comm {:.3f}, bubble {:.3f}, pp transfers {:.3f}, dp "
+      "reduction {:.3f}, optimizer {:.3f}, overhead {:.3f}\n",
+      b.compute_s, b.recompute_s, b.tp_comm_s, b.bubble_s, b.pp_comm_s, b.dp_comm_s, b.optimizer_s, b.overhead_s);
   s += "  memory per stage (GiB):";
   for (double m : pr.stage_memory_bytes) s += fmt::format(" {:.1f}", m / (1024.0 * 1024 * 1024));
   s += fmt::format(" of {:.1f}\n", pr.capacity_bytes / (1024.0 * 1024 * 1024));
@@ -147,11 +147,14 @@ void run_explain(const PlanOptions& o) {
         nlohmann::json j;
         j["plan_digest"] = p.digest;
         j["config"] = plan::config_json(p.config);
-        j["predicted"] = {{"iteration_s", p.predicted.iteration_s}, {"tokens_per_s", p.predicted.tokens_per_s},
-                          {"tflops_per_gpu", p.predicted.tflops_per_gpu}, {"mfu", p.predicted.mfu},
+        j["predicted"] = {{"iteration_s", p.predicted.iteration_s},
+                          {"tokens_per_s", p.predicted.tokens_per_s},
+                          {"tflops_per_gpu", p.predicted.tflops_per_gpu},
+                          {"mfu", p.predicted.mfu},
                           {"hfu", p.predicted.hfu}};
         j["breakdown_s"] = plan::breakdown_json(p.predicted.breakdown);
-        j["memory_bytes"] = {{"stages", p.predicted.stage_memory_bytes}, {"peak", p.predicted.peak_memory_bytes},
+        j["memory_bytes"] = {{"stages", p.predicted.stage_memory_bytes},
+                             {"peak", p.predicted.peak_memory_bytes},
                              {"capacity", p.predicted.capacity_bytes}};
         std::cout << j.dump(2) << "\n";
       } else {
@@ -190,7 +193,8 @@ void run_explain(const PlanOptions& o) {
 
 void setup_plan(CLI::App& app) {
   auto opts = std::make_shared<PlanOptions>();
-  auto* plan_cmd = app.add_subcommand("plan", "Choose the parallel layout for a model on a cluster and write plan.toml");
+  auto* plan_cmd =
+      app.add_subcommand("plan", "Choose the parallel layout for a model on a cluster and write plan.toml");
   add_input_options(*plan_cmd, opts->inputs);
   plan_cmd->add_option("-o,--output", opts->output, "Write the plan file here (plan.toml); without it, only print");
   plan_cmd->add_flag("--json", opts->json, "Print the JSON report instead of text");

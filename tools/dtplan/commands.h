@@ -25,4 +25,5 @@ void set_exit_code(ExitCode code);
 
 }  // namespace dtrain::dtplan
 
-#define DTPLAN_COMMAND(order, setup) static const ::dtrain::dtplan::CommandRegistrar dtplan_registrar_##setup(order, setup)
+#define DTPLAN_COMMAND(order, setup) \
+  static const ::dtrain::dtplan::CommandRegistrar dtplan_registrar_##setup(order, setup)

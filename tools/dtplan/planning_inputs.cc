@@ -22,8 +22,9 @@ void add_input_options(CLI::App& cmd, InputOptions& o) {
                  "Ranks (GPUs used) per node when fewer than the node has: they run on GPUs 0..K-1 (default: all; "
                  "docs/cost-model.md#fitting-the-cluster-to-the-job)");
   cmd.add_option("--global-batch", o.global_batch, "Sequences per optimizer step (overrides [training] global_batch)");
-  cmd.add_option("--fix", o.fixed, "Pin dimensions: tp=8,pp=4,dp=2,vpp=1,micro_batch=1,recompute=full,"
-                                   "sequence_parallel=true,distributed_optimizer=false,schedule=1f1b");
+  cmd.add_option("--fix", o.fixed,
+                 "Pin dimensions: tp=8,pp=4,dp=2,vpp=1,micro_batch=1,recompute=full,"
+                 "sequence_parallel=true,distributed_optimizer=false,schedule=1f1b");
 }
 
 plan::JobShape job_shape(const InputOptions& o, const topology::ClusterSpec& cluster) {
@@ -63,14 +64,16 @@ PlanningInputs load_planning_inputs(const InputOptions& o) {
     throw input_error("--cluster is required (a cluster.toml; see examples/clusters/), or --topology node.xml");
   }
   if (!o.cluster.empty() && !o.topology.empty()) {
-    throw input_error("give --cluster or --topology, not both (dtplan topo --toml writes the [node] part of a "
-                      "cluster.toml from a topology)");
+    throw input_error(
+        "give --cluster or --topology, not both (dtplan topo --toml writes the [node] part of a "
+        "cluster.toml from a topology)");
   }
   model::ModelDescription model = model::load_model(o.model);
-  topology::ClusterSpec cluster =
-      o.topology.empty() ? topology::load_cluster(o.cluster)
-                         : topology::load_cluster_from_topology(o.topology == "live" ? "" : o.topology, 1);
-  if (!o.topology.empty()) cluster.locations["node.gpus"] = fmt::format("{}: {} GPUs per node", o.topology, cluster.node.gpus);
+  topology::ClusterSpec cluster = o.topology.empty()
+                                      ? topology::load_cluster(o.cluster)
+                                      : topology::load_cluster_from_topology(o.topology == "live" ? "" : o.topology, 1);
+  if (!o.topology.empty())
+    cluster.locations["node.gpus"] = fmt::format("{}: {} GPUs per node", o.topology, cluster.node.gpus);
   plan::JobRequest request;
   request.shape = job_shape(o, cluster);
   if (o.global_batch < 0) throw input_error("--global-batch must be at least 1");

@@ -16,7 +16,7 @@
 namespace dtrain::topology {
 namespace {
 
-Error binding_error(std::string message) { return Error(ErrorCategory::kTopology, std::move(message)); }
+Error binding_error(const std::string& message) { return Error(ErrorCategory::kTopology, message); }
 
 // Splits `cores` among `ranks` in contiguous disjoint blocks: by core while there are enough cores, else by hardware
 // thread, else round robin over threads (sets then overlap).
@@ -93,6 +93,7 @@ void assign_cpu_rank_cpus(const NodeTopology& node, std::vector<Binding>& bindin
   for (const auto& core : node.cores) pool.push_back(&core);
   std::stable_sort(pool.begin(), pool.end(), [](const Core* a, const Core* b) { return a->numa < b->numa; });
   std::vector<Binding*> ranks;
+  ranks.reserve(bindings.size());
   for (auto& b : bindings) ranks.push_back(&b);
   split_cpus(pool, ranks);
   // The NUMA node of a CPU rank is that of its CPUs when they share one.

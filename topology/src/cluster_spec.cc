@@ -27,8 +27,9 @@ double NetworkSpec::efficiency_at(const std::string& scope, int participants, do
   double best_distance = 1e300;
   for (const auto& c : efficiency) {
     if (c.scope != scope) continue;
-    double d = c.participants == 0 ? 1e100 : std::fabs(std::log(static_cast<double>(std::max(participants, 1))) -
-                                                       std::log(static_cast<double>(c.participants)));
+    double d = c.participants == 0 ? 1e100
+                                   : std::fabs(std::log(static_cast<double>(std::max(participants, 1))) -
+                                               std::log(static_cast<double>(c.participants)));
     if (best == nullptr || d < best_distance) {
       best = &c;
       best_distance = d;
@@ -203,7 +204,8 @@ ClusterSpec parse_cluster_tables(TableReader root) {
   ns.nvlink_domain = static_cast<int>(n.get_int_at_least("nvlink_domain", 1).value_or(ns.gpus));
   if (ns.nvlink_domain > ns.gpus) {
     n.fail("nvlink_domain", fmt::format("is larger than gpus = {} per node (multi-node NVLink domains are not "
-                                        "modelled)", ns.gpus));
+                                        "modelled)",
+                                        ns.gpus));
   }
   if (ns.gpus % ns.nvlink_domain != 0) {
     n.fail("nvlink_domain", fmt::format("does not divide gpus = {} (every GPU belongs to one domain)", ns.gpus));
@@ -268,13 +270,15 @@ std::string cluster_toml(const ClusterSpec& s, const std::string& prefix) {
   std::string out = fmt::format("[{}cluster]\nname = \"{}\"\nnodes = {}\n\n", p, s.name, s.nodes);
   std::string node = node_toml(s);
   out += "[" + p + node.substr(1);
-  out += fmt::format("\n[{}gpu]\nname = \"{}\"\ntflops_bf16 = {}\ntflops_fp16 = {}\ntflops_fp8 = {}\ntflops_fp32 = {}\n", p,
-                     g.name, g.tflops_bf16, g.tflops_fp16, g.tflops_fp8, g.tflops_fp32);
+  out +=
+      fmt::format("\n[{}gpu]\nname = \"{}\"\ntflops_bf16 = {}\ntflops_fp16 = {}\ntflops_fp8 = {}\ntflops_fp32 = {}\n",
+                  p, g.name, g.tflops_bf16, g.tflops_fp16, g.tflops_fp8, g.tflops_fp32);
   out += fmt::format("memory_gib = {}\nhbm_gbps = {}\n\n", g.memory_gib, g.hbm_gbps);
   out += fmt::format("[{}calibration]\ngemm_efficiency_max = {}\ngemm_half_gflop = {}\nattention_efficiency = {}\n", p,
                      c.gemm_efficiency_max, c.gemm_half_gflop, c.attention_efficiency);
-  out += fmt::format("hbm_efficiency = {}\nstep_overhead_s = {}\nmicrobatch_overhead_s = {}\nmemory_fragmentation = {}\n",
-                     c.hbm_efficiency, c.step_overhead_s, c.microbatch_overhead_s, c.memory_fragmentation);
+  out +=
+      fmt::format("hbm_efficiency = {}\nstep_overhead_s = {}\nmicrobatch_overhead_s = {}\nmemory_fragmentation = {}\n",
+                  c.hbm_efficiency, c.step_overhead_s, c.microbatch_overhead_s, c.memory_fragmentation);
   out += fmt::format("runtime_reserved_gib = {}\n\n", c.runtime_reserved_gib);
   out += fmt::format("[{}network]\nnvlink_latency_us = {}\nnetwork_latency_us = {}\np2p_latency_us = {}\n", p,
                      s.network.nvlink_latency_us, s.network.network_latency_us, s.network.p2p_latency_us);

@@ -6,13 +6,18 @@ namespace dtrain::topology {
 
 double GpuSpec::peak_flops(DType dtype) const {
   switch (dtype) {
-    case DType::kBf16: return tflops_bf16 * 1e12;
-    case DType::kFp16: return tflops_fp16 * 1e12;
-    case DType::kFp8: return tflops_fp8 * 1e12;
-    case DType::kFp32: return tflops_fp32 * 1e12;
+    case DType::kBf16:
+      return tflops_bf16 * 1e12;
+    case DType::kFp16:
+      return tflops_fp16 * 1e12;
+    case DType::kFp8:
+      return tflops_fp8 * 1e12;
+    case DType::kFp32:
+      return tflops_fp32 * 1e12;
     case DType::kUint8:
     case DType::kInt32:
-    case DType::kInt64: return 0;  // not a training format: no GEMM runs on it
+    case DType::kInt64:
+      return 0;  // not a training format: no GEMM runs on it
   }
   return 0;
 }
@@ -89,15 +94,30 @@ struct Alias {
   const char* name;
 };
 constexpr Alias kAliases[] = {
-    {"a100", "A100-SXM4-80GB"},          {"a100-80gb", "A100-SXM4-80GB"},      {"a100-40gb", "A100-SXM4-40GB"},
-    {"a100-sxm4-80g", "A100-SXM4-80GB"}, {"a100-sxm-80gb", "A100-SXM4-80GB"},  {"h100", "H100-SXM"},
-    {"h100-sxm5", "H100-SXM"},           {"h100-80gb-hbm3", "H100-SXM"},       {"h100-sxm5-80gb", "H100-SXM"},
-    {"h200-sxm", "H200"},                {"v100", "V100-SXM2-32GB"},           {"tesla-v100-sxm3-32gb-h", "V100-SXM3-32GB"},
-    {"v100-sxm3-32gb-h", "V100-SXM3-32GB"}, {"a100-80gb-pcie", "A100-PCIE-80GB"},
+    {"a100", "A100-SXM4-80GB"},
+    {"a100-80gb", "A100-SXM4-80GB"},
+    {"a100-40gb", "A100-SXM4-40GB"},
+    {"a100-sxm4-80g", "A100-SXM4-80GB"},
+    {"a100-sxm-80gb", "A100-SXM4-80GB"},
+    {"h100", "H100-SXM"},
+    {"h100-sxm5", "H100-SXM"},
+    {"h100-80gb-hbm3", "H100-SXM"},
+    {"h100-sxm5-80gb", "H100-SXM"},
+    {"h200-sxm", "H200"},
+    {"v100", "V100-SXM2-32GB"},
+    {"tesla-v100-sxm3-32gb-h", "V100-SXM3-32GB"},
+    {"v100-sxm3-32gb-h", "V100-SXM3-32GB"},
+    {"a100-80gb-pcie", "A100-PCIE-80GB"},
     // PCI vendor:device ids, for GPUs seen only on the PCI bus (no driver name in the topology).
-    {"10de:20b0", "A100-SXM4-40GB"}, {"10de:20b2", "A100-SXM4-80GB"},  {"10de:20f1", "A100-PCIE-40GB"},
-    {"10de:20b5", "A100-PCIE-80GB"}, {"10de:2330", "H100-SXM"},        {"10de:2331", "H100-PCIE"},
-    {"10de:2335", "H200"},           {"10de:1db8", "V100-SXM3-32GB"},  {"10de:1db5", "V100-SXM2-32GB"},
+    {"10de:20b0", "A100-SXM4-40GB"},
+    {"10de:20b2", "A100-SXM4-80GB"},
+    {"10de:20f1", "A100-PCIE-40GB"},
+    {"10de:20b5", "A100-PCIE-80GB"},
+    {"10de:2330", "H100-SXM"},
+    {"10de:2331", "H100-PCIE"},
+    {"10de:2335", "H200"},
+    {"10de:1db8", "V100-SXM3-32GB"},
+    {"10de:1db5", "V100-SXM2-32GB"},
     {"10de:26b9", "L40S"},
 };
 

@@ -15,7 +15,7 @@
 namespace dtrain::topology {
 namespace {
 
-Error topology_error(std::string message) { return Error(ErrorCategory::kTopology, std::move(message)); }
+Error topology_error(const std::string& message) { return Error(ErrorCategory::kTopology, message); }
 
 std::string where(const NodeTopology& node) {
   return node.source == "xml" ? fmt::format("hwloc XML {}", node.path) : std::string("this machine");
@@ -147,6 +147,7 @@ ClusterSpec cluster_from_topology(const NodeTopology& node, int nodes) {
   if (!usable.empty()) {
     ns.nics = static_cast<int>(usable.size());
     std::vector<std::string> names;
+    names.reserve(usable.size());
     for (int k : usable) names.push_back(node.nics[static_cast<std::size_t>(k)].name);
     prov["node.nics"] = fmt::format("observed: {} usable RDMA NIC(s) in {} ({})", ns.nics, from, join(names, ", "));
     const Nic* slowest = nullptr;

@@ -265,9 +265,7 @@ class InprocCommunicator final : public Communicator {
     c.root = root;
     collective(c);
   }
-  void do_barrier() override {
-    collective(contribution(CollectiveKind::kBarrier, nullptr, nullptr, 0, DType::kFp32));
-  }
+  void do_barrier() override { collective(contribution(CollectiveKind::kBarrier, nullptr, nullptr, 0, DType::kFp32)); }
   std::unique_ptr<Communicator> do_split(int color, int key, std::string_view name) override;
   void do_abort() noexcept override {
     try {

@@ -182,7 +182,8 @@ class NcclCommunicator final : public Communicator {
   static ncclDataType_t type(DType dtype) { return *detail::nccl_data_type(dtype); }  // supported: checked
   // Fails when the device could not be made current.
   void enter(const DeviceScope& scope) {
-    if (scope.error() != cudaSuccess) fail(cuda_failure(fmt::format("cudaSetDevice({})", device_), scope.error(), true));
+    if (scope.error() != cudaSuccess)
+      fail(cuda_failure(fmt::format("cudaSetDevice({})", device_), scope.error(), true));
   }
   // ncclSuccess: done; ncclInProgress: waits until NCCL has accepted the call; an error: aborts and throws.
   void check(std::string_view what, ncclResult_t result);
@@ -316,9 +317,9 @@ void NcclCommunicator::do_group(std::span<const P2POp> ops) {
   // The group is always closed, even after an error, so that NCCL's group state is left clean.
   const ncclResult_t end = ncclGroupEnd();
   if (first_error != ncclSuccess) {
-    fail(nccl_failure(fmt::format("{} ({})", failed->kind == P2POp::Kind::kSend ? "ncclSend" : "ncclRecv",
-                                  to_string(*failed)),
-                      first_error, last_error(), true));
+    fail(nccl_failure(
+        fmt::format("{} ({})", failed->kind == P2POp::Kind::kSend ? "ncclSend" : "ncclRecv", to_string(*failed)),
+        first_error, last_error(), true));
   }
   check("ncclGroupEnd", end);
   issued();
@@ -448,8 +449,9 @@ int cuda_device_count(std::string* why) {
     }
     if (count == 0 && why != nullptr) {
       const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-      *why = visible == nullptr ? std::string("cudaGetDeviceCount: no CUDA device")
-                                : fmt::format("cudaGetDeviceCount: no CUDA device (CUDA_VISIBLE_DEVICES='{}')", visible);
+      *why = visible == nullptr
+                 ? std::string("cudaGetDeviceCount: no CUDA device")
+                 : fmt::format("cudaGetDeviceCount: no CUDA device (CUDA_VISIBLE_DEVICES='{}')", visible);
     }
     return count;
   } catch (...) {
@@ -479,12 +481,14 @@ std::unique_ptr<Communicator> connect_nccl(gloo::rendezvous::Store& store, int r
     }
     if (device >= devices) {
       const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-      throw internal_error(fmt::format("connect_nccl: device {} is not one of the {} CUDA devices this process sees "
-                                       "(CUDA_VISIBLE_DEVICES='{}')",
-                                       device, devices, visible == nullptr ? "" : visible));
+      throw internal_error(
+          fmt::format("connect_nccl: device {} is not one of the {} CUDA devices this process sees "
+                      "(CUDA_VISIBLE_DEVICES='{}')",
+                      device, devices, visible == nullptr ? "" : visible));
     }
     DeviceScope scope(device);
-    if (scope.error() != cudaSuccess) throw cuda_failure(fmt::format("cudaSetDevice({})", device), scope.error(), false);
+    if (scope.error() != cudaSuccess)
+      throw cuda_failure(fmt::format("cudaSetDevice({})", device), scope.error(), false);
 
     const std::vector<char> id_bytes =
         detail::exchange_unique_id(store, key, rank, sizeof(ncclUniqueId), options.timeout, [] {
@@ -496,9 +500,8 @@ std::unique_ptr<Communicator> connect_nccl(gloo::rendezvous::Store& store, int r
     ncclUniqueId id;
     std::memcpy(id.internal, id_bytes.data(), sizeof id.internal);
 
-    Stream stream = options.stream != nullptr
-                        ? Stream(static_cast<cudaStream_t>(options.stream), StreamDeleter{false})
-                        : create_stream();
+    Stream stream = options.stream != nullptr ? Stream(static_cast<cudaStream_t>(options.stream), StreamDeleter{false})
+                                              : create_stream();
     ncclConfig_t config = make_config(options.channels, options.name);
     ncclComm_t comm = nullptr;
     const ncclResult_t result = ncclCommInitRankConfig(&comm, size, id, rank, &config);
@@ -520,8 +523,8 @@ std::unique_ptr<Communicator> connect_nccl(gloo::rendezvous::Store& store, int r
       }
       throw nccl_failure("ncclCommInitRankConfig", state, last, true);
     }
-    log::debug("comm", "{}: connected in {} (NCCL {}, device {})", group,
-               detail::format_seconds(Clock::now() - start), nccl_version(), device);
+    log::debug("comm", "{}: connected in {} (NCCL {}, device {})", group, detail::format_seconds(Clock::now() - start),
+               nccl_version(), device);
     NcclParts parts;
     parts.comm = comm;
     parts.stream = std::move(stream);
@@ -540,8 +543,8 @@ std::unique_ptr<Communicator> connect_nccl(gloo::rendezvous::Store& store, int r
 void* nccl_stream(const Communicator& comm) {
   const auto* nccl = dynamic_cast<const NcclCommunicator*>(&comm);
   if (nccl == nullptr) {
-    throw internal_error(fmt::format("nccl_stream: group '{}' is a {} communicator, not an NCCL one", comm.name(),
-                                     comm.backend()));
+    throw internal_error(
+        fmt::format("nccl_stream: group '{}' is a {} communicator, not an NCCL one", comm.name(), comm.backend()));
   }
   return nccl->stream();
 }
@@ -552,9 +555,10 @@ void set_deterministic_nccl_environment() {
     if (value == nullptr) {
       setenv(required.name, required.value, 0);
     } else if (!detail::environment_selects(value, required.value)) {
-      throw input_error(fmt::format("set_deterministic_nccl_environment: {}={} is set, but deterministic NCCL needs "
-                                    "{}={} (unset it or set it to {})",
-                                    required.name, value, required.name, required.value, required.value));
+      throw input_error(
+          fmt::format("set_deterministic_nccl_environment: {}={} is set, but deterministic NCCL needs "
+                      "{}={} (unset it or set it to {})",
+                      required.name, value, required.name, required.value, required.value));
     }
   }
 }

@@ -167,10 +167,10 @@ void Communicator::group(std::span<const P2POp> ops) {
     }
     const P2POp& send = *pending.front();
     if (send.count != op.count || send.dtype != op.dtype) {
-      throw invalid_argument(*this, description,
-                             fmt::format("send to self of {} and recv from self of {} (tag {})",
-                                         describe_elements(send.count, send.dtype),
-                                         describe_elements(op.count, op.dtype), op.tag));
+      throw invalid_argument(
+          *this, description,
+          fmt::format("send to self of {} and recv from self of {} (tag {})", describe_elements(send.count, send.dtype),
+                      describe_elements(op.count, op.dtype), op.tag));
     }
     pending.erase(pending.begin());
   }
@@ -208,7 +208,9 @@ void Communicator::reduce_scatter(const float* send, float* recv, std::size_t co
   reduce_scatter(send, recv, count, DType::kFp32, op);
 }
 
-void Communicator::broadcast(float* buffer, std::size_t count, int root) { broadcast(buffer, count, DType::kFp32, root); }
+void Communicator::broadcast(float* buffer, std::size_t count, int root) {
+  broadcast(buffer, count, DType::kFp32, root);
+}
 
 void Communicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op) {
   const std::string description = fmt::format("all_reduce({}, {})", to_string(op), describe_elements(count, dtype));
@@ -252,8 +254,7 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::size_t coun
 }
 
 void Communicator::broadcast(void* buffer, std::size_t count, DType dtype, int root) {
-  const std::string description =
-      fmt::format("broadcast({} from rank {})", describe_elements(count, dtype), root);
+  const std::string description = fmt::format("broadcast({} from rank {})", describe_elements(count, dtype), root);
   check_supported(description, dtype);
   if (root < 0 || root >= size()) {
     throw invalid_argument(*this, description, fmt::format("root {} is not a rank of the group", root));

@@ -50,10 +50,17 @@ inline bool host_supports(DType dtype) { return dtype == DType::kFp32 || dtype =
 template <typename Fn>
 void with_integer_type(DType dtype, Fn&& fn) {
   switch (dtype) {
-    case DType::kUint8: fn(std::uint8_t{}); return;
-    case DType::kInt32: fn(std::int32_t{}); return;
-    case DType::kInt64: fn(std::int64_t{}); return;
-    default: break;
+    case DType::kUint8:
+      fn(std::uint8_t{});
+      return;
+    case DType::kInt32:
+      fn(std::int32_t{});
+      return;
+    case DType::kInt64:
+      fn(std::int64_t{});
+      return;
+    default:
+      break;
   }
   DTRAIN_CHECK(false, "not an integer dtype");
 }

@@ -24,7 +24,7 @@ DTRAIN_INLINE void micro_kernel(std::int64_t k, float alpha, const float* a, std
   }
   for (std::int64_t p = 0; p < k; ++p) {
     V16 bv[NV];
-    for (int v = 0; v < NV; ++v) std::memcpy(&bv[v], b + p * ldb + 16 * v, sizeof(V16));
+    for (int v = 0; v < NV; ++v) std::memcpy(&bv[v], b + p * ldb + std::ptrdiff_t{16} * v, sizeof(V16));
     for (int r = 0; r < MR; ++r) {
       const float av = a[r * ars + p * acs];
       for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
@@ -32,7 +32,7 @@ DTRAIN_INLINE void micro_kernel(std::int64_t k, float alpha, const float* a, std
   }
   for (int r = 0; r < MR; ++r) {
     for (int v = 0; v < NV; ++v) {
-      float* dst = c + r * ldc + 16 * v;
+      float* dst = c + r * ldc + std::ptrdiff_t{16} * v;
       V16 out = alpha * acc[r][v];
       if (accumulate) {
         V16 old;

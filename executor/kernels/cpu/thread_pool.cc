@@ -44,7 +44,8 @@ class Pool {
     auto region = std::make_shared<Region>();
     region->n = n;
     region->team = team;
-    region->parts = static_cast<int>(n < team * kPartsPerThread ? n : team * kPartsPerThread);
+    const std::int64_t most_parts = static_cast<std::int64_t>(team) * kPartsPerThread;
+    region->parts = static_cast<int>(n < most_parts ? n : most_parts);
     region->fn = fn;
     region->ctx = ctx;
     {

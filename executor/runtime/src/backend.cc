@@ -9,9 +9,12 @@ namespace dtrain::exec {
 
 bool Backend::supports(DType dtype) {
   switch (dtype) {
-    case DType::kFp32: return fp32_kernels() != nullptr;
-    case DType::kBf16: return bf16_kernels() != nullptr;
-    default: return false;
+    case DType::kFp32:
+      return fp32_kernels() != nullptr;
+    case DType::kBf16:
+      return bf16_kernels() != nullptr;
+    default:
+      return false;
   }
 }
 

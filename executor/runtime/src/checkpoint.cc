@@ -150,8 +150,9 @@ std::optional<CheckpointChoice> find_checkpoint(const std::string& root, const s
         actual = "(unreadable)";
       }
       if (actual != s["sha256"].get<std::string>()) {
-        log::warn("ckpt", "{}: checksum mismatch (expected {}, found {}): the checkpoint of step {} is corrupt; "
-                          "using an older one",
+        log::warn("ckpt",
+                  "{}: checksum mismatch (expected {}, found {}): the checkpoint of step {} is corrupt; "
+                  "using an older one",
                   file.string(), s["sha256"].get<std::string>(), actual, step);
         ok = false;
         break;

@@ -130,8 +130,8 @@ class CpuFp32Kernels final : public Kernels<float> {
   void cross_entropy_max(std::int64_t tokens, const float* logits, k::VocabShard shard, float* max) override {
     kc::cross_entropy_max(tokens, logits, shard, max);
   }
-  void cross_entropy_sum_exp(std::int64_t tokens, const float* logits, const std::int32_t* targets,
-                             k::VocabShard shard, const float* max, float* sum_exp, float* target_logit) override {
+  void cross_entropy_sum_exp(std::int64_t tokens, const float* logits, const std::int32_t* targets, k::VocabShard shard,
+                             const float* max, float* sum_exp, float* target_logit) override {
     kc::cross_entropy_sum_exp(tokens, logits, targets, shard, max, sum_exp, target_logit);
   }
   void cross_entropy_backward(std::int64_t tokens, const float* logits, const std::int32_t* targets,
@@ -139,7 +139,6 @@ class CpuFp32Kernels final : public Kernels<float> {
                               float* dlogits) override {
     kc::cross_entropy_backward(tokens, logits, targets, shard, max, sum_exp, dloss, dlogits);
   }
-
 };
 
 // The bf16 kernels: each call widens its bf16 inputs to fp32 (exact), runs the fp32 kernel and rounds every bf16
@@ -158,8 +157,7 @@ class CpuBf16Kernels final : public Kernels<bf16> {
     fp32_.accumulate_bias_grad(rows, cols, widen(dy, rows * cols).data(), dbias);
   }
 
-  void linear_forward(const k::LinearShape& s, const bf16* x, const bf16* weight, const bf16* bias,
-                      bf16* y) override {
+  void linear_forward(const k::LinearShape& s, const bf16* x, const bf16* weight, const bf16* bias, bf16* y) override {
     Wide wy(static_cast<std::size_t>(s.tokens * s.out_features));
     Wide wb = widen(bias, s.out_features);
     kc::linear_forward(s, widen(x, s.tokens * s.in_features).data(),
@@ -284,8 +282,8 @@ class CpuBf16Kernels final : public Kernels<bf16> {
     narrow_rows(w.data(), rows, cols, s.row_stride, dx);
   }
 
-  void attention_forward(const k::AttentionShape& s, const bf16* q, const bf16* kk, const bf16* v, bf16* o,
-                         float* lse, const k::AttentionDropout* dropout) override {
+  void attention_forward(const k::AttentionShape& s, const bf16* q, const bf16* kk, const bf16* v, bf16* o, float* lse,
+                         const k::AttentionDropout* dropout) override {
     const std::int64_t rows = s.batch * s.seq, qc = s.n_heads * s.head_dim, kvc = s.n_kv_heads * s.head_dim;
     Wide wo(static_cast<std::size_t>(rows * qc));
     kc::attention_forward(s, widen_rows(q, rows, qc, s.q_stride).data(), widen_rows(kk, rows, kvc, s.kv_stride).data(),
@@ -297,10 +295,9 @@ class CpuBf16Kernels final : public Kernels<bf16> {
                           const k::AttentionDropout* dropout) override {
     const std::int64_t rows = s.batch * s.seq, qc = s.n_heads * s.head_dim, kvc = s.n_kv_heads * s.head_dim;
     Wide wdq(strided_size(rows, qc, s.q_stride)), wdk(strided_size(rows, kvc, s.kv_stride)), wdv(wdk.size());
-    kc::attention_backward(s, widen_rows(q, rows, qc, s.q_stride).data(),
-                           widen_rows(kk, rows, kvc, s.kv_stride).data(), widen_rows(v, rows, kvc, s.kv_stride).data(),
-                           widen(o, rows * qc).data(), lse, widen(dout, rows * qc).data(), wdq.data(), wdk.data(),
-                           wdv.data(), dropout);
+    kc::attention_backward(s, widen_rows(q, rows, qc, s.q_stride).data(), widen_rows(kk, rows, kvc, s.kv_stride).data(),
+                           widen_rows(v, rows, kvc, s.kv_stride).data(), widen(o, rows * qc).data(), lse,
+                           widen(dout, rows * qc).data(), wdq.data(), wdk.data(), wdv.data(), dropout);
     narrow_rows(wdq.data(), rows, qc, s.q_stride, dq);
     narrow_rows(wdk.data(), rows, kvc, s.kv_stride, dk);
     narrow_rows(wdv.data(), rows, kvc, s.kv_stride, dv);
@@ -309,14 +306,13 @@ class CpuBf16Kernels final : public Kernels<bf16> {
   void cross_entropy_max(std::int64_t tokens, const bf16* logits, k::VocabShard shard, float* max) override {
     kc::cross_entropy_max(tokens, widen(logits, tokens * (shard.end - shard.begin)).data(), shard, max);
   }
-  void cross_entropy_sum_exp(std::int64_t tokens, const bf16* logits, const std::int32_t* targets,
-                             k::VocabShard shard, const float* max, float* sum_exp, float* target_logit) override {
+  void cross_entropy_sum_exp(std::int64_t tokens, const bf16* logits, const std::int32_t* targets, k::VocabShard shard,
+                             const float* max, float* sum_exp, float* target_logit) override {
     kc::cross_entropy_sum_exp(tokens, widen(logits, tokens * (shard.end - shard.begin)).data(), targets, shard, max,
                               sum_exp, target_logit);
   }
-  void cross_entropy_backward(std::int64_t tokens, const bf16* logits, const std::int32_t* targets,
-                              k::VocabShard shard, const float* max, const float* sum_exp, const float* dloss,
-                              bf16* dlogits) override {
+  void cross_entropy_backward(std::int64_t tokens, const bf16* logits, const std::int32_t* targets, k::VocabShard shard,
+                              const float* max, const float* sum_exp, const float* dloss, bf16* dlogits) override {
     Wide w = widen(logits, tokens * (shard.end - shard.begin));
     kc::cross_entropy_backward(tokens, w.data(), targets, shard, max, sum_exp, dloss, w.data());
     narrow(w, dlogits);

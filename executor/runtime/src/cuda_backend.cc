@@ -30,8 +30,8 @@ namespace kc = dtrain::kernels::cuda;
 
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
-    throw internal_error(fmt::format("cuda: {} failed: {} ({})", what, cudaGetErrorString(status),
-                                     cudaGetErrorName(status)));
+    throw internal_error(
+        fmt::format("cuda: {} failed: {} ({})", what, cudaGetErrorString(status), cudaGetErrorName(status)));
   }
 }
 
@@ -122,8 +122,7 @@ class CudaBackend final : public Backend, public Kernels<bf16> {
   void linear_backward_input(const k::LinearShape& s, const bf16* dy, const bf16* w, bf16* dx) override {
     kc::linear_backward_input(ctx_, s, dy, w, dx);
   }
-  void linear_backward_weight(const k::LinearShape& s, const bf16* dy, const bf16* x, float* dw,
-                              float* db) override {
+  void linear_backward_weight(const k::LinearShape& s, const bf16* dy, const bf16* x, float* dw, float* db) override {
     kc::linear_backward_weight(ctx_, s, dy, x, dw, db);
   }
 
@@ -192,8 +191,8 @@ class CudaBackend final : public Backend, public Kernels<bf16> {
     kc::rope_backward(ctx_, s, cos, sin, dx);
   }
 
-  void attention_forward(const k::AttentionShape& s, const bf16* q, const bf16* kk, const bf16* v, bf16* o,
-                         float* lse, const k::AttentionDropout* dropout) override {
+  void attention_forward(const k::AttentionShape& s, const bf16* q, const bf16* kk, const bf16* v, bf16* o, float* lse,
+                         const k::AttentionDropout* dropout) override {
     kc::attention_forward(ctx_, s, q, kk, v, o, lse, dropout);
   }
   void attention_backward(const k::AttentionShape& s, const bf16* q, const bf16* kk, const bf16* v, const bf16* o,
@@ -205,13 +204,12 @@ class CudaBackend final : public Backend, public Kernels<bf16> {
   void cross_entropy_max(std::int64_t tokens, const bf16* logits, k::VocabShard shard, float* max) override {
     kc::cross_entropy_max(ctx_, tokens, logits, shard, max);
   }
-  void cross_entropy_sum_exp(std::int64_t tokens, const bf16* logits, const std::int32_t* targets,
-                             k::VocabShard shard, const float* max, float* sum_exp, float* target_logit) override {
+  void cross_entropy_sum_exp(std::int64_t tokens, const bf16* logits, const std::int32_t* targets, k::VocabShard shard,
+                             const float* max, float* sum_exp, float* target_logit) override {
     kc::cross_entropy_sum_exp(ctx_, tokens, logits, targets, shard, max, sum_exp, target_logit);
   }
-  void cross_entropy_backward(std::int64_t tokens, const bf16* logits, const std::int32_t* targets,
-                              k::VocabShard shard, const float* max, const float* sum_exp, const float* dloss,
-                              bf16* dlogits) override {
+  void cross_entropy_backward(std::int64_t tokens, const bf16* logits, const std::int32_t* targets, k::VocabShard shard,
+                              const float* max, const float* sum_exp, const float* dloss, bf16* dlogits) override {
     kc::cross_entropy_backward(ctx_, tokens, logits, targets, shard, max, sum_exp, dloss, dlogits);
   }
 

@@ -31,20 +31,23 @@ class TokenFile final : public DataSource {
   TokenFile(const std::string& path, int epochs) : path_(path), epochs_(epochs) {
     if (epochs < 1) throw input_error(fmt::format("--epochs {}: must be at least 1", epochs));
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw input_error(fmt::format("{}: data file not found or not readable: {}", path, std::strerror(errno)));
+    if (fd_ < 0)
+      throw input_error(fmt::format("{}: data file not found or not readable: {}", path, std::strerror(errno)));
     struct stat st {};
     if (::fstat(fd_, &st) != 0) throw io_error(fmt::format("{}: cannot stat: {}", path, std::strerror(errno)));
     size_ = static_cast<std::size_t>(st.st_size);
     if (size_ < kHeaderBytes) {
-      throw input_error(fmt::format("{}: {} bytes, too short for a token file header (32 bytes); make one with "
-                                    "`dtexec tokenize`", path, size_));
+      throw input_error(
+          fmt::format("{}: {} bytes, too short for a token file header (32 bytes); make one with "
+                      "`dtexec tokenize`",
+                      path, size_));
     }
     void* m = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_, 0);
     if (m == MAP_FAILED) throw io_error(fmt::format("{}: mmap failed: {}", path, std::strerror(errno)));
     map_ = static_cast<const unsigned char*>(m);
     if (std::memcmp(map_, kMagic, 8) != 0) {
-      throw input_error(fmt::format("{}: not a dtrain token file (no DTRAINTK magic); make one with `dtexec tokenize`",
-                                    path));
+      throw input_error(
+          fmt::format("{}: not a dtrain token file (no DTRAINTK magic); make one with `dtexec tokenize`", path));
     }
     auto version = read_le<std::uint32_t>(map_ + 8);
     width_ = read_le<std::uint32_t>(map_ + 12);
@@ -56,9 +59,10 @@ class TokenFile final : public DataSource {
     }
     if (vocab_ < 2) throw input_error(fmt::format("{}: vocabulary size {} in the header", path, vocab_));
     if (kHeaderBytes + static_cast<std::size_t>(count_) * width_ != size_) {
-      throw input_error(fmt::format("{}: header says {} tokens of {} bytes but the file holds {} bytes of tokens "
-                                    "(truncated or corrupt)",
-                                    path, count_, width_, size_ - kHeaderBytes));
+      throw input_error(
+          fmt::format("{}: header says {} tokens of {} bytes but the file holds {} bytes of tokens "
+                      "(truncated or corrupt)",
+                      path, count_, width_, size_ - kHeaderBytes));
     }
   }
   ~TokenFile() override {

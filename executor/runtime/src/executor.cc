@@ -46,10 +46,14 @@ const std::vector<ir::Slice>& Executor::trace() const { return impl_->interprete
 namespace {
 detail::F32& state_buffer(detail::InterpreterBase& in, Executor::State which) {
   switch (which) {
-    case Executor::State::kParams: return in.param_buffer();
-    case Executor::State::kGrads: return in.grad_buffer();
-    case Executor::State::kExpAvg: return in.exp_avg_buffer();
-    case Executor::State::kExpAvgSq: return in.exp_avg_sq_buffer();
+    case Executor::State::kParams:
+      return in.param_buffer();
+    case Executor::State::kGrads:
+      return in.grad_buffer();
+    case Executor::State::kExpAvg:
+      return in.exp_avg_buffer();
+    case Executor::State::kExpAvgSq:
+      return in.exp_avg_sq_buffer();
   }
   throw internal_error("unknown executor state");
 }

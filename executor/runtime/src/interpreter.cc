@@ -16,20 +16,28 @@ template <typename A>
 Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Program& program,
                             Communicators& communicators, const DataSource& source, const ExecutorOptions& options,
                             Backend& backend)
-    : md(model), m(model.model), prog(program), comms(communicators), data(source), opt(options), be(backend),
-      kern(backend.kernels<A>()), layout(model.model, program) {
+    : md(model),
+      m(model.model),
+      prog(program),
+      comms(communicators),
+      data(source),
+      opt(options),
+      be(backend),
+      kern(backend.kernels<A>()),
+      layout(model.model, program) {
   if (comms.world->memory_space() != be.memory_space()) {
     throw input_error(fmt::format("the {} backend keeps tensors in {} memory, but the {} communicator takes {} memory",
                                   be.name(), be.host_accessible() ? "host" : "device", comms.world->backend(),
                                   comms.world->memory_space() == comm::MemorySpace::kHost ? "host" : "device"));
   }
   if (m.dropout > 0 && prog.sequence_parallel && prog.tp > 1) {
-    throw input_error("the CPU executor runs dropout without sequence parallelism only (set dropout = 0 or "
-                      "sequence_parallel=false)");
+    throw input_error(
+        "the CPU executor runs dropout without sequence parallelism only (set dropout = 0 or "
+        "sequence_parallel=false)");
   }
   if (data.vocab() > m.vocab) {
-    throw input_error(fmt::format("the data's vocabulary ({}) is larger than the model's (vocab = {})", data.vocab(),
-                                  m.vocab));
+    throw input_error(
+        fmt::format("the data's vocabulary ({}) is larger than the model's (vocab = {})", data.vocab(), m.vocab));
   }
   T = static_cast<std::int64_t>(prog.micro_batch) * m.seq_len;
   sp = prog.sequence_parallel && prog.tp > 1;

@@ -111,9 +111,8 @@ class Interpreter final : public InterpreterBase {
   void norm_backward(const std::string& prefix, const Tensor& x, const F32& a, const F32& b, Tensor& dy);
   void residual_forward(const Tensor& residual, Tensor& branch, const A* bias, int layer, kernels::DropoutSite site);
   void residual_backward(Tensor& dout, Tensor& res_grad, float* dbias, int layer, kernels::DropoutSite site);
-  void linear_backward(const ir::Instr& in, LayerState<A>* ls, ChunkState<A>& st, Tensor& cur,
-                       std::int64_t in_features, std::int64_t out_features, const A* w, float* dw, float* db,
-                       const Tensor& saved_input);
+  void linear_backward(const ir::Instr& in, LayerState<A>* ls, ChunkState<A>& st, Tensor& cur, std::int64_t in_features,
+                       std::int64_t out_features, const A* w, float* dw, float* db, const Tensor& saved_input);
   kernels::AttentionDropout* attention_dropout(kernels::AttentionDropout& drop, int layer);
   LayerState<A>& layer_state(ChunkState<A>& st, int layer) {
     return st.layers[static_cast<std::size_t>(layer - step_.first_layer)];
@@ -129,8 +128,10 @@ class Interpreter final : public InterpreterBase {
   float* P(const std::string& name) { return params.data() + layout.at(name).offset; }
   float* G(const std::string& name) { return grads.data() + layout.at(name).offset; }
   const A* weight_base() {
-    if constexpr (std::is_same_v<A, float>) return params.data();
-    else return weights.data();
+    if constexpr (std::is_same_v<A, float>)
+      return params.data();
+    else
+      return weights.data();
   }
   const A* W(const std::string& name) { return weight_base() + layout.at(name).offset; }
   const A* W_opt(const std::string& name) {
@@ -155,8 +156,10 @@ class Interpreter final : public InterpreterBase {
   // t.resize(n) for a tensor that may not have met the backend yet (a pass state's first use).
   template <typename E>
   void sized(Buffer<E>& t, std::size_t n) {
-    if (t.backend() == nullptr) t = Buffer<E>(be, n);
-    else t.resize(n);
+    if (t.backend() == nullptr)
+      t = Buffer<E>(be, n);
+    else
+      t.resize(n);
   }
 
   // First global sample of micro-batch mb of this step on this rank.

@@ -18,9 +18,7 @@ using ir::What;
 namespace {
 
 // The column-parallel ops whose weight gradient reads an input re-gathered over the sequence (sequence parallelism).
-bool uses_gathered(BodyOp op) {
-  return op == BodyOp::kAttnQkv || op == BodyOp::kMlpFc1 || op == BodyOp::kHeadLogits;
-}
+bool uses_gathered(BodyOp op) { return op == BodyOp::kAttnQkv || op == BodyOp::kMlpFc1 || op == BodyOp::kHeadLogits; }
 
 [[noreturn]] void no_body_op(const Instr& in) {
   throw internal_error(fmt::format("a COMPUTE instruction without an op: {}", ir::to_text(in)));
@@ -53,8 +51,8 @@ void Interpreter<A>::norm_forward(const std::string& prefix, const Tensor& x, Te
   if (m.norm == model::NormKind::kLayerNorm) {
     sized(a, static_cast<std::size_t>(rows));
     sized(b, static_cast<std::size_t>(rows));
-    kern.layernorm_forward(shape, x.data(), P(prefix + ".weight"), P(prefix + ".bias"),
-                           static_cast<float>(m.norm_eps), y.data(), a.data(), b.data());
+    kern.layernorm_forward(shape, x.data(), P(prefix + ".weight"), P(prefix + ".bias"), static_cast<float>(m.norm_eps),
+                           y.data(), a.data(), b.data());
   } else {
     sized(b, static_cast<std::size_t>(rows));
     kern.rmsnorm_forward(shape, x.data(), P(prefix + ".weight"), static_cast<float>(m.norm_eps), y.data(), b.data());
@@ -62,8 +60,7 @@ void Interpreter<A>::norm_forward(const std::string& prefix, const Tensor& x, Te
 }
 
 template <typename A>
-void Interpreter<A>::norm_backward(const std::string& prefix, const Tensor& x, const F32& a, const F32& b,
-                                   Tensor& dy) {
+void Interpreter<A>::norm_backward(const std::string& prefix, const Tensor& x, const F32& a, const F32& b, Tensor& dy) {
   std::int64_t rows = static_cast<std::int64_t>(x.size()) / h;
   Tensor dx(be, x.size());
   k::NormShape shape{rows, h};
@@ -235,8 +232,10 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
     }
     case BodyOp::kMlpAct: {
       Tensor y(be, static_cast<std::size_t>(T * fl));
-      if (m.activation == model::ActivationKind::kSwiGlu) kern.swiglu_forward(T, fl, cur.data(), y.data());
-      else kern.gelu_forward(T * fl, cur.data(), y.data());
+      if (m.activation == model::ActivationKind::kSwiGlu)
+        kern.swiglu_forward(T, fl, cur.data(), y.data());
+      else
+        kern.gelu_forward(T * fl, cur.data(), y.data());
       cur.swap(y);
       layer_state(st, l).g = cur;
       return;
@@ -432,9 +431,12 @@ void Interpreter<A>::body_collective(const Instr& in, ChunkState<A>& st, Tensor&
   };
   switch (in.what) {
     case What::kHidden:
-      if (in.op == Opcode::kAllGather) all_gather_rows(t, h);
-      else if (in.op == Opcode::kReduceScatter) reduce_scatter_rows(t, h);
-      else communicate(tp, [&] { tp.all_reduce(t.data(), t.data(), t.size(), kAct, comm::ReduceOp::kSum); });
+      if (in.op == Opcode::kAllGather)
+        all_gather_rows(t, h);
+      else if (in.op == Opcode::kReduceScatter)
+        reduce_scatter_rows(t, h);
+      else
+        communicate(tp, [&] { tp.all_reduce(t.data(), t.data(), t.size(), kAct, comm::ReduceOp::kSum); });
       return;
     case What::kSavedInput: {
       const Tensor& shard = saved_input_for(in, st);

@@ -68,9 +68,12 @@ std::pair<std::int64_t, std::int64_t> vocab_range(std::int64_t vocab, int tp_ran
 float initial_value(std::uint64_t seed, const std::string& name, InitKind init, std::int64_t layers,
                     std::int64_t index) {
   switch (init) {
-    case InitKind::kOnes: return 1.0f;
-    case InitKind::kZeros: return 0.0f;
-    default: break;
+    case InitKind::kOnes:
+      return 1.0f;
+    case InitKind::kZeros:
+      return 0.0f;
+    default:
+      break;
   }
   // Box-Muller on two uniforms from the counter (seed, name, 2 * index) and (seed, name, 2 * index + 1).
   std::uint64_t base = mix(seed ^ mix(name_hash(name)));
@@ -105,7 +108,8 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
   const bool ln = m.norm == model::NormKind::kLayerNorm;
   const bool swiglu = m.activation == model::ActivationKind::kSwiGlu;
   const bool tied_split = m.tied_embeddings && prog.pp > 1;
-  auto [vb, ve] = vocab_range(m.vocab, r, tp);
+  const auto vocab = vocab_range(m.vocab, r, tp);
+  const std::int64_t vb = vocab.first, ve = vocab.second;
 
   auto norm = [&](const std::string& prefix, std::int32_t chunk, std::int32_t unit) {
     TensorSpec w = vector_spec(prefix + ".weight", h, InitKind::kOnes);
@@ -148,9 +152,9 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
       };
       norm(p + "attn.norm", c, unit);
       // QKV rows: [Q (H d) | K (KV d) | V (KV d)]; rank r takes its heads of each.
-      std::vector<std::pair<std::int64_t, std::int64_t>> qkv = {
-          {r * (H / tp) * d, (H / tp) * d}, {H * d + r * (KV / tp) * d, (KV / tp) * d},
-          {(H + KV) * d + r * (KV / tp) * d, (KV / tp) * d}};
+      std::vector<std::pair<std::int64_t, std::int64_t>> qkv = {{r * (H / tp) * d, (H / tp) * d},
+                                                                {H * d + r * (KV / tp) * d, (KV / tp) * d},
+                                                                {(H + KV) * d + r * (KV / tp) * d, (KV / tp) * d}};
       std::int64_t qkv_rows = (H + 2 * KV) * d;
       add_unit(row_blocks(p + "attn.qkv.weight", qkv_rows, h, qkv, InitKind::kNormal, true));
       if (m.linear_bias) {

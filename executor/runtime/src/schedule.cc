@@ -42,16 +42,22 @@ StepMetrics Interpreter<A>::run(std::int64_t step_index) {
         continue;
       }
       switch (in.op) {
-        case Opcode::kLoad: load(in); break;
+        case Opcode::kLoad:
+          load(in);
+          break;
         case Opcode::kForward:
         case Opcode::kBackward:
         case Opcode::kBackwardInput:
         case Opcode::kBackwardWeight: {
           run_pass(in);
-          std::string_view kname = in.op == Opcode::kForward ? "F" : in.op == Opcode::kBackward ? "B"
-                                   : in.op == Opcode::kBackwardInput ? "BI" : "W";
-          std::string_view cat = in.op == Opcode::kForward ? "forward" : in.op == Opcode::kBackward ? "backward"
-                                 : in.op == Opcode::kBackwardInput ? "backward_input" : "backward_weight";
+          std::string_view kname = in.op == Opcode::kForward         ? "F"
+                                   : in.op == Opcode::kBackward      ? "B"
+                                   : in.op == Opcode::kBackwardInput ? "BI"
+                                                                     : "W";
+          std::string_view cat = in.op == Opcode::kForward         ? "forward"
+                                 : in.op == Opcode::kBackward      ? "backward"
+                                 : in.op == Opcode::kBackwardInput ? "backward_input"
+                                                                   : "backward_weight";
           slice(ir::Stream::kCompute, t0, Clock::now(), fmt::format("{} c{} mb{}", kname, in.chunk, in.mb),
                 std::string(cat), pc);
           break;
@@ -67,8 +73,10 @@ StepMetrics Interpreter<A>::run(std::int64_t step_index) {
           optimizer_step();
           slice(ir::Stream::kCompute, t0, Clock::now(), "optimizer", "optimizer", pc);
           break;
-        case Opcode::kCheckpoint: break;  // the runtime decides whether this step writes one
-        default: throw input_error("not a schedule instruction");
+        case Opcode::kCheckpoint:
+          break;  // the runtime decides whether this step writes one
+        default:
+          throw input_error("not a schedule instruction");
       }
     } catch (const Error& e) {
       throw e.with_context(ir::describe(prog, pc));
@@ -110,10 +118,10 @@ template <typename A>
 void Interpreter<A>::run_pass(const Instr& in) {
   const ir::ChunkInfo* ci = prog.chunk_info(in.chunk);
   if (ci == nullptr) throw input_error(fmt::format("chunk {} is not held by this rank", in.chunk));
-  ir::BodyKind kind = in.op == Opcode::kForward          ? ir::BodyKind::kForward
-                      : in.op == Opcode::kBackward       ? ir::BodyKind::kBackward
-                      : in.op == Opcode::kBackwardInput  ? ir::BodyKind::kBackwardInput
-                                                         : ir::BodyKind::kBackwardWeight;
+  ir::BodyKind kind = in.op == Opcode::kForward         ? ir::BodyKind::kForward
+                      : in.op == Opcode::kBackward      ? ir::BodyKind::kBackward
+                      : in.op == Opcode::kBackwardInput ? ir::BodyKind::kBackwardInput
+                                                        : ir::BodyKind::kBackwardWeight;
   const ir::Body* body = prog.body(in.chunk, kind);
   if (body == nullptr) throw input_error(fmt::format("no {} body for chunk {}", ir::to_string(kind), in.chunk));
   ChunkState<A>& st = state(in.chunk, in.mb);
@@ -137,18 +145,22 @@ void Interpreter<A>::run_pass(const Instr& in) {
     bool in_range = in.layer_end < 0 || (op.layer >= in.layer && op.layer < in.layer_end);
     if (!in_range) continue;
     step_.body_pc = i;
-    if (op.op != Opcode::kCompute) body_collective(op, st, cur, st.rcur);
-    else if (op.pass == ir::Pass::kForward) forward_op(op, st, cur, false);
-    else if (op.pass == ir::Pass::kRecompute) recompute_op(op, st);
-    else backward_op(op, st, cur);
+    if (op.op != Opcode::kCompute)
+      body_collective(op, st, cur, st.rcur);
+    else if (op.pass == ir::Pass::kForward)
+      forward_op(op, st, cur, false);
+    else if (op.pass == ir::Pass::kRecompute)
+      recompute_op(op, st);
+    else
+      backward_op(op, st, cur);
   }
   // Units covered by this pass (a bucket piece covers a range).
   if (in.op == Opcode::kBackward || in.op == Opcode::kBackwardInput) {
     int units = 0;
     for (int u = -1; u <= m.layers; ++u) {
-      bool held = u == -1 ? ci->embedding
-                          : u == m.layers ? ci->head
-                                          : (u >= ci->first_layer && u < ci->first_layer + ci->layers);
+      bool held = u == -1         ? ci->embedding
+                  : u == m.layers ? ci->head
+                                  : (u >= ci->first_layer && u < ci->first_layer + ci->layers);
       if (held && (in.layer_end < 0 || (u >= in.layer && u < in.layer_end))) ++units;
     }
     st.units_done += units;
@@ -156,13 +168,14 @@ void Interpreter<A>::run_pass(const Instr& in) {
   if (in.op == Opcode::kForward) {
     if (!ci->head) step_.outgoing[{static_cast<int>(What::kActivation), in.chunk, in.mb}] = std::move(cur);
     free_recomputed(st);
-    cur.clear();
+    // clear() puts the moved-from Tensor back into a known, empty state.
+    cur.clear();  // NOLINT(bugprone-use-after-move)
     return;
   }
   bool input_grads_done = st.units_done == units_of(*ci);
   if ((in.op == Opcode::kBackward || in.op == Opcode::kBackwardInput) && input_grads_done) {
     if (!ci->embedding) step_.outgoing[{static_cast<int>(What::kGradient), in.chunk, in.mb}] = std::move(cur);
-    cur.clear();
+    cur.clear();  // NOLINT(bugprone-use-after-move): as above
   }
   if (in.op == Opcode::kBackwardWeight) st.weights_done = true;
   bool finished = input_grads_done && (in.op == Opcode::kBackward || st.weights_done);
@@ -204,16 +217,16 @@ std::size_t Interpreter<A>::p2p_group(std::size_t pc) {
       auto it = step_.outgoing.find(std::make_tuple(static_cast<int>(in.what), in.chunk, in.mb));
       if (it == step_.outgoing.end()) throw input_error("nothing to send: its pass has not produced it");
       if (static_cast<std::int64_t>(it->second.size()) != in.count) {
-        throw input_error(fmt::format("the tensor to send holds {} elements, the instruction says {}",
-                                      it->second.size(), in.count));
+        throw input_error(
+            fmt::format("the tensor to send holds {} elements, the instruction says {}", it->second.size(), in.count));
       }
       sent.push_back(std::move(it->second));
       step_.outgoing.erase(it);
       ops.push_back(comm::P2POp::send(sent.back().data(), sent.back().size(), kAct, peer, tag));
     } else {
       // act of chunk c-1 is the input of chunk c; grad of chunk c+1's input is chunk c's output gradient.
-      Tensor& dst = in.what == What::kActivation ? state(in.chunk + 1, in.mb).input
-                                                 : state(in.chunk - 1, in.mb).grad_out;
+      Tensor& dst =
+          in.what == What::kActivation ? state(in.chunk + 1, in.mb).input : state(in.chunk - 1, in.mb).grad_out;
       dst = Tensor(be, static_cast<std::size_t>(in.count));
       ops.push_back(comm::P2POp::recv(dst.data(), dst.size(), kAct, peer, tag));
     }
@@ -238,8 +251,10 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
     communicate(*comms.world, [&] { comms.world->all_reduce(wire.data(), wire.data(), 2, comm::ReduceOp::kSum); });
     be.copy_to_host(pair, wire.data(), sizeof(pair));
     double total = static_cast<double>(pair[0]) + static_cast<double>(pair[1]);
-    if (in.what == What::kGradNorm) step_.grad_norm_squared = total;
-    else step_.loss_total = total;
+    if (in.what == What::kGradNorm)
+      step_.grad_norm_squared = total;
+    else
+      step_.loss_total = total;
     return;
   }
   if (in.on == ir::CommGroup::kTp && in.what == What::kReplicatedGrads) {
@@ -267,7 +282,8 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
     return;
   }
   if (in.on == ir::CommGroup::kEmbedding) {
-    auto [b, e] = layout.tied_range();
+    const auto [tied_b, tied_e] = layout.tied_range();
+    const std::int64_t b = tied_b, e = tied_e;
     check_count(in, e - b);
     communicate(*comms.embedding, [&] {
       comms.embedding->all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(e - b),
@@ -276,7 +292,8 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
     return;
   }
   if (in.on != ir::CommGroup::kDp) throw input_error("unexpected collective in the schedule");
-  auto [b, e] = bucket_range(in);
+  const auto [bucket_b, bucket_e] = bucket_range(in);
+  const std::int64_t b = bucket_b, e = bucket_e;
   check_count(in, e - b);
   std::int64_t n = e - b;
   comm::Communicator& dp = *comms.dp;
@@ -298,9 +315,8 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
   std::int64_t mine_n = std::max<std::int64_t>(0, std::min(e, mine + shard) - mine);
   if (in.op == Opcode::kReduceScatter) {
     copy_floats(buf.data(), flat + b, n);
-    communicate(dp, [&] {
-      dp.reduce_scatter(buf.data(), my_block, static_cast<std::size_t>(shard), comm::ReduceOp::kSum);
-    });
+    communicate(
+        dp, [&] { dp.reduce_scatter(buf.data(), my_block, static_cast<std::size_t>(shard), comm::ReduceOp::kSum); });
     copy_floats(flat + mine, my_block, mine_n);
   } else {  // all-gather of the updated parameters
     copy_floats(my_block, flat + mine, mine_n);
@@ -312,8 +328,8 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
 template <typename A>
 void Interpreter<A>::check_count(const Instr& in, std::int64_t actual) const {
   if (actual != in.count) {
-    throw input_error(fmt::format("the instruction says {} elements but the parameters it covers hold {}", in.count,
-                                  actual));
+    throw input_error(
+        fmt::format("the instruction says {} elements but the parameters it covers hold {}", in.count, actual));
   }
 }
 
@@ -356,6 +372,7 @@ std::string Interpreter<A>::pending_instruction(const std::vector<std::size_t>& 
   }
   if (pcs.empty()) return fmt::format("at the end of step {}", step);
   std::vector<std::string> names;
+  names.reserve(pcs.size());
   for (std::size_t pc : pcs) names.push_back(ir::describe(prog, pc));
   return fmt::format("at the end of step {}, waiting for the operations issued by {}", step, fmt::join(names, "; "));
 }
@@ -376,19 +393,18 @@ void Interpreter<A>::slice(ir::Stream stream, Clock::time_point a, Clock::time_p
 }
 
 // This file's members for both activation types (interpreter.h).
-#define DTRAIN_INSTANTIATE_SCHEDULE(A)                                                                          \
-  template StepMetrics Interpreter<A>::run(std::int64_t);                                                       \
-  template ChunkState<A>& Interpreter<A>::state(int, int);                                                      \
-  template void Interpreter<A>::run_pass(const Instr&);                                                         \
-  template void Interpreter<A>::load(const Instr&);                                                             \
-  template std::size_t Interpreter<A>::p2p_group(std::size_t);                                                  \
-  template void Interpreter<A>::schedule_collective(const Instr&);                                              \
-  template void Interpreter<A>::check_count(const Instr&, std::int64_t) const;                                  \
-  template void Interpreter<A>::settle();                                                                       \
-  template void Interpreter<A>::synchronize_all();                                                              \
-  template std::string Interpreter<A>::pending_instruction(const std::vector<std::size_t>&, std::string_view)   \
-      const;                                                                                                    \
-  template void Interpreter<A>::slice(ir::Stream, Clock::time_point, Clock::time_point, std::string, std::string, \
+#define DTRAIN_INSTANTIATE_SCHEDULE(A)                                                                               \
+  template StepMetrics Interpreter<A>::run(std::int64_t);                                                            \
+  template ChunkState<A>& Interpreter<A>::state(int, int);                                                           \
+  template void Interpreter<A>::run_pass(const Instr&);                                                              \
+  template void Interpreter<A>::load(const Instr&);                                                                  \
+  template std::size_t Interpreter<A>::p2p_group(std::size_t);                                                       \
+  template void Interpreter<A>::schedule_collective(const Instr&);                                                   \
+  template void Interpreter<A>::check_count(const Instr&, std::int64_t) const;                                       \
+  template void Interpreter<A>::settle();                                                                            \
+  template void Interpreter<A>::synchronize_all();                                                                   \
+  template std::string Interpreter<A>::pending_instruction(const std::vector<std::size_t>&, std::string_view) const; \
+  template void Interpreter<A>::slice(ir::Stream, Clock::time_point, Clock::time_point, std::string, std::string,    \
                                       std::size_t);
 DTRAIN_INSTANTIATE_SCHEDULE(float)
 DTRAIN_INSTANTIATE_SCHEDULE(bf16)

@@ -28,14 +28,14 @@ using Ids = Buffer<std::int32_t>;
 // What one layer keeps between its forward and its backward on one micro-batch.
 template <typename A>
 struct LayerState {
-  Buffer<A> x, y1;       // attention norm: input, output
-  F32 n1a, n1b;          // its statistics (mean/rstd or rstd)
-  Buffer<A> qkv, o;      // attention: q|k|v after rope, output
-  F32 lse;               // log-sum-exp
-  Buffer<A> x2, y2;      // MLP norm input, output
-  F32 n2a, n2b;          // its statistics
-  Buffer<A> a, g;        // fc1 output, activation output
-  Buffer<A> res_grad;    // backward: gradient along the residual path
+  Buffer<A> x, y1;                     // attention norm: input, output
+  F32 n1a, n1b;                        // its statistics (mean/rstd or rstd)
+  Buffer<A> qkv, o;                    // attention: q|k|v after rope, output
+  F32 lse;                             // log-sum-exp
+  Buffer<A> x2, y2;                    // MLP norm input, output
+  F32 n2a, n2b;                        // its statistics
+  Buffer<A> a, g;                      // fc1 output, activation output
+  Buffer<A> res_grad;                  // backward: gradient along the residual path
   std::map<ir::BodyOp, Buffer<A>> dy;  // zero-bubble: output gradients of linear layers, for their weight gradients
 };
 

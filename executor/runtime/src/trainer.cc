@@ -1,7 +1,6 @@
 #include "dtrain/exec/trainer.h"
 
 #include <fmt/format.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -77,10 +76,11 @@ plan::Plan make_plan(const TrainOptions& o, const model::ModelDescription& model
     cluster = topology::load_cluster(o.cluster_path);
     int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : std::min(world, cluster.node.gpus);
     if (world % per_node != 0) {
-      throw input_error(fmt::format("--plan auto: WORLD_SIZE={} is not a multiple of the {} ranks per node "
-                                    "(LOCAL_WORLD_SIZE, else the GPUs per node of {}): every node must run as many "
-                                    "ranks",
-                                    world, per_node, o.cluster_path));
+      throw input_error(
+          fmt::format("--plan auto: WORLD_SIZE={} is not a multiple of the {} ranks per node "
+                      "(LOCAL_WORLD_SIZE, else the GPUs per node of {}): every node must run as many "
+                      "ranks",
+                      world, per_node, o.cluster_path));
     }
     request.shape = {world / per_node, per_node};
     request.cluster_source = "--cluster " + o.cluster_path;
@@ -90,9 +90,9 @@ plan::Plan make_plan(const TrainOptions& o, const model::ModelDescription& model
     return std::move(*plan::plan_job(model, cluster, request).plan);
   } catch (const Error& e) {
     if (e.exit_code() != ExitCode::kNoFeasiblePlan) throw;
-    throw Error(ErrorCategory::kPlan, ExitCode::kNoFeasiblePlan,
-                fmt::format("--plan auto: no layout of model '{}' fits {} ranks: {}", model.model.name, world,
-                            e.what()));
+    throw Error(
+        ErrorCategory::kPlan, ExitCode::kNoFeasiblePlan,
+        fmt::format("--plan auto: no layout of model '{}' fits {} ranks: {}", model.model.name, world, e.what()));
   }
 }
 
@@ -294,9 +294,9 @@ class Run {
                               plan_.inputs.model_name, plan_.inputs.model_digest, o_.model_path, model_.digest));
     }
     if (plan_.config.world_size() != world_.size()) {
-      throw Error(ErrorCategory::kInput, ExitCode::kPlanMismatch,
-                  fmt::format("the plan is for {} ranks, but WORLD_SIZE is {}", plan_.config.world_size(),
-                              world_.size()));
+      throw Error(
+          ErrorCategory::kInput, ExitCode::kPlanMismatch,
+          fmt::format("the plan is for {} ranks, but WORLD_SIZE is {}", plan_.config.world_size(), world_.size()));
     }
     check_plan_digests(host_, plan_.digest);
     program_ = ir::lower(plan_, world_.rank());
@@ -317,7 +317,8 @@ class Run {
     if (world_.rank() == 0) {
       log::info("train", "plan {}: {}; data {}; steps {}..{}", plan_.digest.substr(0, 12), plan_.config.summary(),
                 data_->describe(), result.first_step + 1, o_.steps);
-      if (result.first_step >= o_.steps) log::info("train", "the checkpoint is at step {}: nothing left to do", result.first_step);
+      if (result.first_step >= o_.steps)
+        log::info("train", "the checkpoint is at step {}: nothing left to do", result.first_step);
     }
     std::ofstream metrics = open_metrics(result.first_step > 0);
     std::vector<ir::Slice> trace;
@@ -355,8 +356,10 @@ class Run {
 
  private:
   void open_data() {
-    if (o_.data == "synthetic") data_ = synthetic_data(o_.seed, model_.model.vocab);
-    else data_ = open_token_file(o_.data, o_.epochs);
+    if (o_.data == "synthetic")
+      data_ = synthetic_data(o_.seed, model_.model.vocab);
+    else
+      data_ = open_token_file(o_.data, o_.epochs);
   }
 
   void check_data(std::int64_t first_step) {
@@ -384,8 +387,9 @@ class Run {
   }
 
   void write_metrics(std::ofstream& out, const StepMetrics& sm) {
-    nlohmann::json j = {{"step", sm.step},         {"loss", sm.loss},         {"step_s", sm.seconds},
-                        {"tokens_per_s", tokens_per_step() / sm.seconds}, {"grad_norm", sm.grad_norm}, {"lr", sm.lr},
+    nlohmann::json j = {{"step", sm.step},           {"loss", sm.loss},
+                        {"step_s", sm.seconds},      {"tokens_per_s", tokens_per_step() / sm.seconds},
+                        {"grad_norm", sm.grad_norm}, {"lr", sm.lr},
                         {"comm_s", sm.comm_seconds}};
     out << j.dump() << "\n";
     out.flush();
@@ -409,9 +413,10 @@ class Run {
       try {
         auto choice = find_checkpoint(o_.checkpoint_dir, model_.digest);
         if (choice && !o_.resume) {
-          error = fmt::format("{} already holds checkpoints of this model (newest: step {}); pass --resume to "
-                              "continue from it, or choose another --checkpoint-dir (nothing was overwritten)",
-                              o_.checkpoint_dir, choice->step);
+          error = fmt::format(
+              "{} already holds checkpoints of this model (newest: step {}); pass --resume to "
+              "continue from it, or choose another --checkpoint-dir (nothing was overwritten)",
+              o_.checkpoint_dir, choice->step);
         } else {
           step = choice ? choice->step : 0;
         }
@@ -425,11 +430,13 @@ class Run {
                   error.empty() ? "checkpoint directory refused on rank 0 (see its message)" : error);
     }
     if (step == 0) {
-      if (o_.resume && world_.rank() == 0) log::info("ckpt", "no checkpoint in {}: starting from step 0", o_.checkpoint_dir);
+      if (o_.resume && world_.rank() == 0)
+        log::info("ckpt", "no checkpoint in {}: starting from step 0", o_.checkpoint_dir);
       return 0;
     }
     load_checkpoint(step_directory(o_.checkpoint_dir, step));
-    if (world_.rank() == 0) log::info("ckpt", "resumed from step {} ({})", step, step_directory(o_.checkpoint_dir, step));
+    if (world_.rank() == 0)
+      log::info("ckpt", "resumed from step {} ({})", step, step_directory(o_.checkpoint_dir, step));
     return step;
   }
 
@@ -438,9 +445,10 @@ class Run {
     if (o_.activations) return *o_.activations;
     DType d = model_.training.dtype;
     if (d != DType::kFp32 && d != DType::kBf16) {
-      throw input_error(fmt::format("{}: [training] dtype = \"{}\": the executor runs fp32 or bf16 activations (choose "
-                                    "one with dtexec --dtype)",
-                                    model_.located("training.dtype", o_.model_path), to_string(d)));
+      throw input_error(
+          fmt::format("{}: [training] dtype = \"{}\": the executor runs fp32 or bf16 activations (choose "
+                      "one with dtexec --dtype)",
+                      model_.located("training.dtype", o_.model_path), to_string(d)));
     }
     return d;
   }
@@ -586,8 +594,11 @@ class Run {
         std::string f = fmt::format("rank-{:05d}.bin", r);
         shards.push_back({{"file", f}, {"sha256", sha256_file_hex((fs::path(dir) / f).string())}});
       }
-      nlohmann::json meta = {{"format", 1}, {"model_digest", model_.digest}, {"kind", "gradients"},
-                             {"step", result_step_ + 1}, {"shards", shards}};
+      nlohmann::json meta = {{"format", 1},
+                             {"model_digest", model_.digest},
+                             {"kind", "gradients"},
+                             {"step", result_step_ + 1},
+                             {"shards", shards}};
       std::ofstream(fs::path(dir) / "metadata.json") << meta.dump(2) << "\n";
     }
     world_.barrier();

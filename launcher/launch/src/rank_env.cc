@@ -53,7 +53,7 @@ std::vector<std::string> rank_environment(const Environment& agent_env, const Ra
   env["DTRAIN_RESTART"] = std::to_string(c.restart);
   std::vector<std::string> out;
   out.reserve(env.size());
-  for (const auto& [name, value] : env) out.push_back(name + "=" + value);
+  for (const auto& [name, value] : env) out.push_back(std::string(name).append("=").append(value));
   return out;
 }
 

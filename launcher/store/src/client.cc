@@ -32,7 +32,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr std::string_view kSubsys = "store";
-constexpr std::size_t kReadChunkBytes = 64 * 1024;
+constexpr std::size_t kReadChunkBytes = std::size_t{64} * 1024;
 // set_nowait: replies are collected (without waiting) once this many are outstanding, and the caller waits for
 // them beyond kMaxUnacknowledged. A set reply is 5 bytes: the server's 1 MiB reply backlog is never reached.
 constexpr std::size_t kAcknowledgeBatch = 256;
@@ -209,12 +209,8 @@ Endpoint Endpoint::from_environment() {
 }
 
 struct Client::Impl {
-  Impl(Endpoint e, Secret s, ClientOptions o)
-      : endpoint(std::move(e)),
-        name(endpoint.to_string()),
-        secret(std::move(s)),
-        options(o),
-        rng(std::random_device{}()) {}
+  Impl(Endpoint e, const Secret& s, ClientOptions o)
+      : endpoint(std::move(e)), name(endpoint.to_string()), secret(s), options(o), rng(std::random_device{}()) {}
   ~Impl() { disconnect(); }
 
   void disconnect() {
@@ -521,8 +517,8 @@ const Response& Client::Impl::call(const Request& req, Clock::time_point call_de
   throw error_for(response.status, response.status == Status::kTimeout ? message : what + ": " + message);
 }
 
-Client::Client(Endpoint endpoint, Secret secret, ClientOptions options)
-    : impl_(std::make_unique<Impl>(std::move(endpoint), std::move(secret), options)) {
+Client::Client(Endpoint endpoint, const Secret& secret, ClientOptions options)
+    : impl_(std::make_unique<Impl>(std::move(endpoint), secret, options)) {
   impl_->ensure_connected();
 }
 

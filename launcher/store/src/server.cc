@@ -21,12 +21,12 @@ using boost::system::error_code;
 
 constexpr std::string_view kSubsys = "store";
 // Bytes read from the socket at a time (a frame larger than this gets a buffer of its own size).
-constexpr std::size_t kReadChunkBytes = 64 * 1024;
+constexpr std::size_t kReadChunkBytes = std::size_t{64} * 1024;
 // Replies waiting to be written beyond which a connection executes no more requests until the client reads: a
 // client that pipelines requests without reading the replies cannot make the server buffer without bound.
-constexpr std::size_t kMaxOutputBacklogBytes = 1024 * 1024;
+constexpr std::size_t kMaxOutputBacklogBytes = std::size_t{1024} * 1024;
 // Buffers that grew past this for one large message are given back once empty.
-constexpr std::size_t kShrinkAboveBytes = 1024 * 1024;
+constexpr std::size_t kShrinkAboveBytes = std::size_t{1024} * 1024;
 // After an error reply to a fatal request the server stops sending, discards what the client still sends, and
 // closes after this long or at the client's end of stream. Closing at once with unread bytes would make the
 // kernel send a reset, which can destroy the error reply before the client reads it.
@@ -42,7 +42,7 @@ std::string endpoint_string(const tcp::endpoint& ep) {
 
 // What every connection of a server shares. Outlives the io_contexts (and so every connection).
 struct Shared {
-  Shared(Secret s, ServerOptions o) : secret(std::move(s)), options(std::move(o)), state(options.max_store_bytes) {}
+  Shared(const Secret& s, ServerOptions o) : secret(s), options(std::move(o)), state(options.max_store_bytes) {}
 
   const Secret secret;
   const ServerOptions options;
@@ -59,7 +59,7 @@ struct Shared {
 // its members need no lock; only wake() is called from other threads, and it only posts.
 class Session : public detail::WaitOwner, public std::enable_shared_from_this<Session> {
  public:
-  Session(Shared& shared, tcp::socket socket, asio::io_context::executor_type executor)
+  Session(Shared& shared, tcp::socket socket, const asio::io_context::executor_type& executor)
       : shared_(shared), executor_(executor), socket_(std::move(socket)), timer_(executor) {}
 
   ~Session() override { shared_.open.fetch_sub(1, std::memory_order_relaxed); }
@@ -509,7 +509,7 @@ void Session::close() {
 }  // namespace
 
 struct Server::Impl {
-  Impl(Secret secret, ServerOptions options);
+  Impl(const Secret& secret, ServerOptions options);
   void accept();
   void refuse(tcp::socket& socket);
   void stop();
@@ -554,7 +554,7 @@ int io_thread_count(int requested) {
 
 }  // namespace
 
-Server::Impl::Impl(Secret secret, ServerOptions options) : shared(std::move(secret), std::move(options)) {
+Server::Impl::Impl(const Secret& secret, ServerOptions options) : shared(secret, std::move(options)) {
   const ServerOptions& o = shared.options;
   validate(o);
   const int n = io_thread_count(o.io_threads);
@@ -669,8 +669,8 @@ void Server::Impl::stop() {
   log::info(kSubsys, "server on {} stopped", address);
 }
 
-Server::Server(Secret secret, ServerOptions options)
-    : impl_(std::make_unique<Impl>(std::move(secret), std::move(options))) {}
+Server::Server(const Secret& secret, ServerOptions options)
+    : impl_(std::make_unique<Impl>(secret, std::move(options))) {}
 
 Server::~Server() { stop(); }
 

@@ -73,9 +73,9 @@ struct RankState {
   std::vector<std::pair<std::vector<std::int32_t>, std::int64_t>> pending_dp;  // async slots not yet complete
   double dp_done = 0;
   Block block = Block::kRunnable;
-  int group = -1;                                          // P2P group being waited on
-  std::pair<std::vector<std::int32_t>, std::int64_t> slot; // collective being waited on
-  std::map<std::vector<std::int32_t>, std::int64_t> seq;   // collective sequence number per communicator
+  int group = -1;                                           // P2P group being waited on
+  std::pair<std::vector<std::int32_t>, std::int64_t> slot;  // collective being waited on
+  std::map<std::vector<std::int32_t>, std::int64_t> seq;    // collective sequence number per communicator
   double busy = 0;
   double sends_done = 0;  // with async_sends: when the last send left the pipeline stream
   std::size_t index = 0;  // in `simulated`
@@ -88,10 +88,14 @@ bool in_range(const Instr& body_op, const Instr& parent) {
 
 BodyKind body_kind(Opcode op) {
   switch (op) {
-    case Opcode::kForward: return BodyKind::kForward;
-    case Opcode::kBackward: return BodyKind::kBackward;
-    case Opcode::kBackwardInput: return BodyKind::kBackwardInput;
-    default: return BodyKind::kBackwardWeight;
+    case Opcode::kForward:
+      return BodyKind::kForward;
+    case Opcode::kBackward:
+      return BodyKind::kBackward;
+    case Opcode::kBackwardInput:
+      return BodyKind::kBackwardInput;
+    default:
+      return BodyKind::kBackwardWeight;
   }
 }
 
@@ -127,8 +131,8 @@ class Engine {
       // Every rank finished; with asynchronous sends one may still be waiting for a receive nobody posts.
       for (const auto& p : posted_) {
         if (!p.matched) {
-          problem(ProblemKind::kUnmatched,
-                  fmt::format("unmatched: {} is never received", describe_site(p.site)), {p.site.rank, p.instr.peer});
+          problem(ProblemKind::kUnmatched, fmt::format("unmatched: {} is never received", describe_site(p.site)),
+                  {p.site.rank, p.instr.peer});
           break;
         }
       }
@@ -176,26 +180,30 @@ class Engine {
     result_.slices.push_back(std::move(s));
   }
 
-  double cost(const RankState& st, const Instr& in) const {
-    return options_.cost ? options_.cost(*st.p, in) : 0.0;
-  }
+  double cost(const RankState& st, const Instr& in) const { return options_.cost ? options_.cost(*st.p, in) : 0.0; }
 
   static std::string compute_name(const Instr& in) {
-    std::string_view k = in.op == Opcode::kForward          ? "F"
-                         : in.op == Opcode::kBackward       ? "B"
-                         : in.op == Opcode::kBackwardInput  ? "BI"
-                                                            : "W";
+    std::string_view k = in.op == Opcode::kForward         ? "F"
+                         : in.op == Opcode::kBackward      ? "B"
+                         : in.op == Opcode::kBackwardInput ? "BI"
+                                                           : "W";
     return fmt::format("{} c{} mb{}", k, in.chunk, in.mb);
   }
 
   static std::string compute_category(Opcode op) {
     switch (op) {
-      case Opcode::kForward: return "forward";
-      case Opcode::kBackward: return "backward";
-      case Opcode::kBackwardInput: return "backward_input";
-      case Opcode::kBackwardWeight: return "backward_weight";
-      case Opcode::kOptimizerStep: return "optimizer";
-      default: return "other";
+      case Opcode::kForward:
+        return "forward";
+      case Opcode::kBackward:
+        return "backward";
+      case Opcode::kBackwardInput:
+        return "backward_input";
+      case Opcode::kBackwardWeight:
+        return "backward_weight";
+      case Opcode::kOptimizerStep:
+        return "optimizer";
+      default:
+        return "other";
     }
   }
 
@@ -338,8 +346,8 @@ class Engine {
       const Posted& rv = send ? other : me;
       problem(ProblemKind::kMismatch,
               fmt::format("mismatch: a send and its receive disagree on {}\n  {}\n  {}",
-                          other.instr.count != in.count ? "the element count" : "the data type",
-                          describe_site(s.site), describe_site(rv.site)),
+                          other.instr.count != in.count ? "the element count" : "the data type", describe_site(s.site),
+                          describe_site(rv.site)),
               {s.site.rank, rv.site.rank});
       return;
     }
@@ -382,8 +390,8 @@ class Engine {
     }
     std::vector<std::int32_t> members = st.p->members(in.on);
     if (std::find(members.begin(), members.end(), r) == members.end()) {
-      problem(ProblemKind::kStatic, fmt::format("{}: rank {} is not a member of its {} group", describe_site(site), r,
-                                                to_string(in.on)),
+      problem(ProblemKind::kStatic,
+              fmt::format("{}: rank {} is not a member of its {} group", describe_site(site), r, to_string(in.on)),
               {r});
       return false;
     }
@@ -400,9 +408,9 @@ class Engine {
     if (!slot.arrivals.empty()) {
       const Arrival& first = slot.arrivals.front();
       std::string mine = signature(in, parent);
-      const Instr* first_parent = first.site.body_pc >= 0 ? &programs_[static_cast<std::size_t>(first.site.rank)]
-                                                                  ->schedule[first.site.pc]
-                                                          : nullptr;
+      const Instr* first_parent = first.site.body_pc >= 0
+                                      ? &programs_[static_cast<std::size_t>(first.site.rank)]->schedule[first.site.pc]
+                                      : nullptr;
       std::string theirs = signature(first.instr, first_parent);
       if (mine != theirs) {
         problem(ProblemKind::kMismatch,
@@ -429,6 +437,7 @@ class Engine {
 
   static std::string join_ranks(const std::vector<std::int32_t>& v) {
     std::vector<std::string> s;
+    s.reserve(v.size());
     for (auto x : v) s.push_back(std::to_string(x));
     return join(s, ",");
   }
@@ -471,8 +480,10 @@ class Engine {
         }
       } else if (st.block == Block::kCollective || st.block == Block::kDpWait) {
         std::vector<std::pair<std::vector<std::int32_t>, std::int64_t>> keys;
-        if (st.block == Block::kCollective) keys.push_back(st.slot);
-        else keys = st.pending_dp;
+        if (st.block == Block::kCollective)
+          keys.push_back(st.slot);
+        else
+          keys = st.pending_dp;
         for (const auto& key : keys) {
           const Slot& slot = slots_.at(key);
           for (auto m : key.first) {

@@ -105,6 +105,7 @@ std::vector<std::vector<Action>> compute_steps(const ParallelConfig& c, int stag
       auto fwd = [&](int k) { return Action{Kind::kF, chunk_of((k % (P * V)) / P), mb_of(k)}; };
       auto bwd = [&](int k) { return Action{Kind::kB, chunk_of(V - 1 - (k % (P * V)) / P), mb_of(k)}; };
       std::vector<std::vector<Action>> steps;
+      steps.reserve(static_cast<std::size_t>(total) + static_cast<std::size_t>(warm));
       for (int k = 0; k < warm; ++k) steps.push_back({fwd(k)});
       for (int k = 0; k < total - warm; ++k) steps.push_back({fwd(warm + k), bwd(k)});
       for (int k = total - warm; k < total; ++k) steps.push_back({bwd(k)});
@@ -113,6 +114,7 @@ std::vector<std::vector<Action>> compute_steps(const ParallelConfig& c, int stag
   }
   if (c.schedule == Schedule::kZbH1) out = zero_bubble_h1(P, M, stage);
   std::vector<std::vector<Action>> steps;
+  steps.reserve(out.size());
   for (const Action& a : out) steps.push_back({a});
   return steps;
 }
@@ -121,7 +123,9 @@ std::vector<std::vector<Action>> compute_steps(const ParallelConfig& c, int stag
 class BodyBuilder {
  public:
   BodyBuilder(const model::ModelDescription& model, const ParallelConfig& config)
-      : m_(model.model), graph_(model::build_layer_graph(model.model, model.training)), c_(config),
+      : m_(model.model),
+        graph_(model::build_layer_graph(model.model, model.training)),
+        c_(config),
         dtype_(model.training.dtype) {
     tokens_ = static_cast<std::int64_t>(c_.micro_batch) * m_.seq_len;
     hidden_count_ = tokens_ * m_.hidden;
@@ -140,7 +144,8 @@ class BodyBuilder {
     }
     if (kind == BodyKind::kBackwardWeight) {
       if (chunk.head) weight_grads(out, graph_.head, static_cast<int>(m_.layers));
-      for (int l = chunk.first_layer + chunk.layers - 1; l >= chunk.first_layer; --l) weight_grads(out, graph_.layer, l);
+      for (int l = chunk.first_layer + chunk.layers - 1; l >= chunk.first_layer; --l)
+        weight_grads(out, graph_.layer, l);
       return body;
     }
     Pass pass = kind == BodyKind::kBackward ? Pass::kBackward : Pass::kBackwardInput;
@@ -192,7 +197,8 @@ class BodyBuilder {
   // Sum the partial outputs of a row-parallel layer (or partial input gradients of a column-parallel one).
   void reduce(std::vector<Instr>& out, int layer, int& index) const {
     if (sp()) {
-      out.push_back(tp_collective(Opcode::kReduceScatter, What::kHidden, layer, index++, hidden_count_, ReduceOp::kSum));
+      out.push_back(
+          tp_collective(Opcode::kReduceScatter, What::kHidden, layer, index++, hidden_count_, ReduceOp::kSum));
     } else {
       out.push_back(tp_collective(Opcode::kAllReduce, What::kHidden, layer, index++, hidden_count_, ReduceOp::kSum));
     }
@@ -386,7 +392,9 @@ class Lowering {
     return info;
   }
 
-  int holder(const plan::RankPlacement& pl, int ch) const { return plan::rank_of(c_, pl.tp_rank, ch % c_.pp, pl.dp_rank); }
+  int holder(const plan::RankPlacement& pl, int ch) const {
+    return plan::rank_of(c_, pl.tp_rank, ch % c_.pp, pl.dp_rank);
+  }
 
   // Gradient buckets of a chunk in backward order (head first), each at most CostModel::kBucketBytes of gradients.
   // With tied embeddings across stages, the tied matrix is left out: it is reduced at the end of the step, after
@@ -437,9 +445,12 @@ class Lowering {
     std::int64_t layer = 2 * norm + (m.linear_bias ? 2 * m.hidden : 0);
     std::int64_t n = 0;
     for (int u = b.lo; u < b.hi; ++u) {
-      if (u == -1) n += m.position == model::PositionKind::kLearned ? m.seq_len * m.hidden : 0;
-      else if (u == L) n += norm;
-      else n += layer;
+      if (u == -1)
+        n += m.position == model::PositionKind::kLearned ? m.seq_len * m.hidden : 0;
+      else if (u == L)
+        n += norm;
+      else
+        n += layer;
     }
     return n;
   }
@@ -575,8 +586,8 @@ class Lowering {
           out.push_back(compute);
           const ChunkInfo* info = p.chunk_info(a.chunk);
           int L = static_cast<int>(plan_.model.model.layers);
-          Bucket all{info->embedding ? -1 : info->first_layer,
-                     info->head ? L + 1 : info->first_layer + info->layers, 0};
+          Bucket all{info->embedding ? -1 : info->first_layer, info->head ? L + 1 : info->first_layer + info->layers,
+                     0};
           replicated_reduction(out, a.chunk, all);
         } else {
           out.push_back(compute);

@@ -8,19 +8,32 @@ namespace dtrain::ir {
 
 std::string_view to_string(Opcode op) {
   switch (op) {
-    case Opcode::kLoad: return "LOAD";
-    case Opcode::kForward: return "FWD";
-    case Opcode::kBackward: return "BWD";
-    case Opcode::kBackwardInput: return "BWD_I";
-    case Opcode::kBackwardWeight: return "BWD_W";
-    case Opcode::kSend: return "SEND";
-    case Opcode::kRecv: return "RECV";
-    case Opcode::kAllReduce: return "ALLREDUCE";
-    case Opcode::kAllGather: return "ALLGATHER";
-    case Opcode::kReduceScatter: return "REDUCESCATTER";
-    case Opcode::kOptimizerStep: return "OPTIM";
-    case Opcode::kCheckpoint: return "CKPT";
-    case Opcode::kCompute: return "COMPUTE";
+    case Opcode::kLoad:
+      return "LOAD";
+    case Opcode::kForward:
+      return "FWD";
+    case Opcode::kBackward:
+      return "BWD";
+    case Opcode::kBackwardInput:
+      return "BWD_I";
+    case Opcode::kBackwardWeight:
+      return "BWD_W";
+    case Opcode::kSend:
+      return "SEND";
+    case Opcode::kRecv:
+      return "RECV";
+    case Opcode::kAllReduce:
+      return "ALLREDUCE";
+    case Opcode::kAllGather:
+      return "ALLGATHER";
+    case Opcode::kReduceScatter:
+      return "REDUCESCATTER";
+    case Opcode::kOptimizerStep:
+      return "OPTIM";
+    case Opcode::kCheckpoint:
+      return "CKPT";
+    case Opcode::kCompute:
+      return "COMPUTE";
   }
   return "?";
 }
@@ -35,80 +48,130 @@ std::optional<Opcode> parse_opcode(std::string_view t) {
 
 std::string_view to_string(CommGroup g) {
   switch (g) {
-    case CommGroup::kNone: return "none";
-    case CommGroup::kTp: return "tp";
-    case CommGroup::kPp: return "pp";
-    case CommGroup::kDp: return "dp";
-    case CommGroup::kWorld: return "world";
-    case CommGroup::kEmbedding: return "embedding";
+    case CommGroup::kNone:
+      return "none";
+    case CommGroup::kTp:
+      return "tp";
+    case CommGroup::kPp:
+      return "pp";
+    case CommGroup::kDp:
+      return "dp";
+    case CommGroup::kWorld:
+      return "world";
+    case CommGroup::kEmbedding:
+      return "embedding";
   }
   return "?";
 }
 
 std::string_view to_string(What w) {
   switch (w) {
-    case What::kNone: return "none";
-    case What::kTokens: return "tokens";
-    case What::kTargets: return "targets";
-    case What::kBatch: return "batch";
-    case What::kActivation: return "act";
-    case What::kGradient: return "grad";
-    case What::kHidden: return "hidden";
-    case What::kLogitsMax: return "logits_max";
-    case What::kLogitsSumExp: return "logits_sumexp";
-    case What::kTargetLogit: return "target_logit";
-    case What::kGradBucket: return "grad_bucket";
-    case What::kParamBucket: return "param_bucket";
-    case What::kEmbeddingGrad: return "embedding_grad";
-    case What::kGradNorm: return "grad_norm";
-    case What::kLoss: return "loss";
-    case What::kEmbeddingParams: return "embedding_params";
-    case What::kSavedInput: return "saved_input";
-    case What::kReplicatedGrads: return "replicated_grads";
+    case What::kNone:
+      return "none";
+    case What::kTokens:
+      return "tokens";
+    case What::kTargets:
+      return "targets";
+    case What::kBatch:
+      return "batch";
+    case What::kActivation:
+      return "act";
+    case What::kGradient:
+      return "grad";
+    case What::kHidden:
+      return "hidden";
+    case What::kLogitsMax:
+      return "logits_max";
+    case What::kLogitsSumExp:
+      return "logits_sumexp";
+    case What::kTargetLogit:
+      return "target_logit";
+    case What::kGradBucket:
+      return "grad_bucket";
+    case What::kParamBucket:
+      return "param_bucket";
+    case What::kEmbeddingGrad:
+      return "embedding_grad";
+    case What::kGradNorm:
+      return "grad_norm";
+    case What::kLoss:
+      return "loss";
+    case What::kEmbeddingParams:
+      return "embedding_params";
+    case What::kSavedInput:
+      return "saved_input";
+    case What::kReplicatedGrads:
+      return "replicated_grads";
   }
   return "?";
 }
 
 std::string_view to_string(Pass p) {
   switch (p) {
-    case Pass::kNone: return "none";
-    case Pass::kForward: return "fwd";
-    case Pass::kBackward: return "bwd";
-    case Pass::kBackwardInput: return "bwd_i";
-    case Pass::kBackwardWeight: return "bwd_w";
-    case Pass::kRecompute: return "recompute";
+    case Pass::kNone:
+      return "none";
+    case Pass::kForward:
+      return "fwd";
+    case Pass::kBackward:
+      return "bwd";
+    case Pass::kBackwardInput:
+      return "bwd_i";
+    case Pass::kBackwardWeight:
+      return "bwd_w";
+    case Pass::kRecompute:
+      return "recompute";
   }
   return "?";
 }
 
 std::string_view to_string(ReduceOp r) {
   switch (r) {
-    case ReduceOp::kNone: return "none";
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
+    case ReduceOp::kNone:
+      return "none";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
   }
   return "?";
 }
 
 std::string_view to_string(BodyOp op) {
   switch (op) {
-    case BodyOp::kNone: return "none";
-    case BodyOp::kEmbedTokens: return "embed.tokens";
-    case BodyOp::kEmbedPositions: return "embed.positions";
-    case BodyOp::kAttnNorm: return "attn.norm";
-    case BodyOp::kAttnQkv: return "attn.qkv";
-    case BodyOp::kAttnRope: return "attn.rope";
-    case BodyOp::kAttnCore: return "attn.core";
-    case BodyOp::kAttnProj: return "attn.proj";
-    case BodyOp::kAttnResidual: return "attn.residual";
-    case BodyOp::kMlpNorm: return "mlp.norm";
-    case BodyOp::kMlpFc1: return "mlp.fc1";
-    case BodyOp::kMlpAct: return "mlp.act";
-    case BodyOp::kMlpFc2: return "mlp.fc2";
-    case BodyOp::kMlpResidual: return "mlp.residual";
-    case BodyOp::kHeadNorm: return "head.norm";
-    case BodyOp::kHeadLogits: return "head.logits";
-    case BodyOp::kHeadCrossEntropy: return "head.cross_entropy";
+    case BodyOp::kNone:
+      return "none";
+    case BodyOp::kEmbedTokens:
+      return "embed.tokens";
+    case BodyOp::kEmbedPositions:
+      return "embed.positions";
+    case BodyOp::kAttnNorm:
+      return "attn.norm";
+    case BodyOp::kAttnQkv:
+      return "attn.qkv";
+    case BodyOp::kAttnRope:
+      return "attn.rope";
+    case BodyOp::kAttnCore:
+      return "attn.core";
+    case BodyOp::kAttnProj:
+      return "attn.proj";
+    case BodyOp::kAttnResidual:
+      return "attn.residual";
+    case BodyOp::kMlpNorm:
+      return "mlp.norm";
+    case BodyOp::kMlpFc1:
+      return "mlp.fc1";
+    case BodyOp::kMlpAct:
+      return "mlp.act";
+    case BodyOp::kMlpFc2:
+      return "mlp.fc2";
+    case BodyOp::kMlpResidual:
+      return "mlp.residual";
+    case BodyOp::kHeadNorm:
+      return "head.norm";
+    case BodyOp::kHeadLogits:
+      return "head.logits";
+    case BodyOp::kHeadCrossEntropy:
+      return "head.cross_entropy";
   }
   return "?";
 }
@@ -123,10 +186,14 @@ std::optional<BodyOp> parse_body_op(std::string_view t) {
 
 std::string_view to_string(BodyKind k) {
   switch (k) {
-    case BodyKind::kForward: return "fwd";
-    case BodyKind::kBackward: return "bwd";
-    case BodyKind::kBackwardInput: return "bwd_i";
-    case BodyKind::kBackwardWeight: return "bwd_w";
+    case BodyKind::kForward:
+      return "fwd";
+    case BodyKind::kBackward:
+      return "bwd";
+    case BodyKind::kBackwardInput:
+      return "bwd_i";
+    case BodyKind::kBackwardWeight:
+      return "bwd_w";
   }
   return "?";
 }
@@ -141,8 +208,10 @@ std::string to_text(const Instr& in) {
   if (in.chunk >= 0) field("chunk", in.chunk);
   if (in.mb >= 0) field("mb", in.mb);
   if (in.layer != -1 || in.layer_end != -1) {
-    if (in.layer_end != -1) s += fmt::format(" layers={}..{}", in.layer, in.layer_end);
-    else field("layer", in.layer);
+    if (in.layer_end != -1)
+      s += fmt::format(" layers={}..{}", in.layer, in.layer_end);
+    else
+      field("layer", in.layer);
   }
   if (in.index >= 0) field("index", in.index);
   if (in.peer >= 0) field("peer", in.peer);
@@ -171,16 +240,21 @@ const ChunkInfo* Program::chunk_info(std::int32_t chunk) const {
 
 std::vector<std::int32_t> Program::members(CommGroup g) const {
   switch (g) {
-    case CommGroup::kTp: return tp_group;
-    case CommGroup::kPp: return pp_group;
-    case CommGroup::kDp: return dp_group;
-    case CommGroup::kEmbedding: return embedding_group;
+    case CommGroup::kTp:
+      return tp_group;
+    case CommGroup::kPp:
+      return pp_group;
+    case CommGroup::kDp:
+      return dp_group;
+    case CommGroup::kEmbedding:
+      return embedding_group;
     case CommGroup::kWorld: {
       std::vector<std::int32_t> all(static_cast<std::size_t>(world));
       std::iota(all.begin(), all.end(), 0);
       return all;
     }
-    case CommGroup::kNone: return {};
+    case CommGroup::kNone:
+      return {};
   }
   return {};
 }
@@ -191,8 +265,8 @@ bool Program::operator==(const Program& o) const {
       dp_rank != o.dp_rank || micro_batch != o.micro_batch || num_microbatches != o.num_microbatches ||
       layers != o.layers || schedule_name != o.schedule_name || sequence_parallel != o.sequence_parallel ||
       distributed_optimizer != o.distributed_optimizer || tp_group != o.tp_group || pp_group != o.pp_group ||
-      dp_group != o.dp_group || embedding_group != o.embedding_group || chunks != o.chunks ||
-      schedule != o.schedule || bodies.size() != o.bodies.size()) {
+      dp_group != o.dp_group || embedding_group != o.embedding_group || chunks != o.chunks || schedule != o.schedule ||
+      bodies.size() != o.bodies.size()) {
     return false;
   }
   for (std::size_t i = 0; i < bodies.size(); ++i) {

@@ -18,7 +18,9 @@ namespace {
 class Coster {
  public:
   Coster(const plan::Plan& plan, const SimulationOptions& options)
-      : cm_(plan.model, plan.cluster), c_(cm_.complete(plan.config, plan.inputs.global_batch)), options_(options),
+      : cm_(plan.model, plan.cluster),
+        c_(cm_.complete(plan.config, plan.inputs.global_batch)),
+        options_(options),
         lc_(cm_.layer_costs(c_)) {
     p2p_ = cm_.p2p_seconds(c_);
     overhead_ = cm_.cluster().calibration().microbatch_overhead_s;
@@ -39,18 +41,22 @@ class Coster {
       }
       case Opcode::kBackward:
       case Opcode::kBackwardInput:
-      case Opcode::kBackwardWeight: return backward(p, in);
+      case Opcode::kBackwardWeight:
+        return backward(p, in);
       case Opcode::kSend:
-      case Opcode::kRecv: return options_.free_communication ? 0.0 : p2p_;
+      case Opcode::kRecv:
+        return options_.free_communication ? 0.0 : p2p_;
       case Opcode::kAllReduce:
       case Opcode::kAllGather:
-      case Opcode::kReduceScatter: return options_.free_communication ? 0.0 : collective(p, in);
+      case Opcode::kReduceScatter:
+        return options_.free_communication ? 0.0 : collective(p, in);
       case Opcode::kOptimizerStep: {
         double params = 0;
         for (const auto& ci : p.chunks) params += cm_.stage_params(c_, ci.layers, ci.embedding, ci.head);
         return cm_.optimizer_seconds(c_, params);
       }
-      default: return 0.0;
+      default:
+        return 0.0;
     }
   }
 
@@ -60,14 +66,16 @@ class Coster {
  private:
   double unit(const Program& p, const Instr& in) const {
     switch (in.op) {
-      case Opcode::kForward: return 1.0;
+      case Opcode::kForward:
       case Opcode::kBackwardInput:
-      case Opcode::kBackwardWeight: return 1.0;
+      case Opcode::kBackwardWeight:
+        return 1.0;
       case Opcode::kBackward: {
         const ChunkInfo* ci = p.chunk_info(in.chunk);
         return 2.0 * units_in(*ci, in) / units(*ci);
       }
-      default: return 0.0;
+      default:
+        return 0.0;
     }
   }
 
@@ -76,7 +84,8 @@ class Coster {
     if (in.layer_end < 0) return units(ci);
     int n = 0;
     for (int u = in.layer; u < in.layer_end; ++u) {
-      if (u == -1 ? ci.embedding : u == layers_ ? ci.head : (u >= ci.first_layer && u < ci.first_layer + ci.layers)) ++n;
+      if (u == -1 ? ci.embedding : u == layers_ ? ci.head : (u >= ci.first_layer && u < ci.first_layer + ci.layers))
+        ++n;
     }
     return n;
   }
@@ -91,23 +100,30 @@ class Coster {
     if (in.layer_end < 0) return part(plan::CostModel::chunk_times(lc_, ci->layers, ci->embedding, ci->head));
     double t = 0;
     for (int u = in.layer; u < in.layer_end; ++u) {
-      if (u == -1 && ci->embedding) t += part(lc_.embedding);
-      else if (u == layers_ && ci->head) t += part(lc_.head);
-      else if (u >= ci->first_layer && u < ci->first_layer + ci->layers) t += part(lc_.layer);
+      if (u == -1 && ci->embedding)
+        t += part(lc_.embedding);
+      else if (u == layers_ && ci->head)
+        t += part(lc_.head);
+      else if (u >= ci->first_layer && u < ci->first_layer + ci->layers)
+        t += part(lc_.layer);
     }
     return t;
   }
 
   double collective(const Program& p, const Instr& in) const {
     double elem = (in.what == What::kParamBucket || in.what == What::kEmbeddingParams) ? weight_bytes_
-                  : in.what == What::kGradBucket                                         ? grad_bytes_
-                                                                                          : 4.0;
+                  : in.what == What::kGradBucket                                       ? grad_bytes_
+                                                                                       : 4.0;
     if (in.what == What::kEmbeddingGrad) elem = grad_bytes_;
     double bytes = static_cast<double>(in.count) * elem;
     plan::GroupGeometry g;
     switch (in.on) {
-      case CommGroup::kDp: g = cm_.dp_group(c_); break;
-      case CommGroup::kTp: g = cm_.tp_group(c_); break;
+      case CommGroup::kDp:
+        g = cm_.dp_group(c_);
+        break;
+      case CommGroup::kTp:
+        g = cm_.tp_group(c_);
+        break;
       case CommGroup::kEmbedding:
         g = cm_.pp_neighbours_share_node(c_) ? plan::GroupGeometry{2, 2, 1, true} : plan::GroupGeometry{2, 1, 2, false};
         break;
@@ -118,9 +134,12 @@ class Coster {
       }
     }
     switch (in.op) {
-      case Opcode::kAllReduce: return cm_.all_reduce_seconds(bytes, g);
-      case Opcode::kAllGather: return cm_.all_gather_seconds(bytes, g);
-      default: return cm_.reduce_scatter_seconds(bytes, g);
+      case Opcode::kAllReduce:
+        return cm_.all_reduce_seconds(bytes, g);
+      case Opcode::kAllGather:
+        return cm_.all_gather_seconds(bytes, g);
+      default:
+        return cm_.reduce_scatter_seconds(bytes, g);
     }
   }
 
@@ -209,24 +228,38 @@ std::string chrome_trace_json(const SimulationReport& r) {
   static const char* kStreams[] = {"compute", "pp", "dp"};
   for (std::size_t i = 0; i < r.ranks.size(); ++i) {
     std::int32_t rank = r.ranks[i];
-    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"tid", 0},
+    events.push_back({{"ph", "M"},
+                      {"name", "process_name"},
+                      {"pid", rank},
+                      {"tid", 0},
                       {"args", {{"name", fmt::format("rank {}", rank)}}}});
-    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"tid", 0},
-                      {"args", {{"sort_index", rank}}}});
+    events.push_back(
+        {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"tid", 0}, {"args", {{"sort_index", rank}}}});
     for (int t = 0; t < 3; ++t) {
-      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", t},
-                        {"args", {{"name", kStreams[t]}}}});
+      events.push_back(
+          {{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", t}, {"args", {{"name", kStreams[t]}}}});
     }
   }
   for (const auto& s : r.slices) {
     double ts = s.start_s * 1e6, dur = s.duration_s * 1e6;
     int tid = static_cast<int>(s.stream);
-    events.push_back({{"ph", "X"}, {"name", s.name}, {"cat", s.category}, {"pid", s.rank}, {"tid", tid},
-                      {"ts", ts}, {"dur", dur}, {"args", {{"pc", s.pc}}}});
+    events.push_back({{"ph", "X"},
+                      {"name", s.name},
+                      {"cat", s.category},
+                      {"pid", s.rank},
+                      {"tid", tid},
+                      {"ts", ts},
+                      {"dur", dur},
+                      {"args", {{"pc", s.pc}}}});
     if (s.flow_id >= 0) {
       // Flow arrows from the send to the receive (Perfetto binds "s" to the enclosing slice start, "f" to its end).
-      nlohmann::json flow = {{"ph", s.flow_start ? "s" : "f"}, {"name", "p2p"}, {"cat", "p2p"}, {"id", s.flow_id},
-                             {"pid", s.rank}, {"tid", tid}, {"ts", s.flow_start ? ts : ts + dur}};
+      nlohmann::json flow = {{"ph", s.flow_start ? "s" : "f"},
+                             {"name", "p2p"},
+                             {"cat", "p2p"},
+                             {"id", s.flow_id},
+                             {"pid", s.rank},
+                             {"tid", tid},
+                             {"ts", s.flow_start ? ts : ts + dur}};
       if (!s.flow_start) flow["bp"] = "e";
       events.push_back(flow);
     }
@@ -246,10 +279,13 @@ std::string gantt_svg(const SimulationReport& r, const std::string& title) {
   const double plot = width - left - right;
   const double span = std::max(r.makespan_s, 1e-12);
   const double height = top + row * static_cast<double>(r.ranks.size()) + 70;
-  std::map<std::string, const char*> colors = {
-      {"forward", "#4e79a7"},        {"backward", "#59a14f"}, {"backward_input", "#8cd17d"},
-      {"backward_weight", "#f28e2b"}, {"optimizer", "#b07aa1"}, {"p2p", "#e15759"},
-      {"dp", "#9c755f"}};
+  std::map<std::string, const char*> colors = {{"forward", "#4e79a7"},
+                                               {"backward", "#59a14f"},
+                                               {"backward_input", "#8cd17d"},
+                                               {"backward_weight", "#f28e2b"},
+                                               {"optimizer", "#b07aa1"},
+                                               {"p2p", "#e15759"},
+                                               {"dp", "#9c755f"}};
   std::map<std::int32_t, std::size_t> row_of;
   for (std::size_t i = 0; i < r.ranks.size(); ++i) row_of[r.ranks[i]] = i;
   std::string svg = fmt::format(
@@ -273,9 +309,10 @@ std::string gantt_svg(const SimulationReport& r, const std::string& title) {
     double w = std::max(0.5, plot * s.duration_s / span);
     double y = top + row * static_cast<double>(row_of[s.rank]) + (s.stream == Stream::kPp ? bar * 0.75 : 0);
     double h = s.stream == Stream::kPp ? bar * 0.25 : bar;
-    svg += fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\" "
-                       "stroke=\"white\" stroke-width=\"0.5\"><title>{}</title></rect>\n",
-                       x, y, w, h, color, s.name);
+    svg += fmt::format(
+        "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\" "
+        "stroke=\"white\" stroke-width=\"0.5\"><title>{}</title></rect>\n",
+        x, y, w, h, color, s.name);
     if (s.stream == Stream::kCompute && w > 28) {
       std::string label = s.name.substr(0, s.name.find(' '));
       auto mb = s.name.find("mb");
@@ -295,8 +332,8 @@ std::string gantt_svg(const SimulationReport& r, const std::string& title) {
   svg += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\">seconds</text>\n", width - right - 50, axis_y + 28);
   double lx = left;
   for (const auto& [name, color] : colors) {
-    svg += fmt::format("<rect x=\"{:.0f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"{}\"/>", lx, axis_y + 36,
-                       color);
+    svg +=
+        fmt::format("<rect x=\"{:.0f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"{}\"/>", lx, axis_y + 36, color);
     svg += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\">{}</text>\n", lx + 16, axis_y + 46, name);
     lx += 130;
   }

@@ -15,6 +15,7 @@ namespace {
 
 std::string ranks_text(const std::vector<std::int32_t>& ranks) {
   std::vector<std::string> s;
+  s.reserve(ranks.size());
   for (auto r : ranks) s.push_back(std::to_string(r));
   return join(s, ",");
 }
@@ -72,11 +73,16 @@ class Parser {
           for (const auto& r : split(list, ',')) ranks.push_back(to_int(r, "ranks"));
         }
         const std::string& g = words[1];
-        if (g == "tp") p.tp_group = ranks;
-        else if (g == "pp") p.pp_group = ranks;
-        else if (g == "dp") p.dp_group = ranks;
-        else if (g == "embedding") p.embedding_group = ranks;
-        else fail(fmt::format("unknown group '{}' (tp, pp, dp, embedding)", g));
+        if (g == "tp")
+          p.tp_group = ranks;
+        else if (g == "pp")
+          p.pp_group = ranks;
+        else if (g == "dp")
+          p.dp_group = ranks;
+        else if (g == "embedding")
+          p.embedding_group = ranks;
+        else
+          fail(fmt::format("unknown group '{}' (tp, pp, dp, embedding)", g));
       } else if (head == "chunk") {
         ChunkInfo c;
         c.index = integer(kv, "index");
@@ -89,11 +95,16 @@ class Parser {
         auto b = std::make_shared<Body>();
         b->chunk = integer(kv, "chunk");
         std::string kind = get(kv, "kind");
-        if (kind == "fwd") b->kind = BodyKind::kForward;
-        else if (kind == "bwd") b->kind = BodyKind::kBackward;
-        else if (kind == "bwd_i") b->kind = BodyKind::kBackwardInput;
-        else if (kind == "bwd_w") b->kind = BodyKind::kBackwardWeight;
-        else fail(fmt::format("unknown body kind '{}'", kind));
+        if (kind == "fwd")
+          b->kind = BodyKind::kForward;
+        else if (kind == "bwd")
+          b->kind = BodyKind::kBackward;
+        else if (kind == "bwd_i")
+          b->kind = BodyKind::kBackwardInput;
+        else if (kind == "bwd_w")
+          b->kind = BodyKind::kBackwardWeight;
+        else
+          fail(fmt::format("unknown body kind '{}'", kind));
         b->instrs = instructions();
         p.bodies.push_back(std::move(b));
       } else if (head == "schedule") {
@@ -264,10 +275,11 @@ std::string print_program(const Program& p) {
   out += fmt::format("program format=1 rank={} world={}\n", p.rank, p.world);
   out += fmt::format("plan digest={} model={}\n", p.plan_digest.empty() ? "-" : p.plan_digest,
                      p.model_digest.empty() ? "-" : p.model_digest);
-  out += fmt::format("layout tp={} pp={} dp={} vpp={} tp_rank={} pp_rank={} dp_rank={} micro_batch={} "
-                     "num_microbatches={} layers={} schedule={} sequence_parallel={} distributed_optimizer={}\n",
-                     p.tp, p.pp, p.dp, p.vpp, p.tp_rank, p.pp_rank, p.dp_rank, p.micro_batch, p.num_microbatches,
-                     p.layers, p.schedule_name, p.sequence_parallel, p.distributed_optimizer);
+  out += fmt::format(
+      "layout tp={} pp={} dp={} vpp={} tp_rank={} pp_rank={} dp_rank={} micro_batch={} "
+      "num_microbatches={} layers={} schedule={} sequence_parallel={} distributed_optimizer={}\n",
+      p.tp, p.pp, p.dp, p.vpp, p.tp_rank, p.pp_rank, p.dp_rank, p.micro_batch, p.num_microbatches, p.layers,
+      p.schedule_name, p.sequence_parallel, p.distributed_optimizer);
   out += fmt::format("group tp ranks={}\n", ranks_text(p.tp_group));
   out += fmt::format("group pp ranks={}\n", ranks_text(p.pp_group));
   out += fmt::format("group dp ranks={}\n", ranks_text(p.dp_group));

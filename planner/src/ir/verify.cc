@@ -15,10 +15,14 @@ namespace dtrain::ir {
 
 std::string_view to_string(ProblemKind k) {
   switch (k) {
-    case ProblemKind::kStatic: return "static";
-    case ProblemKind::kDeadlock: return "deadlock";
-    case ProblemKind::kUnmatched: return "unmatched";
-    case ProblemKind::kMismatch: return "mismatch";
+    case ProblemKind::kStatic:
+      return "static";
+    case ProblemKind::kDeadlock:
+      return "deadlock";
+    case ProblemKind::kUnmatched:
+      return "unmatched";
+    case ProblemKind::kMismatch:
+      return "mismatch";
   }
   return "?";
 }
@@ -49,8 +53,7 @@ class Hasher {
     add(static_cast<std::uint64_t>(static_cast<std::uint32_t>(in.chunk)) << 32 | static_cast<std::uint32_t>(in.mb));
     add(static_cast<std::uint64_t>(static_cast<std::uint32_t>(in.layer)) << 32 |
         static_cast<std::uint32_t>(in.layer_end));
-    add(static_cast<std::uint64_t>(static_cast<std::uint32_t>(in.index)) << 32 |
-        static_cast<std::uint32_t>(in.group));
+    add(static_cast<std::uint64_t>(static_cast<std::uint32_t>(in.index)) << 32 | static_cast<std::uint32_t>(in.group));
     add(static_cast<std::uint64_t>(in.count));
     add(static_cast<std::uint64_t>(peer));
   }
@@ -114,9 +117,9 @@ StaticResult static_checks(const Program& p) {
     int fwd_count = 0, bi_count = 0;
     std::map<int, int> units;  // backward (or weight-gradient) coverage of the chunk's layers
   };
-  std::map<std::pair<int, int>, Seen> seen;  // (chunk, mb)
+  std::map<std::pair<int, int>, Seen> seen;                   // (chunk, mb)
   std::map<std::tuple<int, int, int>, std::int64_t> recv_at;  // (what, chunk, mb) -> pc
-  std::set<std::pair<int, int>> loads;  // (what: 0 tokens / 1 targets, mb)
+  std::set<std::pair<int, int>> loads;                        // (what: 0 tokens / 1 targets, mb)
   std::int64_t optim_pc = -1;
   int optim_count = 0;
   std::set<std::pair<int, int>> live;
@@ -145,7 +148,8 @@ StaticResult static_checks(const Program& p) {
       auto key = std::make_pair(in.chunk, in.mb);
       const Seen& s = seen[key];
       if (in.what == What::kActivation && s.fwd < 0) fail(pc, "sends an activation before its forward ran");
-      if (in.what == What::kGradient && s.bwd_first < 0 && s.bi < 0) fail(pc, "sends a gradient before its backward ran");
+      if (in.what == What::kGradient && s.bwd_first < 0 && s.bi < 0)
+        fail(pc, "sends a gradient before its backward ran");
       if (in.peer < 0 || in.peer >= p.world) fail(pc, "peer outside the world");
       continue;
     }
@@ -213,7 +217,8 @@ StaticResult static_checks(const Program& p) {
     if (in.op == Opcode::kBackward && s.bwd_first < 0) s.bwd_first = ipc;
     for (int u : units_of(*ci)) {
       bool covered = in.layer_end < 0 ? true : (u >= in.layer && u < in.layer_end);
-      if (covered && ++s.units[u] > 1) fail(pc, fmt::format("layer {} of chunk {} gets a second backward", u, in.chunk));
+      if (covered && ++s.units[u] > 1)
+        fail(pc, fmt::format("layer {} of chunk {} gets a second backward", u, in.chunk));
     }
     s.bwd_last = ipc;
     bool complete = true;
@@ -224,7 +229,8 @@ StaticResult static_checks(const Program& p) {
   for (const auto& ci : p.chunks) {
     for (int j = 0; j < M; ++j) {
       const Seen& s = seen[{ci.index, j}];
-      if (s.fwd_count == 0) fail(p.schedule.size(), fmt::format("chunk {} micro-batch {} never runs forward", ci.index, j));
+      if (s.fwd_count == 0)
+        fail(p.schedule.size(), fmt::format("chunk {} micro-batch {} never runs forward", ci.index, j));
       if (split && s.bi_count == 0) {
         fail(p.schedule.size(), fmt::format("chunk {} micro-batch {} never runs its input gradients", ci.index, j));
       }
@@ -241,7 +247,8 @@ StaticResult static_checks(const Program& p) {
   for (const auto& [pc, in] : dp_buckets) {
     const Seen& last = seen[{in->chunk, M - 1}];
     if (last.bwd_first < 0 && last.bi < 0) fail(pc, "reduces a bucket before the last micro-batch's backward");
-    if (optim_pc >= 0 && static_cast<std::int64_t>(pc) > optim_pc) fail(pc, "reduces a bucket after the optimizer step");
+    if (optim_pc >= 0 && static_cast<std::int64_t>(pc) > optim_pc)
+      fail(pc, "reduces a bucket after the optimizer step");
   }
   return out;
 }
@@ -261,9 +268,10 @@ VerifyReport verify(const std::vector<Program>& programs) {
   std::vector<const Program*> by_rank(static_cast<std::size_t>(world), nullptr);
   for (const auto& p : programs) {
     if (p.world != world || p.rank < 0 || p.rank >= world) {
-      report.problems.push_back({ProblemKind::kStatic,
-                                 fmt::format("rank {}: world {} disagrees with rank 0's world {}", p.rank, p.world, world),
-                                 {p.rank}});
+      report.problems.push_back(
+          {ProblemKind::kStatic,
+           fmt::format("rank {}: world {} disagrees with rank 0's world {}", p.rank, p.world, world),
+           {p.rank}});
       continue;
     }
     if (by_rank[static_cast<std::size_t>(p.rank)] != nullptr) {
@@ -330,20 +338,22 @@ VerifyReport verify(const std::vector<Program>& programs) {
       auto members = p->members(g);
       if (!members.empty() && std::find(members.begin(), members.end(), p->rank) == members.end()) {
         report.problems.push_back({ProblemKind::kStatic,
-                                   fmt::format("rank {} is not in its own {} group", p->rank, to_string(g)), {p->rank}});
+                                   fmt::format("rank {} is not in its own {} group", p->rank, to_string(g)),
+                                   {p->rank}});
       }
       for (auto q : members) {
         if (q < 0 || q >= world) {
-          report.problems.push_back({ProblemKind::kStatic,
-                                     fmt::format("rank {}: {} group names rank {} outside the world", p->rank,
-                                                 to_string(g), q),
-                                     {p->rank}});
+          report.problems.push_back(
+              {ProblemKind::kStatic,
+               fmt::format("rank {}: {} group names rank {} outside the world", p->rank, to_string(g), q),
+               {p->rank}});
           break;
         }
         if (by_rank[static_cast<std::size_t>(q)]->members(g) != members) {
-          report.problems.push_back({ProblemKind::kStatic,
-                                     fmt::format("ranks {} and {} disagree on their {} group", p->rank, q, to_string(g)),
-                                     {p->rank, q}});
+          report.problems.push_back(
+              {ProblemKind::kStatic,
+               fmt::format("ranks {} and {} disagree on their {} group", p->rank, q, to_string(g)),
+               {p->rank, q}});
           break;
         }
       }

@@ -4,25 +4,38 @@ namespace dtrain::model {
 
 std::string_view to_string(OpKind kind) {
   switch (kind) {
-    case OpKind::kTokenEmbedding: return "embedding";
-    case OpKind::kNorm: return "norm";
-    case OpKind::kLinear: return "linear";
-    case OpKind::kRope: return "rope";
-    case OpKind::kAttention: return "attention";
-    case OpKind::kActivation: return "activation";
-    case OpKind::kDropoutResidual: return "dropout_residual";
-    case OpKind::kCrossEntropy: return "cross_entropy";
+    case OpKind::kTokenEmbedding:
+      return "embedding";
+    case OpKind::kNorm:
+      return "norm";
+    case OpKind::kLinear:
+      return "linear";
+    case OpKind::kRope:
+      return "rope";
+    case OpKind::kAttention:
+      return "attention";
+    case OpKind::kActivation:
+      return "activation";
+    case OpKind::kDropoutResidual:
+      return "dropout_residual";
+    case OpKind::kCrossEntropy:
+      return "cross_entropy";
   }
   return "?";
 }
 
 std::string_view to_string(TpSplit split) {
   switch (split) {
-    case TpSplit::kSequence: return "sequence";
-    case TpSplit::kColumn: return "column";
-    case TpSplit::kRow: return "row";
-    case TpSplit::kHeads: return "heads";
-    case TpSplit::kVocab: return "vocab";
+    case TpSplit::kSequence:
+      return "sequence";
+    case TpSplit::kColumn:
+      return "column";
+    case TpSplit::kRow:
+      return "row";
+    case TpSplit::kHeads:
+      return "heads";
+    case TpSplit::kVocab:
+      return "vocab";
   }
   return "?";
 }
@@ -41,8 +54,10 @@ Op linear(std::string name, TpSplit split, std::int64_t in, std::int64_t out, bo
   // A linear layer keeps its input for the weight gradient. A column-parallel layer's input is the full hidden
   // state on every rank (the sequence shard with sequence parallelism); a row-parallel layer's input is already
   // split over the group.
-  if (split == TpSplit::kColumn) op.saved_sequence_per_token = e * static_cast<double>(in);
-  else op.saved_sharded_per_token = e * static_cast<double>(in);
+  if (split == TpSplit::kColumn)
+    op.saved_sequence_per_token = e * static_cast<double>(in);
+  else
+    op.saved_sharded_per_token = e * static_cast<double>(in);
   return op;
 }
 
@@ -67,7 +82,7 @@ Op dropout_residual(std::string name, const ModelSpec& m, double e) {
   op.bytes_per_token = 3.0 * e * h;  // read branch and residual, write the sum
   op.flops_per_token = 2.0 * h;
   if (m.dropout > 0.0) {
-    op.bytes_per_token += h;         // the one-byte mask
+    op.bytes_per_token += h;          // the one-byte mask
     op.saved_sequence_per_token = h;  // mask kept for backward
   }
   op.backward_factor = 1.0;  // the gradient passes through; with dropout one multiply by the mask
@@ -149,8 +164,8 @@ LayerGraph build_layer_graph(const ModelSpec& m, const TrainingSpec& t) {
     op.kind = OpKind::kActivation;
     op.split = TpSplit::kHeads;
     double in = static_cast<double>(m.fc1_columns());
-    op.bytes_per_token = e * (in + f);      // read the pre-activation (gate and up for SwiGLU), write the product
-    op.saved_sharded_per_token = e * in;    // GELU keeps its input; SwiGLU keeps gate and up
+    op.bytes_per_token = e * (in + f);    // read the pre-activation (gate and up for SwiGLU), write the product
+    op.saved_sharded_per_token = e * in;  // GELU keeps its input; SwiGLU keeps gate and up
     op.flops_per_token = 8.0 * f;
     g.layer.push_back(op);
   }

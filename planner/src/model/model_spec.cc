@@ -17,9 +17,12 @@ std::string_view to_string(PositionKind pos) { return pos == PositionKind::kLear
 std::string_view to_string(AttentionImpl impl) { return impl == AttentionImpl::kFlash ? "flash" : "materialized"; }
 std::string_view to_string(Optimizer opt) {
   switch (opt) {
-    case Optimizer::kAdam: return "adam";
-    case Optimizer::kAdamW: return "adamw";
-    case Optimizer::kSgd: return "sgd";
+    case Optimizer::kAdam:
+      return "adam";
+    case Optimizer::kAdamW:
+      return "adamw";
+    case Optimizer::kSgd:
+      return "sgd";
   }
   return "?";
 }
@@ -27,8 +30,8 @@ std::string_view to_string(Optimizer opt) {
 std::int64_t ModelSpec::layer_params() const {
   std::int64_t norm_params = norm == NormKind::kLayerNorm ? 2 * hidden : hidden;  // weight (+ bias)
   std::int64_t p = 2 * norm_params;
-  p += hidden * qkv_columns() + hidden * hidden;        // QKV, attention output
-  p += hidden * fc1_columns() + ffn_hidden * hidden;    // MLP
+  p += hidden * qkv_columns() + hidden * hidden;      // QKV, attention output
+  p += hidden * fc1_columns() + ffn_hidden * hidden;  // MLP
   if (linear_bias) p += qkv_columns() + hidden + fc1_columns() + hidden;
   return p;
 }
@@ -134,8 +137,10 @@ ModelDescription parse_model_tables(TableReader root) {
     fail_pair(m, "kv_heads", fmt::format("is larger than heads = {} (kv_heads must divide heads)", spec.heads));
   }
   if (spec.heads % spec.kv_heads != 0) {
-    fail_pair(m, "kv_heads", fmt::format("does not divide heads = {} (grouped-query attention needs heads/kv_heads "
-                                         "to be an integer)", spec.heads));
+    fail_pair(m, "kv_heads",
+              fmt::format("does not divide heads = {} (grouped-query attention needs heads/kv_heads "
+                          "to be an integer)",
+                          spec.heads));
   }
   if (spec.position == PositionKind::kRope && spec.head_dim() % 2 != 0) {
     fail_pair(m, "position", fmt::format("rope needs an even head dimension, hidden/heads = {}", spec.head_dim()));
@@ -151,8 +156,10 @@ ModelDescription parse_model_tables(TableReader root) {
   auto dtype = t.get_choice("dtype", {"bf16", "fp16", "fp8", "fp32"});
   tr.dtype = dtype ? *parse_dtype(*dtype) : DType::kBf16;
   auto opt = t.get_choice("optimizer", {"adam", "adamw", "sgd"});
-  tr.optimizer = !opt ? Optimizer::kAdam : (*opt == "adam" ? Optimizer::kAdam : *opt == "adamw" ? Optimizer::kAdamW
-                                                                                                 : Optimizer::kSgd);
+  tr.optimizer = !opt ? Optimizer::kAdam
+                      : (*opt == "adam"    ? Optimizer::kAdam
+                         : *opt == "adamw" ? Optimizer::kAdamW
+                                           : Optimizer::kSgd);
   auto attention = t.get_choice("attention", {"flash", "materialized"});
   tr.attention = attention && *attention == "materialized" ? AttentionImpl::kMaterialized : AttentionImpl::kFlash;
   auto grad_dtype = t.get_choice("grad_reduce_dtype", {"fp32", "dtype"});
@@ -179,8 +186,8 @@ ModelDescription parse_model_tables(TableReader root) {
   for (const char* key : {"layers", "hidden", "heads", "kv_heads", "vocab", "seq_len"}) {
     desc.locations[std::string("model.") + key] = m.where(key);
   }
-  desc.locations["training.global_batch"] = fmt::format("{}: [training] global_batch = {}", t.where("global_batch"),
-                                                        tr.global_batch);
+  desc.locations["training.global_batch"] =
+      fmt::format("{}: [training] global_batch = {}", t.where("global_batch"), tr.global_batch);
   desc.locations["training.dtype"] = t.where("dtype");
   return desc;
 }
@@ -210,8 +217,9 @@ std::string model_toml(const ModelDescription& d, const std::string& prefix) {
   const TrainingSpec& t = d.training;
   std::string p = prefix.empty() ? "" : prefix + ".";
   std::string s = fmt::format("[{}model]\n", p);
-  s += fmt::format("name = \"{}\"\narch = \"{}\"\nlayers = {}\nhidden = {}\nffn_hidden = {}\nheads = {}\nkv_heads = {}\n",
-                   m.name, to_string(m.arch), m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads);
+  s += fmt::format(
+      "name = \"{}\"\narch = \"{}\"\nlayers = {}\nhidden = {}\nffn_hidden = {}\nheads = {}\nkv_heads = {}\n", m.name,
+      to_string(m.arch), m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads);
   s += fmt::format("vocab = {}\nseq_len = {}\ntied_embeddings = {}\nnorm = \"{}\"\nactivation = \"{}\"\n", m.vocab,
                    m.seq_len, m.tied_embeddings, to_string(m.norm), to_string(m.activation));
   s += fmt::format("position = \"{}\"\nlinear_bias = {}\ndropout = {}\nnorm_eps = {}\nrope_theta = {}\n\n",
@@ -232,8 +240,8 @@ std::string canonical_text(const ModelDescription& d) {
   std::string s;
   s += fmt::format("model.name = {}\nmodel.arch = {}\nmodel.layers = {}\nmodel.hidden = {}\nmodel.ffn_hidden = {}\n",
                    m.name, to_string(m.arch), m.layers, m.hidden, m.ffn_hidden);
-  s += fmt::format("model.heads = {}\nmodel.kv_heads = {}\nmodel.vocab = {}\nmodel.seq_len = {}\n", m.heads,
-                   m.kv_heads, m.vocab, m.seq_len);
+  s += fmt::format("model.heads = {}\nmodel.kv_heads = {}\nmodel.vocab = {}\nmodel.seq_len = {}\n", m.heads, m.kv_heads,
+                   m.vocab, m.seq_len);
   s += fmt::format("model.tied_embeddings = {}\nmodel.norm = {}\nmodel.activation = {}\nmodel.position = {}\n",
                    m.tied_embeddings, to_string(m.norm), to_string(m.activation), to_string(m.position));
   s += fmt::format("model.linear_bias = {}\nmodel.dropout = {}\nmodel.norm_eps = {}\nmodel.rope_theta = {}\n",

@@ -9,19 +9,26 @@ namespace dtrain::plan {
 
 std::string_view to_string(Recompute r) {
   switch (r) {
-    case Recompute::kNone: return "none";
-    case Recompute::kSelective: return "selective";
-    case Recompute::kFull: return "full";
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
   }
   return "?";
 }
 
 std::string_view to_string(Schedule s) {
   switch (s) {
-    case Schedule::kGpipe: return "gpipe";
-    case Schedule::k1F1B: return "1f1b";
-    case Schedule::kInterleaved: return "interleaved";
-    case Schedule::kZbH1: return "zb-h1";
+    case Schedule::kGpipe:
+      return "gpipe";
+    case Schedule::k1F1B:
+      return "1f1b";
+    case Schedule::kInterleaved:
+      return "interleaved";
+    case Schedule::kZbH1:
+      return "zb-h1";
   }
   return "?";
 }
@@ -52,7 +59,7 @@ std::optional<PlacementOrder> parse_placement(std::string_view t) {
 int ParallelConfig::stage_layers(int stage) const {
   int n = 0;
   for (int v = 0; v < vpp; ++v) {
-    std::size_t c = static_cast<std::size_t>(v * pp + stage);
+    std::size_t c = static_cast<std::size_t>(v) * static_cast<std::size_t>(pp) + static_cast<std::size_t>(stage);
     if (c < chunk_layers.size()) n += chunk_layers[c];
   }
   return n;
@@ -75,9 +82,17 @@ bool FixedDims::all_pinned() const {
 
 namespace {
 
-const std::vector<std::string> kFixKeys = {"tp",        "pp",        "dp",    "vpp",
-                                           "micro_batch", "recompute", "sequence_parallel", "distributed_optimizer",
-                                           "schedule",  "placement", "chunk_layers"};
+const std::vector<std::string> kFixKeys = {"tp",
+                                           "pp",
+                                           "dp",
+                                           "vpp",
+                                           "micro_batch",
+                                           "recompute",
+                                           "sequence_parallel",
+                                           "distributed_optimizer",
+                                           "schedule",
+                                           "placement",
+                                           "chunk_layers"};
 
 bool parse_bool_word(std::string_view v, bool& out) {
   std::string l = lowercase(v);
@@ -113,11 +128,16 @@ FixedDims parse_fixed(std::string_view text) {
       if (!v || *v < 1 || *v > (1 << 30)) throw bad("a positive integer");
       return static_cast<int>(*v);
     };
-    if (key == "tp") f.tp = positive();
-    else if (key == "pp") f.pp = positive();
-    else if (key == "dp") f.dp = positive();
-    else if (key == "vpp") f.vpp = positive();
-    else if (key == "micro_batch" || key == "mb") f.micro_batch = positive();
+    if (key == "tp")
+      f.tp = positive();
+    else if (key == "pp")
+      f.pp = positive();
+    else if (key == "dp")
+      f.dp = positive();
+    else if (key == "vpp")
+      f.vpp = positive();
+    else if (key == "micro_batch" || key == "mb")
+      f.micro_batch = positive();
     else if (key == "recompute") {
       f.recompute = parse_recompute(value);
       if (!f.recompute) throw bad("none, selective or full");

@@ -36,7 +36,8 @@ double optimizer_bytes_per_param(const model::TrainingSpec& t) {
 }  // namespace
 
 CostModel::CostModel(model::ModelDescription model, topology::ClusterSpec cluster)
-    : model_(std::move(model)), cluster_(topology::default_network(std::move(cluster))),
+    : model_(std::move(model)),
+      cluster_(topology::default_network(std::move(cluster))),
       graph_(model::build_layer_graph(model_.model, model_.training)) {
   for (const Op& op : graph_.layer) {
     double p = static_cast<double>(op.params);
@@ -118,8 +119,8 @@ double CostModel::memory_seconds(double bytes) const {
 
 namespace {
 struct Partition {
-  double tokens;       // tokens of the micro-batch
-  double local_tokens; // tokens this rank's sequence-split ops see
+  double tokens;        // tokens of the micro-batch
+  double local_tokens;  // tokens this rank's sequence-split ops see
   double tp;
 };
 Partition partition(const ParallelConfig& c, double seq_len) {
@@ -158,10 +159,12 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
       // Every rank of a vocab-parallel embedding looks up all tokens (zeros outside its vocabulary shard).
       return memory_seconds(op.bytes_per_token * p.tokens);
     case OpKind::kNorm:
-    case OpKind::kDropoutResidual: return memory_seconds(op.bytes_per_token * p.local_tokens);
+    case OpKind::kDropoutResidual:
+      return memory_seconds(op.bytes_per_token * p.local_tokens);
     case OpKind::kRope:
     case OpKind::kActivation:
-    case OpKind::kCrossEntropy: return memory_seconds(op.bytes_per_token * p.tokens / p.tp);
+    case OpKind::kCrossEntropy:
+      return memory_seconds(op.bytes_per_token * p.tokens / p.tp);
   }
   return 0;
 }
@@ -430,8 +433,8 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   double seq_div = c.sequence_parallel ? tp : 1.0;
   double full_layer = 0;
   for (const Op& op : graph_.layer) {
-    full_layer += op.saved_sharded_per_token / tp + op.saved_sequence_per_token / seq_div +
-                  op.saved_quadratic_per_token / tp;
+    full_layer +=
+        op.saved_sharded_per_token / tp + op.saved_sequence_per_token / seq_div + op.saved_quadratic_per_token / tp;
   }
   full_layer *= tokens;
   double layer_bytes = full_layer;
@@ -449,9 +452,13 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   double chunk_units = 1;
   int p = c.pp, v = c.vpp, mbs = c.num_microbatches;
   switch (c.schedule) {
-    case Schedule::kGpipe: chunk_units = static_cast<double>(mbs) * v; break;
+    case Schedule::kGpipe:
+      chunk_units = static_cast<double>(mbs) * v;
+      break;
     case Schedule::k1F1B:
-    case Schedule::kZbH1: chunk_units = std::min(p - stage, mbs); break;
+    case Schedule::kZbH1:
+      chunk_units = std::min(p - stage, mbs);
+      break;
     case Schedule::kInterleaved:
       // Megatron's interleaved warm-up: (p - stage - 1) * 2 + (v - 1) * p forwards before the first backward, plus
       // the one in progress (Korthikanti: the first stage holds p * (1 + (p-1)/(p*v)) micro-batches' worth).
@@ -465,7 +472,8 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   double e = activation_bytes(t.dtype);
   if (first) {
     double emb = 0;
-    for (const Op& op : graph_.embedding) emb += op.saved_sequence_per_token / seq_div + op.saved_sharded_per_token / tp;
+    for (const Op& op : graph_.embedding)
+      emb += op.saved_sequence_per_token / seq_div + op.saved_sharded_per_token / tp;
     mem.boundary_bytes += emb * tokens * mem.inflight_microbatches;
   }
   double transient = 0;
@@ -542,9 +550,15 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
   double pipe = 0;
   switch (c.schedule) {
     case Schedule::kGpipe:
-    case Schedule::k1F1B: pipe = t_sum + (mbs - 1) * t_max; break;
-    case Schedule::kInterleaved: pipe = mbs * t_max + (t_sum - t_max) / v; break;
-    case Schedule::kZbH1: pipe = mbs * t_max + (fill_sum - fill_at_max); break;
+    case Schedule::k1F1B:
+      pipe = t_sum + (mbs - 1) * t_max;
+      break;
+    case Schedule::kInterleaved:
+      pipe = mbs * t_max + (t_sum - t_max) / v;
+      break;
+    case Schedule::kZbH1:
+      pipe = mbs * t_max + (fill_sum - fill_at_max);
+      break;
   }
   TimeBreakdown b;
   b.recompute_s = mbs * bottleneck.recompute_s;

@@ -51,6 +51,7 @@ std::vector<RankPlacement> place(const ParallelConfig& c, const topology::Cluste
 std::vector<int> tp_group_ranks(const ParallelConfig& c, int rank) {
   Coords k = coords(c, rank);
   std::vector<int> out;
+  out.reserve(static_cast<std::size_t>(c.tp));
   for (int t = 0; t < c.tp; ++t) out.push_back(rank_of(c, t, k.pp, k.dp));
   return out;
 }
@@ -58,6 +59,7 @@ std::vector<int> tp_group_ranks(const ParallelConfig& c, int rank) {
 std::vector<int> pp_group_ranks(const ParallelConfig& c, int rank) {
   Coords k = coords(c, rank);
   std::vector<int> out;
+  out.reserve(static_cast<std::size_t>(c.pp));
   for (int p = 0; p < c.pp; ++p) out.push_back(rank_of(c, k.tp, p, k.dp));
   return out;
 }
@@ -65,6 +67,7 @@ std::vector<int> pp_group_ranks(const ParallelConfig& c, int rank) {
 std::vector<int> dp_group_ranks(const ParallelConfig& c, int rank) {
   Coords k = coords(c, rank);
   std::vector<int> out;
+  out.reserve(static_cast<std::size_t>(c.dp));
   for (int d = 0; d < c.dp; ++d) out.push_back(rank_of(c, k.tp, k.pp, d));
   return out;
 }

@@ -47,7 +47,9 @@ std::string strip_digest(const std::string& text, std::string* body) {
 
 }  // namespace
 
-std::string cluster_digest(const topology::ClusterSpec& cluster) { return sha256_hex(topology::canonical_text(cluster)); }
+std::string cluster_digest(const topology::ClusterSpec& cluster) {
+  return sha256_hex(topology::canonical_text(cluster));
+}
 
 Plan make_plan(const Estimate& e, const CostModel& cm, const FixedDims& fixed) {
   Plan p;
@@ -157,14 +159,16 @@ Plan parse_plan(const std::string& text, const std::string& name) {
   auto cluster_description = root.table("cluster_description");
   root.reject_unknown();
   if (!inputs || !config || !predicted || !placement || !model_description || !cluster_description) {
-    root.fail_table("a plan needs the tables [inputs], [config], [predicted], [placement], [model_description] and "
-                    "[cluster_description]");
+    root.fail_table(
+        "a plan needs the tables [inputs], [config], [predicted], [placement], [model_description] and "
+        "[cluster_description]");
   }
   std::string actual = sha256_hex(body);
   if (stated != actual) {
-    throw input_error(fmt::format("{}: digest mismatch: the file says {} but its content hashes to {}; the plan was "
-                                  "edited after dtplan wrote it. Re-run `dtplan plan` (use --fix to pin dimensions)",
-                                  name, stated, actual));
+    throw input_error(
+        fmt::format("{}: digest mismatch: the file says {} but its content hashes to {}; the plan was "
+                    "edited after dtplan wrote it. Re-run `dtplan plan` (use --fix to pin dimensions)",
+                    name, stated, actual));
   }
 
   PlanInputs& in = p.inputs;
@@ -183,12 +187,12 @@ Plan parse_plan(const std::string& text, const std::string& name) {
   p.model = model::parse_model_tables(*model_description);
   p.cluster = topology::parse_cluster_tables(*cluster_description);
   if (p.model.digest != in.model_digest) {
-    inputs->fail("model_digest", fmt::format("does not match the embedded model description (digest {})",
-                                             p.model.digest));
+    inputs->fail("model_digest",
+                 fmt::format("does not match the embedded model description (digest {})", p.model.digest));
   }
   if (cluster_digest(p.cluster) != in.cluster_digest) {
-    inputs->fail("cluster_digest", fmt::format("does not match the embedded cluster description (digest {})",
-                                               cluster_digest(p.cluster)));
+    inputs->fail("cluster_digest",
+                 fmt::format("does not match the embedded cluster description (digest {})", cluster_digest(p.cluster)));
   }
 
   ParallelConfig& c = p.config;

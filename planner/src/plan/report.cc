@@ -44,10 +44,14 @@ std::string on_off(bool b) { return b ? "on" : "off"; }
 
 std::string schedule_words(const ParallelConfig& c) {
   switch (c.schedule) {
-    case Schedule::kGpipe: return "GPipe";
-    case Schedule::k1F1B: return c.pp > 1 ? "1F1B" : "no pipeline";
-    case Schedule::kInterleaved: return "interleaved 1F1B";
-    case Schedule::kZbH1: return "zero-bubble H1";
+    case Schedule::kGpipe:
+      return "GPipe";
+    case Schedule::k1F1B:
+      return c.pp > 1 ? "1F1B" : "no pipeline";
+    case Schedule::kInterleaved:
+      return "interleaved 1F1B";
+    case Schedule::kZbH1:
+      return "zero-bubble H1";
   }
   return "?";
 }
@@ -59,7 +63,9 @@ std::string layers_words(const ParallelConfig& c) {
   for (int l : c.chunk_layers) total += l;
   if (c.pp == 1) return fmt::format("all {} layers on every GPU", total);
   std::string per = lo == hi ? fmt::format("{}", lo * c.vpp) : "uneven";
-  if (c.vpp > 1) return fmt::format("{} layers per stage in {} chunks of {}", per, c.vpp, lo == hi ? std::to_string(lo) : "uneven size");
+  if (c.vpp > 1)
+    return fmt::format("{} layers per stage in {} chunks of {}", per, c.vpp,
+                       lo == hi ? std::to_string(lo) : "uneven size");
   return lo == hi ? fmt::format("{} layers per stage", lo) : fmt::format("{}..{} layers per stage", lo, hi);
 }
 
@@ -113,7 +119,8 @@ std::string quantified_difference(const Estimate& chosen, const Estimate& other)
     double d = other.breakdown.*cat.field - chosen.breakdown.*cat.field;
     if (std::fabs(d) >= 0.005 * chosen.iteration_s) parts.emplace_back(d, short_label(cat.key));
   }
-  std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return std::fabs(a.first) > std::fabs(b.first); });
+  std::sort(parts.begin(), parts.end(),
+            [](const auto& a, const auto& b) { return std::fabs(a.first) > std::fabs(b.first); });
   std::vector<std::string> words;
   for (std::size_t i = 0; i < parts.size() && i < 3; ++i) {
     words.push_back(fmt::format("{} {:+.3g} s", parts[i].second, parts[i].first));
@@ -127,17 +134,19 @@ std::string binding_constraint(const Explanation& e) {
   const Estimate& c = e.chosen;
   if (e.search && e.search->fastest_oom) {
     const Estimate& o = *e.search->fastest_oom;
-    return fmt::format("memory: {} would be {:.1f}% faster but needs {:.1f} GiB per GPU (stage {}), {:.1f} GiB more "
-                       "than the {:.1f} GiB the GPU has",
-                       config_difference(c.config, o.config), 100.0 * (c.iteration_s - o.iteration_s) / c.iteration_s,
-                       o.peak_memory_bytes / kGiB, o.peak_stage, (o.peak_memory_bytes - o.capacity_bytes) / kGiB,
-                       o.capacity_bytes / kGiB);
+    return fmt::format(
+        "memory: {} would be {:.1f}% faster but needs {:.1f} GiB per GPU (stage {}), {:.1f} GiB more "
+        "than the {:.1f} GiB the GPU has",
+        config_difference(c.config, o.config), 100.0 * (c.iteration_s - o.iteration_s) / c.iteration_s,
+        o.peak_memory_bytes / kGiB, o.peak_stage, (o.peak_memory_bytes - o.capacity_bytes) / kGiB,
+        o.capacity_bytes / kGiB);
   }
   double bubble = c.breakdown.bubble_s / c.iteration_s;
   if (c.config.pp > 1 && bubble >= 0.08) {
-    return fmt::format("global batch: {} micro-batches per step leave a pipeline bubble of {} of the step; a larger "
-                       "global batch (or fewer pipeline stages) would shrink it",
-                       c.config.num_microbatches, pct(bubble));
+    return fmt::format(
+        "global batch: {} micro-batches per step leave a pipeline bubble of {} of the step; a larger "
+        "global batch (or fewer pipeline stages) would shrink it",
+        c.config.num_microbatches, pct(bubble));
   }
   double comm = (c.breakdown.tp_comm_s + c.breakdown.pp_comm_s + c.breakdown.dp_comm_s) / c.iteration_s;
   if (comm >= 0.25) {
@@ -179,9 +188,9 @@ std::vector<std::string> why_lines_short(const Explanation& e) {
   auto neighbours = [&](const std::map<int, Estimate>& m, int chosen, const char* name) {
     auto it = m.find(chosen);
     if (it == m.end()) {
-      for (const auto& [k, est] : m) out.push_back(fmt::format("{}={} instead: {} ({})", name, k,
-                                                               quantified_difference(e.chosen, est),
-                                                               config_difference(c, est.config)));
+      for (const auto& [k, est] : m)
+        out.push_back(fmt::format("{}={} instead: {} ({})", name, k, quantified_difference(e.chosen, est),
+                                  config_difference(c, est.config)));
       return;
     }
     if (it != m.begin()) {
@@ -226,13 +235,13 @@ std::string header(const Explanation& e) {
   const auto& cl = e.model->cluster();
   int gpus = e.chosen.config.world_size();
   int per_node = std::min(cl.node.gpus, gpus);
-  return fmt::format("{}: {:.1f}B parameters, {} layers, hidden {}, {} heads{}, seq {}, {}\n"
-                     "on {} x {} ({} nodes x {}, cluster '{}'), global batch {} sequences ({} tokens)\n",
-                     m.model.name, m.model.total_params() / 1e9, m.model.layers, m.model.hidden, m.model.heads,
-                     m.model.kv_heads != m.model.heads ? fmt::format(" ({} kv)", m.model.kv_heads) : "",
-                     m.model.seq_len, to_string(m.training.dtype), gpus, cl.node.gpu.name,
-                     (gpus + per_node - 1) / per_node, per_node, cl.name, e.options.global_batch,
-                     e.options.global_batch * m.model.seq_len);
+  return fmt::format(
+      "{}: {:.1f}B parameters, {} layers, hidden {}, {} heads{}, seq {}, {}\n"
+      "on {} x {} ({} nodes x {}, cluster '{}'), global batch {} sequences ({} tokens)\n",
+      m.model.name, m.model.total_params() / 1e9, m.model.layers, m.model.hidden, m.model.heads,
+      m.model.kv_heads != m.model.heads ? fmt::format(" ({} kv)", m.model.kv_heads) : "", m.model.seq_len,
+      to_string(m.training.dtype), gpus, cl.node.gpu.name, (gpus + per_node - 1) / per_node, per_node, cl.name,
+      e.options.global_batch, e.options.global_batch * m.model.seq_len);
 }
 
 std::string layout_block(const Explanation& e) {
@@ -240,8 +249,10 @@ std::string layout_block(const Explanation& e) {
   const auto& cl = e.model->cluster();
   std::string s;
   s += "Chosen layout\n";
-  std::string tp_where = c.tp == 1 ? "" : c.tp <= cl.node.nvlink_domain ? fmt::format("inside one NVLink domain of {}", cl.node.nvlink_domain)
-                                                                     : fmt::format("across {} nodes", (c.tp + cl.node.gpus - 1) / cl.node.gpus);
+  std::string tp_where = c.tp == 1 ? ""
+                         : c.tp <= cl.node.nvlink_domain
+                             ? fmt::format("inside one NVLink domain of {}", cl.node.nvlink_domain)
+                             : fmt::format("across {} nodes", (c.tp + cl.node.gpus - 1) / cl.node.gpus);
   s += fmt::format("  tensor parallel      tp = {:<5} {}\n", c.tp, tp_where);
   s += fmt::format("  pipeline parallel    pp = {:<5} {}, {}\n", c.pp, layers_words(c), schedule_words(c));
   s += fmt::format("  data parallel        dp = {}\n", c.dp);
@@ -250,8 +261,9 @@ std::string layout_block(const Explanation& e) {
   s += fmt::format("  recomputation        {:<10} sequence parallel: {}   distributed optimizer: {}\n",
                    to_string(c.recompute), on_off(c.sequence_parallel), on_off(c.distributed_optimizer));
   s += fmt::format("  placement            {} ({})\n", to_string(c.placement),
-                   c.placement == PlacementOrder::kTpDpPp ? "tensor-parallel groups inside a node, data-parallel peers next"
-                                                          : "tensor-parallel groups inside a node, pipeline neighbours next");
+                   c.placement == PlacementOrder::kTpDpPp
+                       ? "tensor-parallel groups inside a node, data-parallel peers next"
+                       : "tensor-parallel groups inside a node, pipeline neighbours next");
   return s;
 }
 
@@ -260,8 +272,9 @@ std::string prediction_block(const Estimate& est, const CostModel& cm) {
   double peak = cm.cluster().node.gpu.peak_flops(cm.model().training.dtype) / 1e12;
   s += fmt::format("  iteration time       {}\n", format_seconds(est.iteration_s));
   s += fmt::format("  throughput           {:.0f} tokens/s\n", est.tokens_per_s);
-  s += fmt::format("  per GPU              {:.1f} TFLOP/s model ({} MFU), {:.1f} TFLOP/s hardware ({} HFU) of {:.0f} peak\n",
-                   est.tflops_per_gpu, pct(est.mfu), est.hfu * peak, pct(est.hfu), peak);
+  s += fmt::format(
+      "  per GPU              {:.1f} TFLOP/s model ({} MFU), {:.1f} TFLOP/s hardware ({} HFU) of {:.0f} peak\n",
+      est.tflops_per_gpu, pct(est.mfu), est.hfu * peak, pct(est.hfu), peak);
   s += "\nWhere the time goes                              seconds    share\n";
   for (const auto& cat : kCategories) {
     double v = est.breakdown.*cat.field;
@@ -275,11 +288,11 @@ std::string memory_block(const Estimate& est) {
   std::string s = fmt::format("\nMemory per GPU by pipeline stage (GiB; capacity {:.1f})\n", est.capacity_bytes / kGiB);
   s += "  stage layers weights  grads  optim  activ emb/head transient reserved  frag  total   use\n";
   auto row = [&](const StageMemory& m) {
-    s += fmt::format("  {:>5} {:>6} {:>7.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>8.2f} {:>9.2f} {:>8.2f} {:>5.2f} {:>6.2f} {:>5}\n",
-                     m.stage, m.layers, m.weights_bytes / kGiB, m.gradients_bytes / kGiB, m.optimizer_bytes / kGiB,
-                     m.activations_bytes / kGiB, m.boundary_bytes / kGiB, m.transient_bytes / kGiB,
-                     m.reserved_bytes / kGiB, m.fragmentation_bytes / kGiB, m.total_bytes() / kGiB,
-                     pct(m.total_bytes() / est.capacity_bytes));
+    s += fmt::format(
+        "  {:>5} {:>6} {:>7.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>8.2f} {:>9.2f} {:>8.2f} {:>5.2f} {:>6.2f} {:>5}\n",
+        m.stage, m.layers, m.weights_bytes / kGiB, m.gradients_bytes / kGiB, m.optimizer_bytes / kGiB,
+        m.activations_bytes / kGiB, m.boundary_bytes / kGiB, m.transient_bytes / kGiB, m.reserved_bytes / kGiB,
+        m.fragmentation_bytes / kGiB, m.total_bytes() / kGiB, pct(m.total_bytes() / est.capacity_bytes));
   };
   std::size_t n = est.stages.size();
   for (std::size_t i = 0; i < n; ++i) {
@@ -348,6 +361,7 @@ std::string explain_text(const Explanation& e) {
       rejected += v;
     }
     std::sort(sorted.rbegin(), sorted.rend());
+    rej.reserve(sorted.size());
     for (const auto& [v, k] : sorted) rej.push_back(fmt::format("{} {}", k, v));
     s += fmt::format("\nSearch: {} candidates in {} ({:.2g} per second): {} timed, {} rejected ({})\n", r.candidates,
                      format_seconds(r.seconds), r.seconds > 0 ? static_cast<double>(r.candidates) / r.seconds : 0.0,
@@ -365,13 +379,16 @@ nlohmann::json explain_json(const Explanation& e) {
   const auto& cl = e.model->cluster();
   nlohmann::json j;
   j["model"] = {{"name", m.model.name}, {"digest", m.digest}, {"params", m.model.total_params()}};
-  j["cluster"] = {{"name", cl.name}, {"gpu", cl.node.gpu.name}, {"gpus_per_node", cl.node.gpus},
-                  {"gpus", c.config.world_size()}};
+  j["cluster"] = {
+      {"name", cl.name}, {"gpu", cl.node.gpu.name}, {"gpus_per_node", cl.node.gpus}, {"gpus", c.config.world_size()}};
   j["global_batch"] = e.options.global_batch;
   if (!e.plan_digest.empty()) j["plan_digest"] = e.plan_digest;
   j["config"] = config_json(c.config);
-  j["predicted"] = {{"iteration_s", c.iteration_s}, {"tokens_per_s", c.tokens_per_s},
-                    {"tflops_per_gpu", c.tflops_per_gpu}, {"mfu", c.mfu}, {"hfu", c.hfu}};
+  j["predicted"] = {{"iteration_s", c.iteration_s},
+                    {"tokens_per_s", c.tokens_per_s},
+                    {"tflops_per_gpu", c.tflops_per_gpu},
+                    {"mfu", c.mfu},
+                    {"hfu", c.hfu}};
   j["breakdown_s"] = breakdown_json(c.breakdown);
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& s : c.stages) {
@@ -388,8 +405,8 @@ nlohmann::json explain_json(const Explanation& e) {
                       {"fragmentation", s.fragmentation_bytes},
                       {"total", s.total_bytes()}});
   }
-  j["memory_bytes"] = {{"stages", stages}, {"peak", c.peak_memory_bytes}, {"peak_stage", c.peak_stage},
-                       {"capacity", c.capacity_bytes}};
+  j["memory_bytes"] = {
+      {"stages", stages}, {"peak", c.peak_memory_bytes}, {"peak_stage", c.peak_stage}, {"capacity", c.capacity_bytes}};
   j["binding_constraint"] = binding_constraint(e);
   if (!cl.provenance.empty()) j["provenance"] = cl.provenance;
   if (e.compare) {
@@ -415,7 +432,9 @@ nlohmann::json explain_json(const Explanation& e) {
     }
     j["alternatives"] = alts;
     j["rejected"] = r.rejected;
-    j["search"] = {{"candidates", r.candidates}, {"evaluated", r.evaluated}, {"seconds", r.seconds},
+    j["search"] = {{"candidates", r.candidates},
+                   {"evaluated", r.evaluated},
+                   {"seconds", r.seconds},
                    {"candidates_per_s", r.seconds > 0 ? static_cast<double>(r.candidates) / r.seconds : 0.0}};
     nlohmann::json why = nlohmann::json::array();
     for (const auto& l : why_lines(e)) why.push_back(l);
@@ -423,7 +442,8 @@ nlohmann::json explain_json(const Explanation& e) {
     auto per = [&](const auto& map) {
       nlohmann::json o = nlohmann::json::object();
       for (const auto& [k, est] : map) {
-        o[fmt::format("{}", k)] = {{"config", config_json(est.config)}, {"iteration_s", est.iteration_s},
+        o[fmt::format("{}", k)] = {{"config", config_json(est.config)},
+                                   {"iteration_s", est.iteration_s},
                                    {"breakdown_s", breakdown_json(est.breakdown)}};
       }
       return o;
@@ -442,31 +462,33 @@ nlohmann::json explain_json(const Explanation& e) {
 
 std::string summary_text(const Explanation& e) {
   const Estimate& c = e.chosen;
-  return fmt::format("{}\n  predicted {} per step, {:.0f} tokens/s, {:.1f} TFLOP/s per GPU ({} MFU), peak memory "
-                     "{:.1f} of {:.1f} GiB (stage {})\n",
-                     c.config.summary(), format_seconds(c.iteration_s), c.tokens_per_s, c.tflops_per_gpu, pct(c.mfu),
-                     c.peak_memory_bytes / kGiB, c.capacity_bytes / kGiB, c.peak_stage);
+  return fmt::format(
+      "{}\n  predicted {} per step, {:.0f} tokens/s, {:.1f} TFLOP/s per GPU ({} MFU), peak memory "
+      "{:.1f} of {:.1f} GiB (stage {})\n",
+      c.config.summary(), format_seconds(c.iteration_s), c.tokens_per_s, c.tflops_per_gpu, pct(c.mfu),
+      c.peak_memory_bytes / kGiB, c.capacity_bytes / kGiB, c.peak_stage);
 }
 
 std::string infeasible_text(const CostModel& cm, const SearchOptions& o, const SearchResult& r,
                             std::optional<int> gpus_that_fit) {
   const auto& m = cm.model().model;
-  std::string s = fmt::format("no feasible layout: model '{}' ({:.1f}B parameters) does not fit on {} x {} ({:.1f} GiB "
-                              "each) with global batch {}",
-                              m.name, m.total_params() / 1e9, o.gpus, cm.cluster().node.gpu.name,
-                              cm.cluster().node.gpu.memory_gib, o.global_batch);
+  std::string s = fmt::format(
+      "no feasible layout: model '{}' ({:.1f}B parameters) does not fit on {} x {} ({:.1f} GiB "
+      "each) with global batch {}",
+      m.name, m.total_params() / 1e9, o.gpus, cm.cluster().node.gpu.name, cm.cluster().node.gpu.memory_gib,
+      o.global_batch);
   if (!o.fixed.empty()) s += fmt::format(" and {}", to_string(o.fixed));
   s += fmt::format(" ({} candidates considered)\n", r.candidates);
   if (!r.nearest_misses.empty()) {
     s += "nearest misses (memory needed per GPU):\n";
     for (const auto& e : r.nearest_misses) {
       const StageMemory& st = e.stages[static_cast<std::size_t>(e.peak_stage)];
-      s += fmt::format("  {}: {:.1f} GiB at stage {} ({:.1f} GiB over; weights+grads+optimizer {:.1f}, activations "
-                       "{:.1f})\n",
-                       e.config.summary(), e.peak_memory_bytes / kGiB, e.peak_stage,
-                       (e.peak_memory_bytes - e.capacity_bytes) / kGiB,
-                       (st.weights_bytes + st.gradients_bytes + st.optimizer_bytes) / kGiB,
-                       (st.activations_bytes + st.boundary_bytes) / kGiB);
+      s += fmt::format(
+          "  {}: {:.1f} GiB at stage {} ({:.1f} GiB over; weights+grads+optimizer {:.1f}, activations "
+          "{:.1f})\n",
+          e.config.summary(), e.peak_memory_bytes / kGiB, e.peak_stage, (e.peak_memory_bytes - e.capacity_bytes) / kGiB,
+          (st.weights_bytes + st.gradients_bytes + st.optimizer_bytes) / kGiB,
+          (st.activations_bytes + st.boundary_bytes) / kGiB);
     }
     const Estimate& best = r.nearest_misses.front();
     s += fmt::format("what would make it fit: GPUs with at least {:.0f} GiB", std::ceil(best.peak_memory_bytes / kGiB));
@@ -543,8 +565,9 @@ std::string megatron_args(const CostModel& cm, const ParallelConfig& c) {
   if (t.overlap_grad_reduce && c.dp > 1) a.push_back("--overlap-grad-reduce");
   std::string out = join(a, " \\\n  ");
   if (!even && c.vpp > 1) {
-    out += "\n# note: the plan splits layers unevenly over virtual stages, which Megatron-LM cannot express; it will "
-           "use even chunks";
+    out +=
+        "\n# note: the plan splits layers unevenly over virtual stages, which Megatron-LM cannot express; it will "
+        "use even chunks";
   }
   return out + "\n";
 }

@@ -66,7 +66,9 @@ class TopK {
 class Searcher {
  public:
   Searcher(const CostModel& cm, const SearchOptions& opt)
-      : cm_(cm), opt_(opt), top_(static_cast<std::size_t>(opt.alternatives) + 1),
+      : cm_(cm),
+        opt_(opt),
+        top_(static_cast<std::size_t>(opt.alternatives) + 1),
         misses_(static_cast<std::size_t>(std::max(opt.nearest_misses, 1))) {}
 
   SearchResult run() {
@@ -114,7 +116,8 @@ class Searcher {
     } else {
       if (!f.schedule || *f.schedule == Schedule::k1F1B) schedules.emplace_back(Schedule::k1F1B, 1);
       if (pp >= 2 && (!f.schedule || *f.schedule == Schedule::kInterleaved)) {
-        for (int v = 2; static_cast<std::int64_t>(pp) * v <= m.layers; ++v) schedules.emplace_back(Schedule::kInterleaved, v);
+        for (int v = 2; static_cast<std::int64_t>(pp) * v <= m.layers; ++v)
+          schedules.emplace_back(Schedule::kInterleaved, v);
       }
     }
     for (auto [schedule, vpp] : schedules) {
@@ -266,7 +269,8 @@ void check_options(const CostModel& cm, const SearchOptions& opt) {
       throw input_error(fmt::format("--fix tp={} does not divide heads = {} of model '{}'", *f.tp, m.heads, m.name));
     }
     if (m.kv_heads % *f.tp != 0) {
-      throw input_error(fmt::format("--fix tp={} does not divide kv_heads = {} of model '{}'", *f.tp, m.kv_heads, m.name));
+      throw input_error(
+          fmt::format("--fix tp={} does not divide kv_heads = {} of model '{}'", *f.tp, m.kv_heads, m.name));
     }
   }
   if (f.pp && *f.pp > m.layers) {
@@ -274,8 +278,8 @@ void check_options(const CostModel& cm, const SearchOptions& opt) {
   }
   int pinned = (f.tp ? *f.tp : 1) * (f.pp ? *f.pp : 1) * (f.dp ? *f.dp : 1);
   if (opt.gpus % pinned != 0 || (f.tp && f.pp && f.dp && pinned != opt.gpus)) {
-    throw input_error(fmt::format("--fix {}: tp*pp*dp must divide (all three pinned: equal) the {} GPUs", to_string(f),
-                                  opt.gpus));
+    throw input_error(
+        fmt::format("--fix {}: tp*pp*dp must divide (all three pinned: equal) the {} GPUs", to_string(f), opt.gpus));
   }
   // The global batch must leave room for at least one data-parallel layout: dp = gpus/(tp*pp) has to divide it.
   std::int64_t max_model_parallel = 0;

@@ -1,14 +1,13 @@
 // dtexec as separate processes over Gloo (TCP on loopback), rendezvousing through the store.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <fmt/format.h>
-
 #include <cmath>
-#include <set>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "dtrain/common/digest.h"
 #include "job.h"
@@ -22,8 +21,11 @@ using ::testing::HasSubstr;
 const std::string kTiny = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny.toml";
 
 std::vector<std::string> train_args(const std::string& metrics, int steps, const std::string& fix) {
-  std::vector<std::string> a = {"train", "--model", kTiny, "--plan", "auto", "--data", "synthetic", "--steps",
-                                std::to_string(steps), "--seed", "11", "--metrics", metrics, "--threads", "1",
+  std::vector<std::string> a = {"train",       "--model",   kTiny,
+                                "--plan",      "auto",      "--data",
+                                "synthetic",   "--steps",   std::to_string(steps),
+                                "--seed",      "11",        "--metrics",
+                                metrics,       "--threads", "1",
                                 "--timeout-s", "60"};
   if (!fix.empty()) {
     a.push_back("--fix");
@@ -58,9 +60,10 @@ TEST(DtexecProcesses, LayoutsOverGlooEqualTheSingleRankCurve) {
   TempDir dir;
   std::vector<double> ref = reference(dir);
   ASSERT_EQ(ref.size(), 12u);
-  for (const Layout& l : {Layout{2, "dp=2,tp=1,pp=1"}, Layout{2, "dp=1,tp=2,pp=1,sequence_parallel=true"},
-                          Layout{2, "dp=1,tp=1,pp=2,schedule=1f1b"}, Layout{2, "dp=1,tp=1,pp=2,vpp=2,schedule=interleaved"},
-                          Layout{8, "dp=2,tp=2,pp=2,sequence_parallel=true,distributed_optimizer=true"}}) {
+  for (const Layout& l :
+       {Layout{2, "dp=2,tp=1,pp=1"}, Layout{2, "dp=1,tp=2,pp=1,sequence_parallel=true"},
+        Layout{2, "dp=1,tp=1,pp=2,schedule=1f1b"}, Layout{2, "dp=1,tp=1,pp=2,vpp=2,schedule=interleaved"},
+        Layout{8, "dp=2,tp=2,pp=2,sequence_parallel=true,distributed_optimizer=true"}}) {
     SCOPED_TRACE(l.fix);
     std::string m = dir.path(fmt::format("w{}-{}.jsonl", l.world, std::hash<std::string>{}(l.fix)));
     JobOptions o;
@@ -268,7 +271,8 @@ TEST(DtexecProcesses, DataTooShortStopsBeforeAnyStep) {
   o.args = {"train", "--model", kTiny, "--data", tokens, "--steps", "5", "--metrics", dir.path("m.jsonl")};
   auto ranks = run_dtexec_job(o);
   EXPECT_EQ(ranks[0].exit_code, 6);
-  EXPECT_THAT(ranks[0].log, HasSubstr("holds 31 samples of 64 tokens, but steps 1..5 with a global batch of 16 need 80"));
+  EXPECT_THAT(ranks[0].log,
+              HasSubstr("holds 31 samples of 64 tokens, but steps 1..5 with a global batch of 16 need 80"));
   EXPECT_FALSE(fs::exists(dir.path("m.jsonl")));
 }
 

@@ -71,10 +71,15 @@ std::vector<RankOutcome> run_dtexec_job(const JobOptions& o) {
     std::vector<std::string> args = {exe};
     args.insert(args.end(), o.args.begin(), o.args.end());
     if (r < static_cast<int>(o.per_rank.size())) args.insert(args.end(), o.per_rank[r].begin(), o.per_rank[r].end());
-    std::vector<std::string> env = {
-        fmt::format("RANK={}", r), fmt::format("WORLD_SIZE={}", o.world), fmt::format("LOCAL_RANK={}", r),
-        fmt::format("LOCAL_WORLD_SIZE={}", o.world), fmt::format("DTRAIN_STORE=127.0.0.1:{}", server.port()),
-        "DTRAIN_STORE_TOKEN=" + secret, "DTRAIN_RUN_ID=" + run_id, "DTRAIN_COMM_HOST=127.0.0.1", "DTRAIN_LOG=info"};
+    std::vector<std::string> env = {fmt::format("RANK={}", r),
+                                    fmt::format("WORLD_SIZE={}", o.world),
+                                    fmt::format("LOCAL_RANK={}", r),
+                                    fmt::format("LOCAL_WORLD_SIZE={}", o.world),
+                                    fmt::format("DTRAIN_STORE=127.0.0.1:{}", server.port()),
+                                    "DTRAIN_STORE_TOKEN=" + secret,
+                                    "DTRAIN_RUN_ID=" + run_id,
+                                    "DTRAIN_COMM_HOST=127.0.0.1",
+                                    "DTRAIN_LOG=info"};
     for (char** e = environ; *e != nullptr; ++e) {
       std::string kv(*e);
       if (kv.rfind("RANK=", 0) == 0 || kv.rfind("WORLD_SIZE=", 0) == 0 || kv.rfind("DTRAIN_", 0) == 0) continue;
@@ -117,7 +122,8 @@ std::vector<RankOutcome> run_dtexec_job(const JobOptions& o) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  for (int r = 0; r < o.world; ++r) out[static_cast<std::size_t>(r)].log = read_file(logs.path(fmt::format("rank{}.log", r)));
+  for (int r = 0; r < o.world; ++r)
+    out[static_cast<std::size_t>(r)].log = read_file(logs.path(fmt::format("rank{}.log", r)));
   return out;
 }
 

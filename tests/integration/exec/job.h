@@ -14,8 +14,8 @@ struct RankOutcome {
 
 struct JobOptions {
   int world = 1;
-  std::vector<std::string> args;                  // after "dtexec"
-  std::vector<std::vector<std::string>> per_rank; // extra args per rank (optional)
+  std::vector<std::string> args;                   // after "dtexec"
+  std::vector<std::vector<std::string>> per_rank;  // extra args per rank (optional)
   int timeout_s = 120;
 };
 

@@ -24,8 +24,8 @@ TEST(TorchParity, TinyLlamaLossGradientsAndAdamW) {
   tok.args = {"tokenize", "--input", text, "--output", tokens};
   ASSERT_EQ(run_dtexec_job(tok)[0].exit_code, 0);
   JobOptions first;
-  first.args = {"train", "--model", model, "--data", tokens, "--steps", "5", "--seed", "3", "--checkpoint-dir", ckpt,
-                "--metrics", metrics, "--threads", "1"};
+  first.args = {"train", "--model",          model, "--data",    tokens,  "--steps",   "5", "--seed",
+                "3",     "--checkpoint-dir", ckpt,  "--metrics", metrics, "--threads", "1"};
   auto r1 = run_dtexec_job(first);
   ASSERT_EQ(r1[0].exit_code, 0) << r1[0].log;
   JobOptions second = first;

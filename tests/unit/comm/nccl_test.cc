@@ -6,6 +6,8 @@
 // Everything that needs a GPU skips with the reason ("no CUDA device (cudaGetDeviceCount: ...)", "needs 2 CUDA
 // devices"). One GPU runs world size 1 through the whole NCCL code path; several GPUs run one rank per device as
 // threads (NCCL refuses two ranks on one GPU).
+#include "dtrain/comm/nccl.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -16,15 +18,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <ostream>
 #include <mutex>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dtrain/comm/inproc.h"
-#include "dtrain/comm/nccl.h"
 #include "dtrain/common/error.h"
 #include "nccl/nccl_detail.h"
 #include "src/failure.h"
@@ -40,11 +41,11 @@ namespace {
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // Skips the test, with the reason, unless `needed` CUDA devices are usable.
-#define DTRAIN_REQUIRE_CUDA_DEVICES(needed)                                                          \
-  do {                                                                                               \
-    std::string why_;                                                                                \
-    const int count_ = cuda_device_count(&why_);                                                     \
-    if (count_ == 0) GTEST_SKIP() << "no CUDA device (" << why_ << ")";                              \
+#define DTRAIN_REQUIRE_CUDA_DEVICES(needed)                                                                   \
+  do {                                                                                                        \
+    std::string why_;                                                                                         \
+    const int count_ = cuda_device_count(&why_);                                                              \
+    if (count_ == 0) GTEST_SKIP() << "no CUDA device (" << why_ << ")";                                       \
     if (count_ < (needed)) GTEST_SKIP() << "needs " << (needed) << " CUDA devices, " << count_ << " present"; \
   } while (0)
 
@@ -102,10 +103,9 @@ TEST(NcclErrors, MessagesNameTheOperationGroupRankAndBackendWithTheExitCode) {
   EXPECT_EQ(peer.category(), ErrorCategory::kComm);
   EXPECT_EQ(peer.exit_code(), ExitCode::kPeerFailure);
 
-  const Error local = detail::failure_error(
-      "broadcast(8 bf16 values from rank 0)", group,
-      detail::nccl_failure("ncclBroadcast", ncclInvalidUsage, "", true), std::chrono::milliseconds(0),
-      std::chrono::milliseconds(1000));
+  const Error local = detail::failure_error("broadcast(8 bf16 values from rank 0)", group,
+                                            detail::nccl_failure("ncclBroadcast", ncclInvalidUsage, "", true),
+                                            std::chrono::milliseconds(0), std::chrono::milliseconds(1000));
   EXPECT_EQ(std::string(local.what()),
             "comm: broadcast(8 bf16 values from rank 0) in group 'world' (rank 1 of 2, nccl): failed after 0.00 s: "
             "ncclBroadcast: " +
@@ -171,8 +171,9 @@ TEST(NcclUniqueId, AMissingRankZeroIsATimeoutNamingTheKey) {
     FAIL() << "expected a timeout";
   } catch (const BackendFailure& f) {
     EXPECT_EQ(f.kind(), BackendFailure::Kind::kTimeout);
-    EXPECT_TRUE(contains(f.what(), "rank 0 did not publish the NCCL unique id under 'p/world/nccl_unique_id' within "
-                                   "100 ms (is rank 0 running, and with the same store prefix and group name?)"))
+    EXPECT_TRUE(contains(f.what(),
+                         "rank 0 did not publish the NCCL unique id under 'p/world/nccl_unique_id' within "
+                         "100 ms (is rank 0 running, and with the same store prefix and group name?)"))
         << f.what();
   }
 }
@@ -252,8 +253,9 @@ TEST(NcclOptionsCheck, DeterministicNeedsRingAndSimpleInTheEnvironment) {
     detail::check_nccl_arguments(0, 1, 0, options, environment({{"NCCL_ALGO", "Ring"}, {"NCCL_PROTO", "LL128"}}));
     FAIL() << "expected an input error";
   } catch (const Error& e) {
-    EXPECT_TRUE(contains(e.what(), "needs NCCL_PROTO=Simple in the environment before the first communicator, but "
-                                   "NCCL_PROTO=LL128"))
+    EXPECT_TRUE(contains(e.what(),
+                         "needs NCCL_PROTO=Simple in the environment before the first communicator, but "
+                         "NCCL_PROTO=LL128"))
         << e.what();
   }
   // Not deterministic: the environment is NCCL's business.
@@ -307,8 +309,8 @@ TEST(NcclOptionsCheck, SetDeterministicEnvironmentSetsWhatIsUnsetAndRefusesOther
 
 TEST(NcclLibrary, VersionIsTheLinkedLibrarys) {
   // The library found at configure time is the one whose header we compile against (cmake/dependencies.cmake).
-  EXPECT_EQ(nccl_version(), std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." +
-                                std::to_string(NCCL_PATCH));
+  EXPECT_EQ(nccl_version(),
+            std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." + std::to_string(NCCL_PATCH));
 }
 
 TEST(NcclLibrary, DeviceCountGivesAReasonWhenThereIsNoDevice) {
@@ -347,8 +349,9 @@ TEST(NcclConnect, WithoutADeviceFailsNamingTheGroupAndRank) {
     EXPECT_EQ(e.category(), ErrorCategory::kComm);
     EXPECT_EQ(e.exit_code(), ExitCode::kFailure);  // this rank's own problem, not a peer's
     const std::string text = e.what();
-    EXPECT_TRUE(text.starts_with("comm: connect(store prefix 'dtrain/comm/dp3') in group 'dp3' (rank 1 of 8, nccl): "
-                                 "failed after "))
+    EXPECT_TRUE(
+        text.starts_with("comm: connect(store prefix 'dtrain/comm/dp3') in group 'dp3' (rank 1 of 8, nccl): "
+                         "failed after "))
         << text;
     EXPECT_TRUE(contains(text, "s: no usable CUDA device: " + why)) << text;
   }
@@ -563,15 +566,15 @@ TEST(NcclDevice, APeerThatNeverJoinsIsATimeoutNamingTheOperation) {
       [](Communicator& comm) {
         if (comm.rank() == 1) return;  // never calls the all-reduce
         DeviceBuffer buffer(4 * sizeof(float));
-        comm.all_reduce(static_cast<const float*>(buffer.get()), static_cast<float*>(buffer.get()), 4,
-                        ReduceOp::kSum);
+        comm.all_reduce(static_cast<const float*>(buffer.get()), static_cast<float*>(buffer.get()), 4, ReduceOp::kSum);
         comm.synchronize();
       },
       options);
   EXPECT_TRUE(contains(errors[0], "comm: synchronize() in group 'world' (rank 0 of 2, nccl): timed out after "))
       << errors[0];
-  EXPECT_TRUE(contains(errors[0], "all_reduce(sum, 4 floats) (operation 1 of 1 issued since the last synchronize) "
-                                  "has not completed"))
+  EXPECT_TRUE(contains(errors[0],
+                       "all_reduce(sum, 4 floats) (operation 1 of 1 issued since the last synchronize) "
+                       "has not completed"))
       << errors[0];
 }
 

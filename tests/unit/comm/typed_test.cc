@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/comm/inproc.h"
@@ -247,7 +247,8 @@ TEST_P(TypedTest, SendToSelfMustAgreeOnTheType) {
 template <typename T>
 T integer_value(int rank, std::size_t i, int salt) {
   const std::uint64_t x = (static_cast<std::uint64_t>(rank) + 1) * 0x9e3779b97f4a7c15ull ^
-                          (static_cast<std::uint64_t>(i) + 1) * 0xbf58476d1ce4e5b9ull ^ static_cast<std::uint64_t>(salt);
+                          (static_cast<std::uint64_t>(i) + 1) * 0xbf58476d1ce4e5b9ull ^
+                          static_cast<std::uint64_t>(salt);
   return static_cast<T>(x ^ (x >> 29));
 }
 

@@ -3,19 +3,19 @@
 // compute, bf16 rounding once per output), different summation orders, so the curves agree within bf16 tolerance.
 // Tests that need a GPU skip with the reason where none is usable; the one that checks the message a machine without
 // a GPU gives skips where there is one.
+#include "dtrain/exec/cuda_backend.h"
+
+#include <fmt/format.h>
 #include <gloo/rendezvous/hash_store.h>
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
-#include <fmt/format.h>
 
 #include "dtrain/comm/inproc.h"
 #include "dtrain/comm/nccl.h"
 #include "dtrain/common/error.h"
-#include "dtrain/exec/cuda_backend.h"
 #include "exec_test_support.h"
 
 namespace dtrain::exec {

@@ -2,10 +2,8 @@
 // moments. The bf16 kernels are the reference for the CUDA backend's (compute in fp32, round each output once), so
 // what holds here — the curve follows fp32 within bf16 tolerance, every layout follows the single rank — is what the
 // GPU runs are checked against.
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
-
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -64,8 +62,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Layout{2, "dp=2,tp=1,pp=1,distributed_optimizer=true"},
                       Layout{2, "dp=1,tp=2,pp=1,sequence_parallel=true"},
                       Layout{2, "dp=1,tp=1,pp=2,vpp=2,schedule=interleaved"},
-                      Layout{8, "dp=2,tp=2,pp=2,schedule=zb-h1,sequence_parallel=true,distributed_optimizer=true,"
-                                "recompute=full"}),
+                      Layout{8,
+                             "dp=2,tp=2,pp=2,schedule=zb-h1,sequence_parallel=true,distributed_optimizer=true,"
+                             "recompute=full"}),
     [](const ::testing::TestParamInfo<Layout>& p) { return fmt::format("layout{}", p.index); });
 
 // The checkpoint holds the fp32 masters and moments; the bf16 copies are made again from them, so a resumed run is

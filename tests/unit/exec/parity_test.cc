@@ -1,8 +1,7 @@
 // Layout parity: every parallel layout reproduces the single-rank loss curve of the tiny Llama model (the same
 // global batch, the same initial weights), through the in-process backend.
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <cmath>
 
@@ -57,12 +56,13 @@ TEST_P(Parity, LossCurveEqualsSingleRank) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, Parity,
-    ::testing::Values(Layout{2, 1, 1, 1, "1f1b", false, false, "none"}, Layout{2, 1, 1, 1, "1f1b", false, true, "none"},
-                      Layout{1, 2, 1, 1, "1f1b", false, false, "none"}, Layout{1, 2, 1, 1, "1f1b", true, false, "none"},
-                      Layout{1, 1, 2, 1, "1f1b", false, false, "none"}, Layout{1, 1, 2, 1, "gpipe", false, false, "none"},
-                      Layout{1, 1, 2, 1, "zb-h1", false, false, "none"}, Layout{1, 1, 2, 2, "interleaved", false, false, "none"},
-                      Layout{2, 2, 2, 1, "1f1b", false, false, "none"}, Layout{2, 2, 2, 1, "1f1b", true, true, "none"},
-                      Layout{2, 2, 2, 1, "zb-h1", true, true, "full"}, Layout{1, 2, 2, 2, "interleaved", true, false, "selective"}),
+    ::testing::Values(
+        Layout{2, 1, 1, 1, "1f1b", false, false, "none"}, Layout{2, 1, 1, 1, "1f1b", false, true, "none"},
+        Layout{1, 2, 1, 1, "1f1b", false, false, "none"}, Layout{1, 2, 1, 1, "1f1b", true, false, "none"},
+        Layout{1, 1, 2, 1, "1f1b", false, false, "none"}, Layout{1, 1, 2, 1, "gpipe", false, false, "none"},
+        Layout{1, 1, 2, 1, "zb-h1", false, false, "none"}, Layout{1, 1, 2, 2, "interleaved", false, false, "none"},
+        Layout{2, 2, 2, 1, "1f1b", false, false, "none"}, Layout{2, 2, 2, 1, "1f1b", true, true, "none"},
+        Layout{2, 2, 2, 1, "zb-h1", true, true, "full"}, Layout{1, 2, 2, 2, "interleaved", true, false, "selective"}),
     [](const ::testing::TestParamInfo<Layout>& p) {
       const Layout& l = p.param;
       std::string s = fmt::format("dp{}tp{}pp{}vpp{}_{}{}{}_{}", l.dp, l.tp, l.pp, l.vpp, l.schedule, l.sp ? "_sp" : "",

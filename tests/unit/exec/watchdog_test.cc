@@ -1,10 +1,9 @@
 // When a device communicator's watchdog fires at the end of a step (an operation that never completed: a dead or
 // stuck peer), the rank's error names the schedule instruction that issued that operation. The NCCL watchdog needs a
 // GPU; here a communicator that wraps the in-process one fails its synchronize() with the watchdog's words.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
-#include <fmt/format.h>
 
 #include <mutex>
 

@@ -19,7 +19,7 @@ using namespace ir::testing;
 using plan::Schedule;
 
 struct Counts {
-  std::map<std::tuple<int, int, int>, int> passes;  // (opcode, chunk, mb) -> count (pieces merged)
+  std::map<std::tuple<int, int, int>, int> passes;                  // (opcode, chunk, mb) -> count (pieces merged)
   std::map<std::tuple<int, int, int, int, int>, int> sends, recvs;  // (src, dst, what, chunk, mb)
 };
 
@@ -181,8 +181,8 @@ TEST(Lowering, OneFOneBWarmupAndBucketOverlap) {
     if (in.op == Opcode::kBackward) name = "B" + std::to_string(in.mb);
     if (!name.empty() && (passes.empty() || passes.back() != name)) passes.push_back(name);
   }
-  std::vector<std::string> expected = {"F0", "F1", "F2", "F3", "B0", "F4", "B1", "F5", "B2", "F6",
-                                       "B3", "F7", "B4", "B5", "B6", "B7"};
+  std::vector<std::string> expected = {"F0", "F1", "F2", "F3", "B0", "F4", "B1", "F5",
+                                       "B2", "F6", "B3", "F7", "B4", "B5", "B6", "B7"};
   EXPECT_EQ(passes, expected);
   // The last micro-batch's backward is cut at bucket boundaries, each bucket reduced right after its piece.
   int pieces_followed_by_bucket = 0;

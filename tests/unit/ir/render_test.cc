@@ -74,8 +74,9 @@ TEST(GanttSvg, RendersInHeadlessChromium) {
   std::string cmd = chromium +
                     " --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
                     "--disable-background-networking --disable-component-update --disable-sync "
-                    "--user-data-dir=" + (dir / "profile").string() + " --window-size=1200,300 --screenshot=" +
-                    png.string() + " file://" + svg_path.string() + " > " + (dir / "log").string() + " 2>&1";
+                    "--user-data-dir=" +
+                    (dir / "profile").string() + " --window-size=1200,300 --screenshot=" + png.string() + " file://" +
+                    svg_path.string() + " > " + (dir / "log").string() + " 2>&1";
   int status = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "chromium failed: " << cmd;
   ASSERT_TRUE(fs::exists(png));

@@ -11,8 +11,8 @@ namespace dtrain::ir {
 namespace {
 
 using namespace ir::testing;
-using ::testing::HasSubstr;
 using plan::Schedule;
+using ::testing::HasSubstr;
 
 std::vector<Program> programs_for(int tp, int pp, int dp, int microbatches, bool sp = false) {
   plan::ParallelConfig c = layout(tp, pp, dp, 1, Schedule::k1F1B);
@@ -214,7 +214,7 @@ TEST(Verifier, RepresentativeAndFullRunsAgreeOnValidPrograms) {
   // schedule; the verifier then runs everything.
   Program& r7 = programs[7];
   r7.schedule.back() = r7.schedule.back();  // same
-  r7.plan_digest = r7.plan_digest;           // same
+  r7.plan_digest = r7.plan_digest;          // same
   std::swap(r7.schedule[r7.schedule.size() - 1], r7.schedule[r7.schedule.size() - 1]);
   VerifyReport full = verify(programs);
   EXPECT_TRUE(full.ok);

@@ -50,8 +50,8 @@ TEST(LayerGraph, ForwardFlopsOfALayer) {
     if (op.kind == OpKind::kLinear) gemm += op.flops_per_token;
     if (op.kind == OpKind::kAttention) attention += op.flops_per_token;
   }
-  EXPECT_DOUBLE_EQ(gemm, 24.0 * 1024 * 1024);       // 24 h^2 per token
-  EXPECT_DOUBLE_EQ(attention, 4.0 * 2048 * 1024);   // 4 s h per token
+  EXPECT_DOUBLE_EQ(gemm, 24.0 * 1024 * 1024);      // 24 h^2 per token
+  EXPECT_DOUBLE_EQ(attention, 4.0 * 2048 * 1024);  // 4 s h per token
 }
 
 TEST(LayerGraph, ParametersAddUpToTheModel) {

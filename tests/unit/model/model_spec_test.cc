@@ -56,14 +56,17 @@ TEST(ModelSpec, LlamaDefaults) {
 TEST(ModelSpec, DigestIgnoresCommentsAndFormatting) {
   auto a = parse_model(TomlDocument::parse_string(
       "[model]\nname=\"t\"\narch=\"gpt\"\nlayers=2\nhidden=64\nheads=4\nvocab=256\nseq_len=8\n[training]\n"
-      "global_batch=4\n", "a.toml"));
+      "global_batch=4\n",
+      "a.toml"));
   auto b = parse_model(TomlDocument::parse_string(
       "# comment\n[training]\nglobal_batch = 4\n\n[model]\nseq_len = 8\nvocab = 256\nheads = 4\nhidden = 64\n"
-      "layers = 2\narch = \"gpt\"\nname = \"t\"\n", "b.toml"));
+      "layers = 2\narch = \"gpt\"\nname = \"t\"\n",
+      "b.toml"));
   EXPECT_EQ(a.digest, b.digest);
   auto c = parse_model(TomlDocument::parse_string(
       "[model]\nname=\"t\"\narch=\"gpt\"\nlayers=3\nhidden=64\nheads=4\nvocab=256\nseq_len=8\n[training]\n"
-      "global_batch=4\n", "c.toml"));
+      "global_batch=4\n",
+      "c.toml"));
   EXPECT_NE(a.digest, c.digest);
 }
 

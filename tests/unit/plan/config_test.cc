@@ -11,8 +11,9 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(FixedDims, ParsesEveryKey) {
-  FixedDims f = parse_fixed("tp=8, pp=4,dp=2,vpp=3,micro_batch=1,recompute=full,sequence_parallel=true,"
-                            "distributed_optimizer=off,schedule=interleaved,placement=tp-pp-dp,chunk_layers=1/2/3");
+  FixedDims f = parse_fixed(
+      "tp=8, pp=4,dp=2,vpp=3,micro_batch=1,recompute=full,sequence_parallel=true,"
+      "distributed_optimizer=off,schedule=interleaved,placement=tp-pp-dp,chunk_layers=1/2/3");
   EXPECT_EQ(f.tp, 8);
   EXPECT_EQ(f.pp, 4);
   EXPECT_EQ(f.dp, 2);

@@ -35,8 +35,7 @@ TEST(CostModel, OneF1BStageActivationsShrinkTowardsTheLastStage) {
   Estimate e = cm.evaluate(layout(8, 8, 16, 1, 1), 1536);
   // Stage s of 1F1B keeps (pp - s) micro-batches in flight (every stage has 12 layers).
   for (int s = 0; s < 8; ++s) {
-    EXPECT_DOUBLE_EQ(e.stages[static_cast<std::size_t>(s)].activations_bytes,
-                     e.stages[7].activations_bytes * (8 - s));
+    EXPECT_DOUBLE_EQ(e.stages[static_cast<std::size_t>(s)].activations_bytes, e.stages[7].activations_bytes * (8 - s));
   }
 }
 

@@ -116,7 +116,8 @@ TEST(DtplanCli, PlanFileThenExplainIt) {
   ASSERT_EQ(full.exit_code, 0) << full.err;
   EXPECT_THAT(full.out, HasSubstr("Binding constraint"));
   // Another model: the plan was not made for it.
-  Result other = run("explain --plan " + plan + " --model " + kRoot + "/examples/models/llama3-70b.toml --cluster " + kDgx);
+  Result other =
+      run("explain --plan " + plan + " --model " + kRoot + "/examples/models/llama3-70b.toml --cluster " + kDgx);
   EXPECT_EQ(other.exit_code, 5);
   EXPECT_THAT(other.err, HasSubstr("was made for model 'gpt3-175b'"));
   // An edited plan is refused.
@@ -150,8 +151,8 @@ TEST(DtplanCli, NoFeasiblePlanExitsThreeWithNearestMisses) {
 }
 
 TEST(DtplanCli, EmitMegatronFlags) {
-  Result r = run("explain --emit megatron --model " + kRoot + "/examples/models/llama3-70b.toml --cluster " +
-                 kRoot + "/examples/clusters/dgx-h100.toml --gpus 256");
+  Result r = run("explain --emit megatron --model " + kRoot + "/examples/models/llama3-70b.toml --cluster " + kRoot +
+                 "/examples/clusters/dgx-h100.toml --gpus 256");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* flag : {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--micro-batch-size",
                            "--global-batch-size 512", "--num-query-groups 8", "--swiglu", "--normalization RMSNorm",
@@ -178,7 +179,8 @@ TEST(DtplanCli, CompareWithThePublishedLayoutQuantifiesTheReason) {
 
 TEST(DtplanCli, PlansFromADiscoveredTopologyAndSaysWhatWasObserved) {
   std::string xml = kRoot + "/tests/data/topologies/aws-p4d.24xlarge.xml";
-  Result r = run("explain --json --model " + kRoot + "/examples/models/llama3-8b.toml --topology " + xml + " --nodes 4");
+  Result r =
+      run("explain --json --model " + kRoot + "/examples/models/llama3-8b.toml --topology " + xml + " --nodes 4");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["cluster"]["gpu"], "A100-SXM4-40GB");
@@ -189,7 +191,8 @@ TEST(DtplanCli, PlansFromADiscoveredTopologyAndSaysWhatWasObserved) {
   EXPECT_THAT(text.out, HasSubstr("Where the cluster figures came from (discovered topology)"));
   Result both = run("plan --model " + kGpt3 + " --cluster " + kDgx + " --topology " + xml);
   EXPECT_EQ(both.exit_code, 2);
-  Result no_gpu = run("plan --model " + kGpt3 + " --topology " + kRoot + "/tests/data/topologies/hwloc-24em64t-2n6c2t-pci.xml");
+  Result no_gpu =
+      run("plan --model " + kGpt3 + " --topology " + kRoot + "/tests/data/topologies/hwloc-24em64t-2n6c2t-pci.xml");
   EXPECT_EQ(no_gpu.exit_code, 2) << no_gpu.err;
 }
 
@@ -202,25 +205,33 @@ TEST(DtplanCli, EveryTable1SettingExplainsItsDifferenceFromThePublishedLayout) {
     const char* published;
   };
   const Row rows[] = {
-      {"megatron-1.7b", 32, "tp=1,pp=1,vpp=1,micro_batch=16"},  {"megatron-3.6b", 64, "tp=2,pp=1,vpp=1,micro_batch=16"},
-      {"megatron-7.5b", 128, "tp=4,pp=1,vpp=1,micro_batch=16"}, {"megatron-18b", 256, "tp=8,pp=1,vpp=1,micro_batch=8"},
-      {"megatron-39b", 512, "tp=8,pp=2,vpp=1,micro_batch=4"},   {"megatron-76b", 1024, "tp=8,pp=4,vpp=3,micro_batch=2"},
-      {"megatron-145b", 1536, "tp=8,pp=8,vpp=2,micro_batch=2"}, {"megatron-310b", 1920, "tp=8,pp=16,vpp=2,micro_batch=1"},
-      {"megatron-530b", 2520, "tp=8,pp=35,vpp=3,micro_batch=1"}, {"megatron-1t", 3072, "tp=8,pp=64,vpp=1,micro_batch=1"},
+      {"megatron-1.7b", 32, "tp=1,pp=1,vpp=1,micro_batch=16"},
+      {"megatron-3.6b", 64, "tp=2,pp=1,vpp=1,micro_batch=16"},
+      {"megatron-7.5b", 128, "tp=4,pp=1,vpp=1,micro_batch=16"},
+      {"megatron-18b", 256, "tp=8,pp=1,vpp=1,micro_batch=8"},
+      {"megatron-39b", 512, "tp=8,pp=2,vpp=1,micro_batch=4"},
+      {"megatron-76b", 1024, "tp=8,pp=4,vpp=3,micro_batch=2"},
+      {"megatron-145b", 1536, "tp=8,pp=8,vpp=2,micro_batch=2"},
+      {"megatron-310b", 1920, "tp=8,pp=16,vpp=2,micro_batch=1"},
+      {"megatron-530b", 2520, "tp=8,pp=35,vpp=3,micro_batch=1"},
+      {"megatron-1t", 3072, "tp=8,pp=64,vpp=1,micro_batch=1"},
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.model);
-    std::string spec = std::string(row.published) + ",recompute=full,sequence_parallel=false,distributed_optimizer=false";
+    std::string spec =
+        std::string(row.published) + ",recompute=full,sequence_parallel=false,distributed_optimizer=false";
     Result r = run("explain --json --model " + kRoot + "/examples/models/" + row.model + ".toml --cluster " + kDgx +
                    " --gpus " + std::to_string(row.gpus) + " --compare " + spec);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     auto j = nlohmann::json::parse(r.out);
     EXPECT_TRUE(j["compare"]["feasible"].get<bool>());
     EXPECT_GE(j["compare"]["relative"].get<double>(), 0.0);  // chosen no slower than published
-    bool differs = j["config"]["tp"] != j["compare"]["config"]["tp"] || j["config"]["pp"] != j["compare"]["config"]["pp"];
+    bool differs =
+        j["config"]["tp"] != j["compare"]["config"]["tp"] || j["config"]["pp"] != j["compare"]["config"]["pp"];
     if (differs) {
       // "+12.3% (+1.23 s): recompute +0.9 s, bubble +0.3 s": the categories that make the difference.
-      EXPECT_THAT(j["compare"]["difference"].get<std::string>(), ::testing::MatchesRegex(R"(\+[0-9.]+% .*: .* [+-][0-9.e+-]+ s.*)"));
+      EXPECT_THAT(j["compare"]["difference"].get<std::string>(),
+                  ::testing::MatchesRegex(R"(\+[0-9.]+% .*: .* [+-][0-9.e+-]+ s.*)"));
     }
   }
 }
@@ -299,53 +310,142 @@ INSTANTIATE_TEST_SUITE_P(
     Files, BadInput,
     ::testing::Values(
         BadCase{"TomlSyntax", true, "layers = 24", "layers = = 24", "", {"@FILE:5:", "TOML syntax error"}},
-        BadCase{"UnknownKey", true, "hidden = 2048", "hiden = 2048\nhidden = 2048", "",
+        BadCase{"UnknownKey",
+                true,
+                "hidden = 2048",
+                "hiden = 2048\nhidden = 2048",
+                "",
                 {"@FILE:6: [model] hiden: unknown key (did you mean 'hidden'?)"}},
-        BadCase{"WrongType", true, "layers = 24", "layers = \"24\"", "",
+        BadCase{"WrongType",
+                true,
+                "layers = 24",
+                "layers = \"24\"",
+                "",
                 {"@FILE:5: [model] layers = \"24\": expected an integer, got a string"}},
-        BadCase{"FloatForInteger", true, "layers = 24", "layers = 24.5", "",
+        BadCase{"FloatForInteger",
+                true,
+                "layers = 24",
+                "layers = 24.5",
+                "",
                 {"@FILE:5: [model] layers = 24.5: expected an integer, got a float"}},
-        BadCase{"ZeroLayers", true, "layers = 24", "layers = 0", "", {"@FILE:5: [model] layers = 0: must be at least 1"}},
-        BadCase{"NegativeHidden", true, "hidden = 2048", "hidden = -2048", "",
+        BadCase{
+            "ZeroLayers", true, "layers = 24", "layers = 0", "", {"@FILE:5: [model] layers = 0: must be at least 1"}},
+        BadCase{"NegativeHidden",
+                true,
+                "hidden = 2048",
+                "hidden = -2048",
+                "",
                 {"@FILE:6: [model] hidden = -2048: must be at least 1"}},
-        BadCase{"HeadsNotDividingHidden", true, "heads = 16", "heads = 15", "",
+        BadCase{"HeadsNotDividingHidden",
+                true,
+                "heads = 16",
+                "heads = 15",
+                "",
                 {"@FILE:7: [model] heads = 15: does not divide hidden = 2048"}},
-        BadCase{"KvHeadsNotDividingHeads", true, "heads = 16", "heads = 16\nkv_heads = 3", "",
+        BadCase{"KvHeadsNotDividingHeads",
+                true,
+                "heads = 16",
+                "heads = 16\nkv_heads = 3",
+                "",
                 {"@FILE:8: [model] kv_heads = 3: does not divide heads = 16"}},
         BadCase{"MissingVocab", true, "vocab = 51200\n", "", "", {"@FILE:2: [model] vocab: required key is missing"}},
-        BadCase{"UnknownArch", true, "arch = \"gpt\"", "arch = \"gtp\"", "",
+        BadCase{"UnknownArch",
+                true,
+                "arch = \"gpt\"",
+                "arch = \"gtp\"",
+                "",
                 {"@FILE:4: [model] arch = \"gtp\": expected one of gpt, llama (did you mean \"gpt\"?)"}},
-        BadCase{"UnknownDtype", true, "dtype = \"bf16\"", "dtype = \"bf61\"", "",
+        BadCase{"UnknownDtype",
+                true,
+                "dtype = \"bf16\"",
+                "dtype = \"bf61\"",
+                "",
                 {"@FILE:13: [training] dtype = \"bf61\": expected one of bf16, fp16, fp8, fp32"}},
-        BadCase{"ZeroGlobalBatch", true, "global_batch = 512", "global_batch = 0", "",
+        BadCase{"ZeroGlobalBatch",
+                true,
+                "global_batch = 512",
+                "global_batch = 0",
+                "",
                 {"@FILE:12: [training] global_batch = 0: must be at least 1"}},
-        BadCase{"DropoutOutOfRange", true, "seq_len = 2048", "seq_len = 2048\ndropout = 1.5", "",
+        BadCase{"DropoutOutOfRange",
+                true,
+                "seq_len = 2048",
+                "seq_len = 2048\ndropout = 1.5",
+                "",
                 {"@FILE:10: [model] dropout = 1.5: must be in [0, 1)"}},
-        BadCase{"MissingTrainingTable", true, "[training]\nglobal_batch = 512\ndtype = \"bf16\"\noptimizer = \"adam\"\n",
-                "", "", {"@FILE", "missing the [training] table"}},
-        BadCase{"GlobalBatchTooSmallForGpus", true, "global_batch = 512", "global_batch = 1", "--gpus 512",
+        BadCase{"MissingTrainingTable",
+                true,
+                "[training]\nglobal_batch = 512\ndtype = \"bf16\"\noptimizer = \"adam\"\n",
+                "",
+                "",
+                {"@FILE", "missing the [training] table"}},
+        BadCase{"GlobalBatchTooSmallForGpus",
+                true,
+                "global_batch = 512",
+                "global_batch = 1",
+                "--gpus 512",
                 {"@FILE:12: [training] global_batch = 1: cannot be split over 512 GPUs"}},
-        BadCase{"GpusNotMultipleOfNode", false, "", "", "--gpus 12",
+        BadCase{"GpusNotMultipleOfNode",
+                false,
+                "",
+                "",
+                "--gpus 12",
                 {"@FILE:7: [node] gpus = 8: --gpus 12 is not a multiple of the GPUs per node"}},
-        BadCase{"UnknownGpu", false, "gpu = \"A100-SXM4-80GB\"", "gpu = \"A100-SXM5-80GB\"", "",
+        BadCase{"UnknownGpu",
+                false,
+                "gpu = \"A100-SXM4-80GB\"",
+                "gpu = \"A100-SXM5-80GB\"",
+                "",
                 {"@FILE:12: [node] gpu = \"A100-SXM5-80GB\": unknown GPU", "did you mean \"A100-SXM4-80GB\"?"}},
-        BadCase{"NvlinkDomainTooLarge", false, "nvlink_domain = 8", "nvlink_domain = 16", "",
+        BadCase{"NvlinkDomainTooLarge",
+                false,
+                "nvlink_domain = 8",
+                "nvlink_domain = 16",
+                "",
                 {"@FILE:8: [node] nvlink_domain = 16: is larger than gpus = 8"}},
-        BadCase{"NvlinkDomainNotDividing", false, "nvlink_domain = 8", "nvlink_domain = 3", "",
+        BadCase{"NvlinkDomainNotDividing",
+                false,
+                "nvlink_domain = 8",
+                "nvlink_domain = 3",
+                "",
                 {"@FILE:8: [node] nvlink_domain = 3: does not divide gpus = 8"}},
-        BadCase{"NoNicsOnSeveralNodes", false, "nics = 8", "nics = 0", "",
+        BadCase{"NoNicsOnSeveralNodes",
+                false,
+                "nics = 8",
+                "nics = 0",
+                "",
                 {"@FILE:10: [node] nics = 0: is 0 but [cluster] nodes = 4"}},
-        BadCase{"NicOfGpuWrongLength", false, "nic_gbps = 25", "nic_gbps = 25\nnic_of_gpu = [0, 1]", "",
+        BadCase{"NicOfGpuWrongLength",
+                false,
+                "nic_gbps = 25",
+                "nic_gbps = 25\nnic_of_gpu = [0, 1]",
+                "",
                 {"@FILE:12: [node] nic_of_gpu = [ 0, 1 ]: needs one entry per GPU (8)"}},
-        BadCase{"NegativeBandwidth", false, "nic_gbps = 25", "nic_gbps = -25", "",
+        BadCase{"NegativeBandwidth",
+                false,
+                "nic_gbps = 25",
+                "nic_gbps = -25",
+                "",
                 {"@FILE:11: [node] nic_gbps = -25: must be positive"}},
         BadCase{"ZeroNodes", false, "nodes = 4", "nodes = 0", "", {"@FILE:4: [cluster] nodes = 0: must be at least 1"}},
-        BadCase{"CustomGpuWithoutMemory", false, "gpu = \"A100-SXM4-80GB\"", "gpu = \"mygpu\"",
-                "", {"@FILE:12: [node] gpu = \"mygpu\": unknown GPU"}},
-        BadCase{"CustomGpuTableIncomplete", false, "gpu = \"A100-SXM4-80GB\"", "gpu = \"mygpu\"\n[gpu]\ntflops_bf16 = 100\n",
-                "", {"@FILE:13: [gpu] memory_gib: a custom [gpu] needs memory_gib"}},
-        BadCase{"EfficiencyTableMismatch", false, "", "[network]\n[[network.efficiency]]\nscope = \"nvlink\"\nbytes = [1e6, 1e9]\nefficiency = [0.5]\n",
-                "", {"@FILE:17: [network.efficiency] efficiency = [ 0.5 ]: needs one value per entry of bytes (2)"}},
+        BadCase{"CustomGpuWithoutMemory",
+                false,
+                "gpu = \"A100-SXM4-80GB\"",
+                "gpu = \"mygpu\"",
+                "",
+                {"@FILE:12: [node] gpu = \"mygpu\": unknown GPU"}},
+        BadCase{"CustomGpuTableIncomplete",
+                false,
+                "gpu = \"A100-SXM4-80GB\"",
+                "gpu = \"mygpu\"\n[gpu]\ntflops_bf16 = 100\n",
+                "",
+                {"@FILE:13: [gpu] memory_gib: a custom [gpu] needs memory_gib"}},
+        BadCase{"EfficiencyTableMismatch",
+                false,
+                "",
+                "[network]\n[[network.efficiency]]\nscope = \"nvlink\"\nbytes = [1e6, 1e9]\nefficiency = [0.5]\n",
+                "",
+                {"@FILE:17: [network.efficiency] efficiency = [ 0.5 ]: needs one value per entry of bytes (2)"}},
         BadCase{"UnknownClusterTable", false, "", "[switch]\nports = 64\n", "", {"@FILE:13: switch: unknown key"}}),
     [](const ::testing::TestParamInfo<BadCase>& param_info) { return param_info.param.name; });
 

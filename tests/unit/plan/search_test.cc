@@ -58,8 +58,9 @@ TEST(Search, BestIsNoWorseThanEveryAlternativeAndAlternativesAreSorted) {
 TEST(Search, EveryDimensionPinnedEvaluatesExactlyThatLayout) {
   CostModel cm = make("gpt3-175b.toml", "dgx-a100-80g.toml", 1024);
   SearchOptions o = options(1024, 1536);
-  o.fixed = parse_fixed("tp=8,pp=8,dp=16,vpp=1,micro_batch=1,recompute=full,sequence_parallel=false,"
-                        "distributed_optimizer=false,schedule=1f1b,placement=tp-dp-pp");
+  o.fixed = parse_fixed(
+      "tp=8,pp=8,dp=16,vpp=1,micro_batch=1,recompute=full,sequence_parallel=false,"
+      "distributed_optimizer=false,schedule=1f1b,placement=tp-dp-pp");
   SearchResult r = search(cm, o);
   ASSERT_TRUE(r.best);
   EXPECT_EQ(r.evaluated, 1);

@@ -35,6 +35,7 @@ struct bf16 {
   std::uint16_t bits;
 };
 
+// NOLINTNEXTLINE(misc-redundant-expression): both sides are 2 by design; that is what is asserted.
 static_assert(sizeof(bf16) == sizeof(std::uint16_t) && alignof(bf16) == alignof(std::uint16_t),
               "bf16 is stored as the 16 bits of __nv_bfloat16");
 static_assert(std::is_trivially_copyable_v<bf16> && std::is_trivial_v<bf16> && std::is_standard_layout_v<bf16>,

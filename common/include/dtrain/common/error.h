@@ -34,8 +34,8 @@ class Error : public std::runtime_error {
  public:
   // exit_code defaults from the category: input and topology errors are bad input (2), plan errors are
   // infeasibility (3), the rest are runtime failures (1).
-  Error(ErrorCategory category, std::string message);
-  Error(ErrorCategory category, ExitCode exit_code, std::string message);
+  Error(ErrorCategory category, const std::string& message);
+  Error(ErrorCategory category, ExitCode exit_code, const std::string& message);
 
   ErrorCategory category() const { return category_; }
   ExitCode exit_code() const { return exit_code_; }
@@ -49,18 +49,18 @@ class Error : public std::runtime_error {
 };
 
 // Shorthands for the common categories.
-inline Error input_error(std::string message) { return Error(ErrorCategory::kInput, std::move(message)); }
-inline Error io_error(std::string message) { return Error(ErrorCategory::kIo, std::move(message)); }
-inline Error internal_error(std::string message) { return Error(ErrorCategory::kInternal, std::move(message)); }
+inline Error input_error(const std::string& message) { return Error(ErrorCategory::kInput, message); }
+inline Error io_error(const std::string& message) { return Error(ErrorCategory::kIo, message); }
+inline Error internal_error(const std::string& message) { return Error(ErrorCategory::kInternal, message); }
 
 // Throws an internal error when an invariant does not hold. For programming errors only; input is checked with
 // messages that explain the fix.
-#define DTRAIN_CHECK(cond, msg)                                                                               \
-  do {                                                                                                        \
-    if (!(cond)) {                                                                                            \
-      throw ::dtrain::internal_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": check '" #cond \
-                                     "' failed: " + (msg));                                                   \
-    }                                                                                                         \
+#define DTRAIN_CHECK(cond, msg)                                                               \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      throw ::dtrain::internal_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + \
+                                     ": check '" #cond "' failed: " + (msg));                 \
+    }                                                                                         \
   } while (0)
 
 }  // namespace dtrain

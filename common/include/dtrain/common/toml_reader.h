@@ -33,7 +33,8 @@ class TomlDocument {
   const toml::table& table() const { return *table_; }
 
  private:
-  TomlDocument(std::shared_ptr<toml::table> table, std::string file) : table_(std::move(table)), file_(std::move(file)) {}
+  TomlDocument(std::shared_ptr<toml::table> table, std::string file)
+      : table_(std::move(table)), file_(std::move(file)) {}
   std::shared_ptr<toml::table> table_;
   std::string file_;
 };

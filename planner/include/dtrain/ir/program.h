@@ -42,7 +42,7 @@ enum class Opcode : std::uint8_t {
   kOptimizerStep,   // OPTIM
   kCheckpoint,      // CKPT (the executor decides whether this step writes one)
   // stage bodies
-  kCompute,         // COMPUTE op=attn.qkv layer=L pass=fwd|bwd|bwd_i|bwd_w|recompute
+  kCompute,  // COMPUTE op=attn.qkv layer=L pass=fwd|bwd|bwd_i|bwd_w|recompute
 };
 
 // The communicator a collective runs on.
@@ -51,21 +51,21 @@ enum class CommGroup : std::uint8_t { kNone, kTp, kPp, kDp, kWorld, kEmbedding }
 // What an instruction moves or computes on.
 enum class What : std::uint8_t {
   kNone,
-  kTokens,        // LOAD: input token ids (first chunk)
-  kTargets,       // LOAD: target token ids (last chunk)
-  kBatch,         // LOAD: both (one stage)
-  kActivation,    // SEND/RECV: a chunk's output, forward
-  kGradient,      // SEND/RECV: the gradient of a chunk's input, backward
-  kHidden,        // tensor-parallel collective on the hidden state (or its gradient)
-  kLogitsMax,     // vocab-parallel cross entropy: per-token max
-  kLogitsSumExp,  // vocab-parallel cross entropy: per-token sum of exponentials
-  kTargetLogit,   // vocab-parallel cross entropy: the target's logit
-  kGradBucket,    // data-parallel gradient bucket: the gradients of layers [layer, layer_end) of a chunk
-  kParamBucket,   // distributed optimizer: updated parameters of a bucket
-  kEmbeddingGrad, // tied word-embedding gradients (on=embedding: summed between the first and last stage; on=dp:
-                  // reduced over data parallelism)
-  kGradNorm,      // sum of squares of the gradients
-  kLoss,          // sum of the micro-batch losses (reported by global rank 0)
+  kTokens,           // LOAD: input token ids (first chunk)
+  kTargets,          // LOAD: target token ids (last chunk)
+  kBatch,            // LOAD: both (one stage)
+  kActivation,       // SEND/RECV: a chunk's output, forward
+  kGradient,         // SEND/RECV: the gradient of a chunk's input, backward
+  kHidden,           // tensor-parallel collective on the hidden state (or its gradient)
+  kLogitsMax,        // vocab-parallel cross entropy: per-token max
+  kLogitsSumExp,     // vocab-parallel cross entropy: per-token sum of exponentials
+  kTargetLogit,      // vocab-parallel cross entropy: the target's logit
+  kGradBucket,       // data-parallel gradient bucket: the gradients of layers [layer, layer_end) of a chunk
+  kParamBucket,      // distributed optimizer: updated parameters of a bucket
+  kEmbeddingGrad,    // tied word-embedding gradients (on=embedding: summed between the first and last stage; on=dp:
+                     // reduced over data parallelism)
+  kGradNorm,         // sum of squares of the gradients
+  kLoss,             // sum of the micro-batch losses (reported by global rank 0)
   kEmbeddingParams,  // distributed optimizer: updated tied word embeddings
   kSavedInput,       // sequence parallelism: a column-parallel layer's saved input shard, re-gathered for its
                      // weight gradient
@@ -119,14 +119,14 @@ struct Instr {
   Pass pass = Pass::kNone;
   ReduceOp reduce = ReduceOp::kNone;
   DType dtype = DType::kFp32;
-  std::int32_t chunk = -1;   // model chunk (global chunk index)
-  std::int32_t mb = -1;      // micro-batch
-  std::int32_t peer = -1;    // SEND/RECV: the other global rank
-  std::int32_t group = -1;   // SEND/RECV: instructions of one group complete together
-  std::int32_t layer = -1;   // body op: layer (-1 embedding, `layers` the head); BWD or bucket range start
-  std::int32_t layer_end = -1;  // BWD or bucket range end (exclusive); -1 = the whole chunk
-  std::int32_t index = -1;   // bucket index; collective index within a layer; model-op index in the layer graph
-  std::int64_t count = 0;    // elements
+  std::int32_t chunk = -1;         // model chunk (global chunk index)
+  std::int32_t mb = -1;            // micro-batch
+  std::int32_t peer = -1;          // SEND/RECV: the other global rank
+  std::int32_t group = -1;         // SEND/RECV: instructions of one group complete together
+  std::int32_t layer = -1;         // body op: layer (-1 embedding, `layers` the head); BWD or bucket range start
+  std::int32_t layer_end = -1;     // BWD or bucket range end (exclusive); -1 = the whole chunk
+  std::int32_t index = -1;         // bucket index; collective index within a layer; model-op index in the layer graph
+  std::int64_t count = 0;          // elements
   BodyOp body_op = BodyOp::kNone;  // COMPUTE: the model op ("op=attn.qkv" in the text); kNone otherwise
 
   bool is_p2p() const { return op == Opcode::kSend || op == Opcode::kRecv; }
@@ -174,7 +174,7 @@ struct Program {
   std::int32_t tp = 1, pp = 1, dp = 1, vpp = 1;
   std::int32_t tp_rank = 0, pp_rank = 0, dp_rank = 0;
   std::int32_t micro_batch = 1, num_microbatches = 1;
-  std::int32_t layers = 0;  // of the whole model
+  std::int32_t layers = 0;    // of the whole model
   std::string schedule_name;  // gpipe | 1f1b | interleaved | zb-h1
   bool sequence_parallel = false;
   bool distributed_optimizer = false;

@@ -29,20 +29,20 @@ struct Slice {
   Stream stream = Stream::kCompute;
   double start_s = 0;
   double duration_s = 0;
-  std::string name;       // "F c1 mb3", "SEND act c1 mb3 -> 5"
-  std::string category;   // forward | backward | backward_input | backward_weight | p2p | dp | optimizer | other
+  std::string name;      // "F c1 mb3", "SEND act c1 mb3 -> 5"
+  std::string category;  // forward | backward | backward_input | backward_weight | p2p | dp | optimizer | other
   std::int32_t pc = 0;
   std::int64_t flow_id = -1;  // SEND/RECV pairs share an id
   bool flow_start = false;
 };
 
 struct SimulationReport {
-  double step_s = 0;         // makespan + the fixed per-step overhead
+  double step_s = 0;  // makespan + the fixed per-step overhead
   double makespan_s = 0;
   double overhead_s = 0;
-  double bubble_fraction = 0;  // idle / busy time of the busiest rank's compute stream
-  std::vector<std::int32_t> ranks;    // simulated ranks (one per stage when the world is uniform)
-  std::vector<double> busy_s;         // compute-stream busy time per simulated rank
+  double bubble_fraction = 0;       // idle / busy time of the busiest rank's compute stream
+  std::vector<std::int32_t> ranks;  // simulated ranks (one per stage when the world is uniform)
+  std::vector<double> busy_s;       // compute-stream busy time per simulated rank
   std::vector<Slice> slices;
   bool representative = false;
 };

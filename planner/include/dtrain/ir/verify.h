@@ -32,8 +32,8 @@ std::string_view to_string(ProblemKind k);
 
 struct Problem {
   ProblemKind kind;
-  std::string message;             // the full report (several lines for a cycle)
-  std::vector<std::int32_t> ranks; // ranks involved
+  std::string message;              // the full report (several lines for a cycle)
+  std::vector<std::int32_t> ranks;  // ranks involved
 };
 
 struct VerifyReport {
@@ -41,9 +41,9 @@ struct VerifyReport {
   std::vector<Problem> problems;
   std::int32_t ranks = 0;
   std::int32_t simulated_ranks = 0;
-  bool representative = false;  // one rank per stage was enough
-  std::string mode_reason;      // why the full run was needed, when it was
-  std::int64_t instructions = 0;  // executed in the run
+  bool representative = false;                      // one rank per stage was enough
+  std::string mode_reason;                          // why the full run was needed, when it was
+  std::int64_t instructions = 0;                    // executed in the run
   std::vector<std::int32_t> peak_live_activations;  // per pipeline stage: activation buffers alive at the peak
   double seconds = 0;
 };

@@ -17,23 +17,23 @@
 namespace dtrain::model {
 
 enum class OpKind {
-  kTokenEmbedding,     // vocab-parallel lookup (+ learned positions, + dropout)
-  kNorm,               // LayerNorm or RMSNorm
-  kLinear,             // GEMM: tokens x in_features -> tokens x out_features
-  kRope,               // rotary position embedding on queries and keys
-  kAttention,          // core attention on the local heads (QK^T, mask, softmax, dropout, AV)
-  kActivation,         // GELU or SwiGLU
-  kDropoutResidual,    // dropout (when the model has it) fused with the residual add
-  kCrossEntropy,       // vocab-parallel softmax cross entropy
+  kTokenEmbedding,   // vocab-parallel lookup (+ learned positions, + dropout)
+  kNorm,             // LayerNorm or RMSNorm
+  kLinear,           // GEMM: tokens x in_features -> tokens x out_features
+  kRope,             // rotary position embedding on queries and keys
+  kAttention,        // core attention on the local heads (QK^T, mask, softmax, dropout, AV)
+  kActivation,       // GELU or SwiGLU
+  kDropoutResidual,  // dropout (when the model has it) fused with the residual add
+  kCrossEntropy,     // vocab-parallel softmax cross entropy
 };
 
 // How tensor parallelism splits an op.
 enum class TpSplit {
-  kSequence,   // replicated over the tensor-parallel group; split along the sequence with sequence parallelism
-  kColumn,     // weight split by output features; input replicated (all-gathered with sequence parallelism)
-  kRow,        // weight split by input features; output partial sums all-reduced (reduce-scattered with SP)
-  kHeads,      // attention heads split over the group (follows a column-parallel op)
-  kVocab,      // embedding rows / output logits split over the vocabulary
+  kSequence,  // replicated over the tensor-parallel group; split along the sequence with sequence parallelism
+  kColumn,    // weight split by output features; input replicated (all-gathered with sequence parallelism)
+  kRow,       // weight split by input features; output partial sums all-reduced (reduce-scattered with SP)
+  kHeads,     // attention heads split over the group (follows a column-parallel op)
+  kVocab,     // embedding rows / output logits split over the vocabulary
 };
 
 std::string_view to_string(OpKind kind);
@@ -57,9 +57,10 @@ struct Op {
   double backward_factor = 2.0;
   std::int64_t params = 0;  // full parameter count
   // Activation bytes kept for backward, per token, full:
-  double saved_sharded_per_token = 0;    // divided by the tensor-parallel degree
-  double saved_sequence_per_token = 0;   // divided by it only with sequence parallelism
-  double saved_quadratic_per_token = 0;  // the attention scores' s*s part: divided by tp, dropped by selective recompute
+  double saved_sharded_per_token = 0;   // divided by the tensor-parallel degree
+  double saved_sequence_per_token = 0;  // divided by it only with sequence parallelism
+  double saved_quadratic_per_token =
+      0;  // the attention scores' s*s part: divided by tp, dropped by selective recompute
 };
 
 struct LayerGraph {

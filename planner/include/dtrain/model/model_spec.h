@@ -17,7 +17,7 @@
 namespace dtrain {
 class TomlDocument;
 class TableReader;
-}
+}  // namespace dtrain
 
 namespace dtrain::model {
 

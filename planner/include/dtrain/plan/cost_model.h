@@ -27,14 +27,14 @@
 namespace dtrain::plan {
 
 struct TimeBreakdown {
-  double compute_s = 0;      // forward + backward math on the slowest stage, all micro-batches
-  double recompute_s = 0;    // forward recomputation (selective or full)
-  double tp_comm_s = 0;      // exposed tensor-parallel collectives
-  double bubble_s = 0;       // pipeline fill and drain
-  double pp_comm_s = 0;      // exposed pipeline point-to-point transfers
-  double dp_comm_s = 0;      // exposed data-parallel reduction (and parameter all-gather)
-  double optimizer_s = 0;    // optimizer step, gradient norm, tied-embedding reduction
-  double overhead_s = 0;     // fixed per-step overhead
+  double compute_s = 0;    // forward + backward math on the slowest stage, all micro-batches
+  double recompute_s = 0;  // forward recomputation (selective or full)
+  double tp_comm_s = 0;    // exposed tensor-parallel collectives
+  double bubble_s = 0;     // pipeline fill and drain
+  double pp_comm_s = 0;    // exposed pipeline point-to-point transfers
+  double dp_comm_s = 0;    // exposed data-parallel reduction (and parameter all-gather)
+  double optimizer_s = 0;  // optimizer step, gradient norm, tied-embedding reduction
+  double overhead_s = 0;   // fixed per-step overhead
   double total() const {
     return compute_s + recompute_s + tp_comm_s + bubble_s + pp_comm_s + dp_comm_s + optimizer_s + overhead_s;
   }
@@ -43,19 +43,19 @@ struct TimeBreakdown {
 struct StageMemory {
   int stage = 0;
   int layers = 0;
-  double params = 0;                // parameters held by one GPU of this stage
+  double params = 0;  // parameters held by one GPU of this stage
   double weights_bytes = 0;
   double gradients_bytes = 0;
   double optimizer_bytes = 0;
-  double activations_bytes = 0;     // transformer layers' saved activations, all micro-batches in flight
-  double boundary_bytes = 0;        // embedding and head activations (first and last stage)
-  double transient_bytes = 0;       // largest short-lived buffer: a recomputed layer, the logits
-  double reserved_bytes = 0;        // CUDA context, library workspaces, communication buffers
+  double activations_bytes = 0;  // transformer layers' saved activations, all micro-batches in flight
+  double boundary_bytes = 0;     // embedding and head activations (first and last stage)
+  double transient_bytes = 0;    // largest short-lived buffer: a recomputed layer, the logits
+  double reserved_bytes = 0;     // CUDA context, library workspaces, communication buffers
   double fragmentation_bytes = 0;
-  double inflight_microbatches = 0; // micro-batches whose activations are alive at the peak (chunk units / vpp)
+  double inflight_microbatches = 0;  // micro-batches whose activations are alive at the peak (chunk units / vpp)
   // Korthikanti-comparable parts: transformer layers only.
   double layer_params = 0;
-  double layer_state_bytes = 0;     // (weights + gradients + optimizer) of the transformer layers
+  double layer_state_bytes = 0;  // (weights + gradients + optimizer) of the transformer layers
   double total_bytes() const {
     return weights_bytes + gradients_bytes + optimizer_bytes + activations_bytes + boundary_bytes + transient_bytes +
            reserved_bytes + fragmentation_bytes;
@@ -102,9 +102,9 @@ struct LayerCosts {
 // Shape of a communication group on the cluster.
 struct GroupGeometry {
   int size = 1;
-  int per_node = 1;   // members on one node
-  int nodes = 1;      // nodes spanned
-  bool nvlink = true; // members on one node share the NVLink domain
+  int per_node = 1;    // members on one node
+  int nodes = 1;       // nodes spanned
+  bool nvlink = true;  // members on one node share the NVLink domain
 };
 
 class CostModel {
@@ -145,7 +145,7 @@ class CostModel {
   double op_weight_grad_seconds(const model::Op& op, const ParallelConfig& config) const;
 
   double all_reduce_seconds(double bytes, const GroupGeometry& g) const;
-  double all_gather_seconds(double bytes, const GroupGeometry& g) const;   // bytes: the gathered (full) size
+  double all_gather_seconds(double bytes, const GroupGeometry& g) const;  // bytes: the gathered (full) size
   double reduce_scatter_seconds(double bytes, const GroupGeometry& g) const;
   // One pipeline transfer of an activation (or its gradient) between stage s and s+1.
   double p2p_seconds(const ParallelConfig& config) const;
@@ -178,8 +178,8 @@ class CostModel {
   model::ModelDescription model_;
   topology::ClusterSpec cluster_;
   model::LayerGraph graph_;
-  double layer_params_sharded_ = 0;    // layer parameters split by tp
-  double layer_params_replicated_ = 0; // norms, row-parallel biases
+  double layer_params_sharded_ = 0;     // layer parameters split by tp
+  double layer_params_replicated_ = 0;  // norms, row-parallel biases
 };
 
 }  // namespace dtrain::plan

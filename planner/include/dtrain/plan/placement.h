@@ -26,8 +26,8 @@ struct RankPlacement {
   int dp_rank = 0;
 };
 
-RankPlacement place_rank(const ParallelConfig& config, int gpus_per_node, const std::vector<int>& nic_of_gpu,
-                         int nics, int rank);
+RankPlacement place_rank(const ParallelConfig& config, int gpus_per_node, const std::vector<int>& nic_of_gpu, int nics,
+                         int rank);
 std::vector<RankPlacement> place(const ParallelConfig& config, const topology::ClusterSpec& cluster);
 
 // The global rank with the given coordinates.

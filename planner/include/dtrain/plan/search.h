@@ -25,8 +25,8 @@ struct SearchOptions {
   // Where the global batch came from, for messages: "model.toml:17: [training] global_batch = 4" or "--global-batch 4".
   std::string global_batch_source;
   FixedDims fixed;
-  int alternatives = 10;     // how many runners-up to keep
-  int nearest_misses = 5;    // infeasible layouts to report when nothing fits
+  int alternatives = 10;   // how many runners-up to keep
+  int nearest_misses = 5;  // infeasible layouts to report when nothing fits
 };
 
 struct SearchResult {

@@ -20,18 +20,18 @@
 namespace dtrain {
 class TomlDocument;
 class TableReader;
-}
+}  // namespace dtrain
 
 namespace dtrain::topology {
 
 struct NodeSpec {
   int gpus = 8;
   GpuSpec gpu;
-  int nvlink_domain = 8;      // GPUs joined by NVLink/NVSwitch; 1 = PCIe only
-  double nvlink_gbps = 300;   // per GPU, per direction, GB/s (the PCIe figure when nvlink_domain = 1)
-  int nics = 8;               // inter-node NICs per node
-  double nic_gbps = 25;       // per NIC, per direction, GB/s
-  double pcie_gbps = 25;      // GPU <-> host/PCIe switch, per direction, GB/s
+  int nvlink_domain = 8;        // GPUs joined by NVLink/NVSwitch; 1 = PCIe only
+  double nvlink_gbps = 300;     // per GPU, per direction, GB/s (the PCIe figure when nvlink_domain = 1)
+  int nics = 8;                 // inter-node NICs per node
+  double nic_gbps = 25;         // per NIC, per direction, GB/s
+  double pcie_gbps = 25;        // GPU <-> host/PCIe switch, per direction, GB/s
   std::vector<int> nic_of_gpu;  // the NIC each GPU uses (rail); default: GPU g -> NIC g * nics / gpus
   // Inter-node bandwidth available to one GPU when all GPUs of the node communicate at once.
   double network_gbps_per_gpu() const { return nics * nic_gbps / gpus; }

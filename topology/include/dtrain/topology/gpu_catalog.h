@@ -42,7 +42,7 @@ struct GpuSpec {
   double tflops_fp8 = 0;
   double tflops_fp32 = 0;  // what fp32 GEMMs run at (TF32 tensor cores where the GPU has them)
   double memory_gib = 0;
-  double hbm_gbps = 0;     // GB/s
+  double hbm_gbps = 0;  // GB/s
   Calibration calibration;
 
   // Peak rate for GEMMs in this dtype, FLOP/s; 0 when the GPU has no such mode.

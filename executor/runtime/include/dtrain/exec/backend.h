@@ -76,8 +76,7 @@ class Kernels {
   // dbias[j] += sum_r dy[r, j], rows in order (fp32 accumulation into dbias, as the bias gradient of a linear layer).
   virtual void accumulate_bias_grad(std::int64_t rows, std::int64_t cols, const A* dy, float* dbias) = 0;
 
-  virtual void linear_forward(const kernels::LinearShape& shape, const A* x, const A* weight, const A* bias,
-                              A* y) = 0;
+  virtual void linear_forward(const kernels::LinearShape& shape, const A* x, const A* weight, const A* bias, A* y) = 0;
   virtual void linear_backward_input(const kernels::LinearShape& shape, const A* dy, const A* weight, A* dx) = 0;
   virtual void linear_backward_weight(const kernels::LinearShape& shape, const A* dy, const A* x, float* dweight,
                                       float* dbias) = 0;
@@ -110,8 +109,7 @@ class Kernels {
   virtual void gelu_forward(std::int64_t n, const A* x, A* y) = 0;
   virtual void gelu_backward(std::int64_t n, const A* x, const A* dy, A* dx) = 0;
   virtual void swiglu_forward(std::int64_t tokens, std::int64_t ffn, const A* gate_up, A* y) = 0;
-  virtual void swiglu_backward(std::int64_t tokens, std::int64_t ffn, const A* gate_up, const A* dy,
-                               A* dgate_up) = 0;
+  virtual void swiglu_backward(std::int64_t tokens, std::int64_t ffn, const A* gate_up, const A* dy, A* dgate_up) = 0;
 
   // cos/sin: the fp32 table of kernels::rope_table, in backend memory. RopeShape::row_stride counts A elements.
   virtual void rope_forward(const kernels::RopeShape& shape, const float* cos, const float* sin, A* x) = 0;
@@ -120,8 +118,8 @@ class Kernels {
   // Strides count A elements; lse is fp32. The dropout description (may be nullptr) is a host object.
   virtual void attention_forward(const kernels::AttentionShape& shape, const A* q, const A* k, const A* v, A* o,
                                  float* lse, const kernels::AttentionDropout* dropout) = 0;
-  virtual void attention_backward(const kernels::AttentionShape& shape, const A* q, const A* k, const A* v,
-                                  const A* o, const float* lse, const A* dout, A* dq, A* dk, A* dv,
+  virtual void attention_backward(const kernels::AttentionShape& shape, const A* q, const A* k, const A* v, const A* o,
+                                  const float* lse, const A* dout, A* dq, A* dk, A* dv,
                                   const kernels::AttentionDropout* dropout) = 0;
 
   virtual void cross_entropy_max(std::int64_t tokens, const A* logits, kernels::VocabShard shard, float* max) = 0;
@@ -208,9 +206,7 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(Backend& backend, std::size_t n) : backend_(&backend) { allocate(n); }
-  Buffer(Backend& backend, std::size_t n, float value)
-    requires std::is_same_v<T, float>
-      : Buffer(backend, n) {
+  Buffer(Backend& backend, std::size_t n, float value) requires std::is_same_v<T, float> : Buffer(backend, n) {
     if (n > 0) backend_->fill(static_cast<std::int64_t>(n), value, data_);
   }
   Buffer(const Buffer& other) : backend_(other.backend_) { copy_from(other); }

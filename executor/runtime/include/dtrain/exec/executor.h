@@ -28,12 +28,12 @@
 namespace dtrain::exec {
 
 struct StepMetrics {
-  std::int64_t step = 0;      // 1-based index of the step just taken
-  double loss = 0;            // mean loss over the global batch (every rank knows it after the step)
-  double grad_norm = 0;       // global gradient norm before clipping
-  double lr = 0;              // learning rate used
-  double seconds = 0;         // wall-clock time of the step on this rank
-  double comm_seconds = 0;    // of which inside communication calls (waiting for peers included)
+  std::int64_t step = 0;    // 1-based index of the step just taken
+  double loss = 0;          // mean loss over the global batch (every rank knows it after the step)
+  double grad_norm = 0;     // global gradient norm before clipping
+  double lr = 0;            // learning rate used
+  double seconds = 0;       // wall-clock time of the step on this rank
+  double comm_seconds = 0;  // of which inside communication calls (waiting for peers included)
 };
 
 struct ExecutorOptions {

@@ -43,12 +43,12 @@ struct TensorSpec {
   std::int64_t local_rows = 0, local_cols = 0;
   std::vector<Block> blocks;
   InitKind init = InitKind::kNormal;
-  bool decay = true;              // AdamW weight decay (matrices); norms and biases are not decayed
-  bool tp_replicated = false;     // the same values on every tensor-parallel rank
-  bool tied_copy = false;         // the last stage's copy of tied word embeddings (not saved; not in the norm)
+  bool decay = true;           // AdamW weight decay (matrices); norms and biases are not decayed
+  bool tp_replicated = false;  // the same values on every tensor-parallel rank
+  bool tied_copy = false;      // the last stage's copy of tied word embeddings (not saved; not in the norm)
   std::int32_t chunk = 0;
-  std::int32_t unit = 0;          // -1 embedding, 0..layers-1, layers = head; -2 the tied matrix region
-  std::int64_t offset = 0;        // in the flat buffer
+  std::int32_t unit = 0;    // -1 embedding, 0..layers-1, layers = head; -2 the tied matrix region
+  std::int64_t offset = 0;  // in the flat buffer
   std::int64_t numel() const { return local_rows * local_cols; }
 };
 

@@ -32,13 +32,13 @@ namespace dtrain::exec {
 
 struct TrainOptions {
   std::string model_path;
-  std::string plan = "auto";        // "auto" or a plan.toml
-  std::string cluster_path;         // for plan auto; empty: this machine's CPU ranks (examples/clusters/local-cpu.toml)
-  std::vector<std::string> fixed;   // --fix for plan auto
+  std::string plan = "auto";       // "auto" or a plan.toml
+  std::string cluster_path;        // for plan auto; empty: this machine's CPU ranks (examples/clusters/local-cpu.toml)
+  std::vector<std::string> fixed;  // --fix for plan auto
   // For plan auto with a cluster description: ranks on each node (dtexec: LOCAL_WORLD_SIZE); 0: full nodes of the
   // description, or one node when the world is smaller than a node.
   int ranks_per_node = 0;
-  std::string data = "synthetic";   // "synthetic" or a token file
+  std::string data = "synthetic";  // "synthetic" or a token file
   int epochs = 1;
   // The step to train until (a total, not a count of this run's steps): a resumed run continues from its
   // checkpoint's step up to this one, so a restarted job with the same command ends where the first would have.
@@ -64,8 +64,8 @@ struct TrainOptions {
 
 struct TrainResult {
   ExitCode exit_code = ExitCode::kOk;
-  std::int64_t first_step = 0;          // 0-based step the run started from (after a resume: the checkpoint's)
-  std::vector<StepMetrics> steps;       // every step this run took
+  std::int64_t first_step = 0;     // 0-based step the run started from (after a resume: the checkpoint's)
+  std::vector<StepMetrics> steps;  // every step this run took
   std::string plan_digest;
 };
 

@@ -61,7 +61,7 @@ class Client {
   // Connects (retrying as above). Throws dtrain::Error (comm) when the store cannot be reached or the handshake
   // fails: the message names endpoint and reason ("connection refused", "authentication rejected: wrong
   // DTRAIN_STORE_TOKEN?").
-  Client(Endpoint endpoint, Secret secret, ClientOptions options = {});
+  Client(Endpoint endpoint, const Secret& secret, ClientOptions options = {});
   // Endpoint from DTRAIN_STORE, secret from DTRAIN_STORE_TOKEN.
   static std::unique_ptr<Client> from_environment(ClientOptions options = {});
   ~Client();

@@ -55,7 +55,7 @@ class Server {
   // Binds, listens and starts serving. Throws dtrain::Error (comm) when the address cannot be bound (the message
   // names address and port and, for a port in use, suggests port 0), dtrain::Error (input) for inconsistent
   // options (a frame limit too small to hold a maximal set request, for example).
-  Server(Secret secret, ServerOptions options = {});
+  Server(const Secret& secret, ServerOptions options = {});
   // Stops serving (see stop()).
   ~Server();
   Server(const Server&) = delete;
