@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
   # toolchain
   build-essential cmake ninja-build pkg-config git ccache clang libclang-rt-dev
+  # formatting and static analysis checks of the test suite (scripts/check-format.sh, scripts/clang-tidy.sh)
+  clang-format clang-tidy
   # libraries
   libtomlplusplus-dev libhwloc-dev hwloc libboost-dev libgloo-dev libopenblas-dev
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libssl-dev
