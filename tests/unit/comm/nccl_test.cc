@@ -529,7 +529,7 @@ TEST(NcclDevice, Fp8IsAnInvalidArgumentNamingTheBackend) {
       ADD_FAILURE() << "expected an invalid argument";
     } catch (const Error& e) {
       EXPECT_EQ(e.category(), ErrorCategory::kInternal);
-      EXPECT_TRUE(contains(e.what(), "the nccl backend does not support fp8 buffers (it supports bf16, fp16, fp32)"))
+      EXPECT_TRUE(contains(e.what(), "the nccl backend does not support fp8 buffers (it supports fp32, bf16, fp16)"))
           << e.what();
     }
   });
