@@ -11,10 +11,10 @@
 //            cp.async; Q fragments kept in registers; online softmax in exp2 with the scale folded in.
 //   dQ:      CTA = 128 query rows x one head, K/V tiles of 64 keys double-buffered; S = Q K^T and dP = dO V^T per tile,
 //            dS = P o (dP - D), dQ += dS K.
-//   dK/dV:   CTA = 128 keys (warp w: keys 16w..16w+15) x one kv head; Q/dO tiles of 64 query rows (with their lse and
-//            D) double-buffered, over the kv head's query heads in order and, for each, the query tiles from the
-//            diagonal down. The transposed products are computed directly: S^T = K Q^T and dP^T = V dO^T, whose rows
-//            are keys, so that P^T and dS^T are A operands of dV += P^T dO and dK += dS^T Q.
+//   dK/dV:   CTA = 128 keys (warp w: keys 16w..16w+15) x one kv head; Q/dO tiles of 32 (head_dim 128) or 64 query
+//            rows (with their lse and D) double-buffered, over the kv head's query heads in order and, for each, the
+//            query tiles from the diagonal down. The transposed products are computed directly: S^T = K Q^T and dP^T =
+//            V dO^T, whose rows are keys, so that P^T and dS^T are A operands of dV += P^T dO and dK += dS^T Q.
 // Tiles live in shared memory as bf16 rows padded by 8 elements (16 bytes): the eight 16-byte rows that one ldmatrix
 // phase reads then start in eight different bank quads (pitch 272 or 144 bytes = 4 banks mod 32), and so do the
 // cp.async writes. Rows past the end of the sequence are zero-filled by the copies and masked like keys above the
@@ -38,6 +38,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "cuda/attention_mma.h"
@@ -56,7 +57,8 @@ constexpr int kQueryRows = 128;  // forward and dQ: query rows per CTA, 16 per w
 constexpr int kKeyTile = 64;     // forward and dQ: keys per K/V tile
 constexpr int kKeyRows = 128;    // dK/dV: keys per CTA, 16 per warp
 // dK/dV: query rows per Q/dO tile. 32 for head_dim 128: the dK and dV accumulators take 128 registers per thread
-// there, and the S^T and dP^T tiles of 64 queries would take 64 more (ptxas then spills at 255).
+// there, and S^T and dP^T of 64 queries would take 64 more (ptxas 13.0 then needs 250 of the 255 registers, against
+// 237 with 32 rows, and spilled with earlier versions of the loop): 32 keeps a margin.
 template <int kD>
 constexpr int kDkvQueryTile = kD == 128 ? 32 : 64;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -648,8 +650,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   const int warp = static_cast<int>(threadIdx.x >> 5);
   const int tg = lane & 3;
   const std::int64_t wk0 = j0 + 16 * warp;  // this warp's first key
-  // Query tiles from the diagonal down, per query head, and iterations over all of the kv head's query heads (the
-  // host checks that they fit an int: 32-bit division is cheaper than 64-bit, and registers are short here).
+  // Query tiles from the diagonal down, per query head, and iterations over all of the kv head's query heads
+  // (attention_mma_supports checks that they fit an int: 32-bit division is cheaper than 64-bit, and registers are
+  // short here).
   const int qblocks = static_cast<int>((g.seq - j0 + kQueryTile - 1) / kQueryTile);
   const int iterations = static_cast<int>(g.group) * qblocks;
 
@@ -831,8 +834,13 @@ void backward_impl(Context& ctx, const AttentionShape& s, const MmaGeometry& g, 
 }  // namespace
 
 bool attention_mma_supports(const AttentionShape& shape, const AttentionDropout* dropout) {
-  return (shape.head_dim == 64 || shape.head_dim == 128) && (dropout == nullptr || dropout->p == 0.0f) &&
-         shape.q_stride % 8 == 0 && shape.kv_stride % 8 == 0 && shape.seq <= kMaxGridZ * kKeyTile;
+  if (shape.head_dim != 64 && shape.head_dim != 128) return false;
+  if (dropout != nullptr && dropout->p != 0.0f) return false;
+  if (shape.q_stride % 8 != 0 || shape.kv_stride % 8 != 0 || shape.n_kv_heads <= 0) return false;
+  // The grid's z dimension counts blocks of 128 rows; the dK/dV kernel counts its iterations (query heads of a kv
+  // head times query tiles of at least 32 rows) in an int.
+  const std::int64_t group = shape.n_heads / shape.n_kv_heads;
+  return shape.seq <= kMaxGridZ * kKeyTile && group * ((shape.seq + 31) / 32) <= std::numeric_limits<int>::max();
 }
 
 bool attention_mma_aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
