@@ -1,5 +1,7 @@
 // gpu_kernels_bench: throughput of dtrain's CUDA kernels on one GPU: cuBLASLt GEMMs (TFLOP/s of the three linear
-// GEMMs), fused causal attention forward and backward (ms and TFLOP/s), AdamW (GB/s of memory traffic).
+// GEMMs), fused causal attention forward and backward of both implementations, the fp32 kernels and the tensor-core
+// ones (ms and TFLOP/s; default shape Llama's: batch 4, seq 4096, 32 heads, 8 kv heads, head_dim 128), AdamW (GB/s of
+// memory traffic).
 //
 // Timing: wall clock around `--inner` back-to-back calls on the context's stream, synchronised before and after,
 // divided by --inner; the minimum over --reps repetitions is reported (the least disturbed run). Inputs are random
@@ -43,7 +45,7 @@ using dtrain::bf16;
 
 struct Config {
   std::vector<std::string> gemms = {"4096x4096x4096", "8192x8192x8192", "8192x4096x11008", "8192x11008x4096"};
-  std::int64_t attn_batch = 4, attn_seq = 2048, attn_heads = 32, attn_kv_heads = 8, attn_head_dim = 128;
+  std::int64_t attn_batch = 4, attn_seq = 4096, attn_heads = 32, attn_kv_heads = 8, attn_head_dim = 128;
   std::int64_t adamw_params = 100'000'000;  // 1.6 GB of fp32 state
   int reps = 10;
   int inner = 3;
@@ -152,17 +154,24 @@ void bench_attention(Context& ctx, const Config& c) {
   const bf16* q = qkv.data();
   const bf16* k = q + h * d;
   const bf16* v = k + kv * d;
-  const double f =
-      time_ms(ctx, c, [&] { cuda::attention_forward(ctx, shape, q, k, v, o.data(), lse.data(), nullptr); });
-  const double bw = time_ms(ctx, c, [&] {
-    cuda::attention_backward(ctx, shape, q, k, v, o.data(), lse.data(), dout.data(), dqkv.data(), dqkv.data() + h * d,
-                             dqkv.data() + h * d + kv * d, nullptr);
-  });
   const double fwd_flops =
       2.0 * static_cast<double>(b * h) * static_cast<double>(s) * static_cast<double>(s) * static_cast<double>(d);
-  std::printf("%-20s %12s %12s\n", "pass", "ms", "TFLOP/s");
-  std::printf("%-20s %12.3f %12.1f\n", "forward", f, fwd_flops / f * 1e-9);
-  std::printf("%-20s %12.3f %12.1f\n", "backward", bw, 2.5 * fwd_flops / bw * 1e-9);
+  std::printf("%-20s %12s %12s %12s %12s\n", "kernel", "fwd ms", "fwd TFLOP/s", "bwd ms", "bwd TFLOP/s");
+  // Both implementations (cuda/attention.h): the fp32 kernels, and the tensor-core ones where they apply.
+  for (const cuda::AttentionKernel kernel : {cuda::AttentionKernel::kSimt, cuda::AttentionKernel::kMma}) {
+    const char* name = kernel == cuda::AttentionKernel::kSimt ? "simt (fp32 FMA)" : "mma (tensor cores)";
+    if (kernel == cuda::AttentionKernel::kMma && d != 64 && d != 128) {
+      std::printf("%-20s %12s\n", name, "head_dim 64 or 128 only");
+      continue;
+    }
+    const double f =
+        time_ms(ctx, c, [&] { cuda::attention_forward(ctx, shape, q, k, v, o.data(), lse.data(), nullptr, kernel); });
+    const double bw = time_ms(ctx, c, [&] {
+      cuda::attention_backward(ctx, shape, q, k, v, o.data(), lse.data(), dout.data(), dqkv.data(), dqkv.data() + h * d,
+                               dqkv.data() + h * d + kv * d, nullptr, kernel);
+    });
+    std::printf("%-20s %12.3f %12.1f %12.3f %12.1f\n", name, f, fwd_flops / f * 1e-9, bw, 2.5 * fwd_flops / bw * 1e-9);
+  }
 }
 
 void bench_adamw(Context& ctx, const Config& c) {

@@ -1,4 +1,5 @@
-// Fused causal attention (FlashAttention-2's algorithm, Dao 2023) forward and backward, fp32 tiles in shared memory.
+// Fused causal attention (FlashAttention-2's algorithm, Dao 2023) forward and backward, fp32 tiles in shared memory,
+// and the entry points, which hand the shapes the tensor-core kernels take to attention_mma.cu (attention.h).
 //
 // Every kernel works on 64 x 64 tiles with 256 threads arranged 16 x 16: thread (ty, tx) owns rows ty + 16 i (i < 4)
 // and columns tx + 16 j of each tile product, so a 64 x 64 score tile is a 4 x 4 register tile per thread and a
@@ -10,8 +11,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 
+#include "cuda/attention_mma.h"
 #include "cuda/check.h"
 #include "cuda/device.cuh"
 #include "dtrain/common/error.h"
@@ -495,16 +500,52 @@ void backward_impl(Context& ctx, const AttentionShape& s, const Geometry& g, con
   // `delta` returns to the pool here; stream ordering keeps it intact until the kernels have run (memory.h).
 }
 
+// kAuto's choice, from DTRAIN_ATTENTION_KERNEL at the first call that needs it (a bad value throws at every call).
+AttentionKernel environment_kernel() {
+  static const AttentionKernel kernel = attention_kernel_from_environment();
+  return kernel;
+}
+
+// Whether the tensor-core kernels compute this call (after make_geometry's checks).
+bool use_mma(AttentionKernel kernel, const AttentionShape& s, const AttentionDropout* dropout,
+             std::initializer_list<const void*> tensors) {
+  if (kernel == AttentionKernel::kAuto) kernel = environment_kernel();
+  if (kernel == AttentionKernel::kSimt) return false;
+  bool applies = detail::attention_mma_supports(s, dropout);
+  for (const void* t : tensors) applies = applies && detail::attention_mma_aligned(t);
+  if (kernel == AttentionKernel::kMma && !applies) {
+    throw input_error(
+        "attention: the tensor-core kernels (AttentionKernel::kMma) need head_dim 64 or 128, no dropout, "
+        "q and kv strides that are multiples of 8 and 16-byte aligned tensors; got head_dim = " +
+        std::to_string(s.head_dim) + ", dropout p = " + std::to_string(dropout != nullptr ? dropout->p : 0.0f) +
+        ", q_stride = " + std::to_string(s.q_stride) + ", kv_stride = " + std::to_string(s.kv_stride) +
+        " (AttentionKernel::kAuto falls back to the fp32 kernels)");
+  }
+  return applies;
+}
+
 }  // namespace
+
+AttentionKernel attention_kernel_from_environment() {
+  const char* value = std::getenv("DTRAIN_ATTENTION_KERNEL");
+  if (value == nullptr || *value == '\0') return AttentionKernel::kAuto;
+  const std::string_view v(value);
+  if (v == "mma") return AttentionKernel::kAuto;
+  if (v == "simt") return AttentionKernel::kSimt;
+  throw input_error(std::string("DTRAIN_ATTENTION_KERNEL=") + value +
+                    ": expected mma (tensor cores where they apply, the default) or simt (the fp32 kernels)");
+}
 
 bool attention_supports_head_dim(std::int64_t head_dim) {
   return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
 }
 
 void attention_forward(Context& ctx, const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v, bf16* o,
-                       float* lse, const AttentionDropout* dropout) {
+                       float* lse, const AttentionDropout* dropout, AttentionKernel kernel) {
   const Geometry g = make_geometry(shape, dropout);
+  const bool mma = use_mma(kernel, shape, dropout, {q, k, v, o});
   if (shape.batch == 0 || shape.seq == 0 || shape.n_heads == 0) return;
+  if (mma) return detail::attention_mma_forward(ctx, shape, q, k, v, o, lse);
   switch (shape.head_dim) {
     case 16:
       return forward_impl<16>(ctx, shape, g, q, k, v, o, lse);
@@ -519,9 +560,11 @@ void attention_forward(Context& ctx, const AttentionShape& shape, const bf16* q,
 
 void attention_backward(Context& ctx, const AttentionShape& shape, const bf16* q, const bf16* k, const bf16* v,
                         const bf16* o, const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv,
-                        const AttentionDropout* dropout) {
+                        const AttentionDropout* dropout, AttentionKernel kernel) {
   const Geometry g = make_geometry(shape, dropout);
+  const bool mma = use_mma(kernel, shape, dropout, {q, k, v, o, dout, dq, dk, dv});
   if (shape.batch == 0 || shape.seq == 0 || shape.n_heads == 0) return;
+  if (mma) return detail::attention_mma_backward(ctx, shape, q, k, v, o, lse, dout, dq, dk, dv);
   switch (shape.head_dim) {
     case 16:
       return backward_impl<16>(ctx, shape, g, q, k, v, o, lse, dout, dq, dk, dv);

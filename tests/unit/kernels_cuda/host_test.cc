@@ -6,6 +6,7 @@
 #include <string>
 
 #include "dtrain/common/error.h"
+#include "dtrain/kernels/cuda/attention.h"
 #include "dtrain/kernels/cuda/context.h"
 #include "dtrain/kernels/cuda/memory.h"
 
@@ -66,6 +67,35 @@ TEST(ContextOptions, EnvironmentSwitches) {
   } catch (const Error& e) {
     EXPECT_EQ(e.category(), ErrorCategory::kInput);
     EXPECT_NE(std::string(e.what()).find("DTRAIN_CUDA_SYNC=yes: expected 0 or 1"), std::string::npos) << e.what();
+  }
+}
+
+// DTRAIN_ATTENTION_KERNEL: unset, empty or mma leaves kAuto (tensor cores where they apply), simt turns them off, and
+// anything else is an input error naming the variable and its values.
+TEST(AttentionKernelEnvironment, ValuesAndRefusal) {
+  ::unsetenv("DTRAIN_ATTENTION_KERNEL");
+  EXPECT_EQ(attention_kernel_from_environment(), AttentionKernel::kAuto);
+  {
+    ScopedEnv empty("DTRAIN_ATTENTION_KERNEL", "");
+    EXPECT_EQ(attention_kernel_from_environment(), AttentionKernel::kAuto);
+  }
+  {
+    ScopedEnv mma("DTRAIN_ATTENTION_KERNEL", "mma");
+    EXPECT_EQ(attention_kernel_from_environment(), AttentionKernel::kAuto);
+  }
+  {
+    ScopedEnv simt("DTRAIN_ATTENTION_KERNEL", "simt");
+    EXPECT_EQ(attention_kernel_from_environment(), AttentionKernel::kSimt);
+  }
+  ScopedEnv bad("DTRAIN_ATTENTION_KERNEL", "wgmma");
+  try {
+    (void)attention_kernel_from_environment();
+    FAIL() << "DTRAIN_ATTENTION_KERNEL=wgmma was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), ErrorCategory::kInput);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("DTRAIN_ATTENTION_KERNEL=wgmma: expected mma"), std::string::npos) << what;
+    EXPECT_NE(what.find("simt"), std::string::npos) << what;
   }
 }
 
