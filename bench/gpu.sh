@@ -1,117 +1,221 @@
 #!/usr/bin/env bash
-# Every GPU check dtrain has so far, in one run on a machine with an NVIDIA GPU, ending in one table:
-#   1. build with CUDA (BUILD_DIR, default build-gpu);
-#   2. the GPU tests (ctest -L gpu): every CUDA kernel against the CPU kernels, the device pool, NCCL through every
-#      operation (more than one GPU for the multi-rank tests);
-#   3. compute-sanitizer memcheck over the CUDA kernel tests and the NCCL tests, with the caching pool off
-#      (DTRAIN_CUDA_POOL=0) so that out-of-bounds accesses hit the allocation's end; skipped, saying so, when
-#      compute-sanitizer is not installed;
-#   4. gpu_kernels_bench (GEMM TFLOP/s, attention, AdamW) and nccl_bench (all-reduce bus bandwidth);
-#   5. for bench/models/llama-8x4096.toml and llama-1b.toml, side by side on this GPU: dtplan's predicted single-GPU
-#      step, dtrain's measured step (dtexec --device cuda --dtype bf16, the same plan, synthetic data, 12 steps;
-#      bench/dtrain_step_report.py) with the prediction's error, and PyTorch eager and torch.compile
-#      (bench/torch_gpu_train.py, when python3 has torch with CUDA) at the plan's micro-batch; MFU by one FLOP count.
+# Every GPU check dtrain has, in one run on a machine with an NVIDIA GPU, ending in one summary table:
+#   tests     the GPU tests (kernels_cuda_test, comm_nccl_test, exec_cuda_test): every CUDA kernel against the CPU
+#             kernels, the device pool, NCCL through every operation, the tiny model on the GPU against the CPU bf16
+#             run, resume bitwise; in parallel with
+#   memcheck  compute-sanitizer memcheck (with leak check) over the same three, the caching pool off
+#             (DTRAIN_CUDA_POOL=0) so that out-of-bounds accesses hit the allocation's end. API errors are not
+#             reported (--report-api-errors no): NCCL probes its kernels at start and handles the "no kernel image"
+#             answers itself, and every CUDA call of dtrain's own is checked by the code;
+#             and compute-sanitizer racecheck over the tensor-core attention's tests (shared-memory hazards of the tiles);
+#   topo      dtplan topo (text, --matrix, --json) and nvidia-smi topo -m;
+# then, timed, one program at a time on the GPU:
+#   kernels   gpu_kernels_bench (GEMM TFLOP/s, attention forward/backward of both kernels, AdamW GB/s);
+#   nccl      nccl_bench --dtype bf16;
+#   dtrain    for each model (bench/models/llama-8x4096.toml and llama-1b.toml): dtplan's predicted single-GPU step,
+#             then dtexec --device cuda --dtype bf16 with the same plan, synthetic data (bench/dtrain_step_report.py:
+#             median step after 3 warm-up steps, MFU, first and last loss) and the prediction's error;
+#   torch     PyTorch eager and torch.compile on the same models at the plan's micro-batch (bench/torch_gpu_train.py).
 #
-#   bench/gpu.sh [BUILD_DIR]
+#   bench/gpu.sh [--prebuilt PACK] [--phases LIST] [--deadline SECONDS] [BUILD_DIR]
 #
-# Logs of every part are kept in BUILD_DIR/gpu-check/. Without a usable GPU it builds, says why nothing can be
-# measured (the tests would only skip) and exits 0. Exit 1 when a test or the memcheck fails.
-set -euo pipefail
+# BUILD_DIR (default build-gpu) is configured and built with CUDA here. With --prebuilt, nothing is built: PACK is
+# bench/gpu-pack.sh's archive, made on a machine that can build dtrain, from the same revision; NCCL and cuBLASLt are
+# taken from this machine (the CUDA toolkit, or PyTorch's nvidia wheels). --phases takes a comma list of the names
+# above (default: all). --deadline stops starting timed parts once that many seconds have passed, so that the summary
+# is always printed (default: none). Environment: DTRAIN_GPU_STEPS (dtexec steps, default 12), DTRAIN_GPU_MODELS
+# (default "llama-8x4096 llama-1b").
+#
+# Logs of every part are kept in BUILD_DIR/gpu-check/. Without a usable GPU it says why nothing can be measured (the
+# tests would only skip) and exits 0. Exit 1 when a test, the memcheck or a dtrain run fails.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-build=${1:-build-gpu}
-logs=$build/gpu-check
-jobs=$(nproc)
+root=$(pwd)
 
-echo "== configure and build with CUDA ($build)"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_ENABLE_CUDA=ON >/dev/null
-cmake --build "$build" -j "$jobs"
+prebuilt="" phases="tests,memcheck,topo,kernels,nccl,dtrain,torch" deadline=0 build=build-gpu
+while (($#)); do
+  case $1 in
+    --prebuilt) prebuilt=$2; shift 2 ;;
+    --phases) phases=$2; shift 2 ;;
+    --deadline) deadline=$2; shift 2 ;;
+    -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "bench/gpu.sh: unknown option $1" >&2; exit 2 ;;
+    *) build=$1; shift ;;
+  esac
+done
+want() { [[ ",$phases," == *",$1,"* ]]; }
+t0=$SECONDS
+time_left() { ((deadline == 0)) && echo 999999 || echo $((deadline - (SECONDS - t0))); }
+# A timeout of at most $1 seconds that ends by the deadline.
+within() { local l; l=$(time_left); ((l < $1)) && echo $((l > 1 ? l : 1)) || echo "$1"; }
+
+if [[ -n $prebuilt ]]; then
+  build=/tmp/dtrain-gpu-pack
+  rm -rf "$build" && mkdir -p "$build"
+  tar -xJf "$prebuilt" -C "$build" --strip-components=1 || { echo "bench/gpu.sh: cannot unpack $prebuilt" >&2; exit 2; }
+  # The tests read their inputs under the source directory compiled into them: make it this checkout.
+  src=$(cat "$build/source-dir")
+  if [[ $src != "$root" && ! -e $src ]]; then mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"; fi
+  [[ $(cat "$build/revision") == "$(git rev-parse HEAD 2>/dev/null || echo unknown)" ]] ||
+    echo "bench/gpu.sh: note: the pack was built from $(cat "$build/revision"), this checkout is another revision"
+  find_lib() { find /usr/local/cuda/lib64/ /usr/local/cuda/lib/ /opt /usr/lib -name "$1" 2>/dev/null | head -1; }
+  nccl=$(find_lib libnccl.so.2) cublas=$(find_lib libcublasLt.so.13)
+  [[ -n $nccl && -n $cublas ]] || { echo "bench/gpu.sh: no libnccl.so.2 or libcublasLt.so.13 on this machine" >&2; exit 2; }
+  export LD_LIBRARY_PATH=$build/lib:$(dirname "$nccl"):$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  missing=$(ldd "$build"/bin/* "$build"/tests/* | grep 'not found' | sort -u)
+  [[ -z $missing ]] || { echo "bench/gpu.sh: libraries missing: $missing" >&2; exit 2; }
+  echo "== prebuilt $(cat "$build/revision"): NCCL $nccl, cuBLASLt $cublas"
+else
+  echo "== configure and build with CUDA ($build)"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_ENABLE_CUDA=ON >/dev/null || exit 1
+  cmake --build "$build" -j "$(nproc)" || exit 1
+fi
+logs=$build/gpu-check
 mkdir -p "$logs"
 
 if command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | sed 's/^/GPU /'
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader |
+    sed 's/^/GPU /'
 fi
-if ! "$build/bin/gpu_kernels_bench" --require-gpu --reps 1 --inner 1 --gemm 64x64x64 >"$logs/probe.err" 2>&1; then
-  echo "bench/gpu.sh: no usable GPU here: $(cat "$logs/probe.err")"
+if ! "$build/bin/gpu_kernels_bench" --require-gpu --reps 1 --inner 1 --gemm 64x64x64 --attn-seq 64 \
+  --adamw-params 1000 >"$logs/probe.err" 2>&1; then
+  echo "bench/gpu.sh: no usable GPU here: $(tail -1 "$logs/probe.err")"
   echo "Nothing measured; run this script on a machine with an NVIDIA GPU."
   exit 0
 fi
 
 status=0
 declare -A result
+keys=()
+put() { [[ -v "result[$1]" ]] || keys+=("$1"); result[$1]=$2; }
 
-echo "== GPU tests (ctest -L gpu)"
-if ctest --test-dir "$build" -L gpu --output-on-failure -j 1 >"$logs/ctest.log" 2>&1; then
-  result[tests]="pass"
-else
-  result[tests]="FAIL"
-  status=1
+# ---- correctness, in parallel: the tests, their memcheck, the topology; given at most a third of the deadline
+par=$(within 900)
+((deadline > 0)) && par=$((deadline / 3))
+gpu_tests=(kernels_cuda_test comm_nccl_test exec_cuda_test)
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+pids=()
+if want tests; then
+  for t in "${gpu_tests[@]}"; do
+    (timeout "$par" "$build/tests/$t" >"$logs/test-$t.log" 2>&1; echo $? >"$logs/test-$t.rc") &
+    pids+=($!)
+  done
 fi
-result[tests]+=" ($(grep -Eo '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$logs/ctest.log" || echo '?'))"
-skipped=$(grep -c '(Skipped)' "$logs/ctest.log" || true)
-[[ $skipped -gt 0 ]] && result[tests]+=", $skipped skipped"
-
-sanitizer=$(command -v compute-sanitizer || true)
-[[ -z $sanitizer && -x /usr/local/cuda/bin/compute-sanitizer ]] && sanitizer=/usr/local/cuda/bin/compute-sanitizer
-for t in kernels_cuda_test comm_nccl_test exec_cuda_test; do
-  if [[ -z $sanitizer ]]; then
-    result[memcheck $t]="not run: compute-sanitizer is not installed"
-    continue
+if want memcheck && [[ -x $sanitizer ]]; then
+  for t in "${gpu_tests[@]}"; do
+    (DTRAIN_CUDA_POOL=0 timeout "$par" "$sanitizer" --tool memcheck --leak-check full --report-api-errors no \
+      --error-exitcode 99 "$build/tests/$t" >"$logs/memcheck-$t.log" 2>&1; echo $? >"$logs/memcheck-$t.rc") &
+    pids+=($!)
+  done
+  (timeout "$par" "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 99 \
+    "$build/tests/kernels_cuda_test" --gtest_filter='Mma/*:*Mma*' >"$logs/racecheck-attention.log" 2>&1
+    echo $? >"$logs/racecheck-attention.rc") &
+  pids+=($!)
+fi
+if want topo; then
+  ("$build/bin/dtplan" topo >"$logs/topo.txt" 2>&1
+    "$build/bin/dtplan" topo --matrix >"$logs/topo-matrix.txt" 2>&1
+    "$build/bin/dtplan" topo --json >"$logs/topo.json" 2>&1
+    nvidia-smi topo -m >"$logs/nvidia-smi-topo.txt" 2>&1) &
+  pids+=($!)
+fi
+for p in "${pids[@]}"; do wait "$p"; done
+attention_ok=1
+if want tests; then
+  for t in "${gpu_tests[@]}"; do
+    log=$logs/test-$t.log rc=$(cat "$logs/test-$t.rc")
+    line="rc $rc: $(grep -c '^\[       OK \]' "$log") passed, $(grep -c '^\[  SKIPPED \]' "$log") skipped"
+    failed=$(sed -n 's/^\[  FAILED  \] \([^ ]*\) (.*/\1/p' "$log" | sort -u)
+    [[ -n $failed ]] && line+=", FAILED: $(echo $failed)"
+    [[ $rc == 0 ]] || status=1
+    [[ $failed == *Attention* ]] && attention_ok=0
+    put "test $t" "$line"
+  done
+fi
+if want memcheck; then
+  for t in "${gpu_tests[@]}"; do
+    if [[ ! -x $sanitizer ]]; then put "memcheck $t" "not run: compute-sanitizer is not installed"; continue; fi
+    rc=$(cat "$logs/memcheck-$t.rc")
+    summary=$(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$logs/memcheck-$t.log" | sed 's/^========= //' | tr '\n' ' ')
+    if [[ $rc == 0 ]]; then put "memcheck $t" "clean: $summary"; else put "memcheck $t" "FAIL rc $rc: $summary"; status=1; fi
+  done
+  if [[ -x $sanitizer ]]; then
+    rc=$(cat "$logs/racecheck-attention.rc")
+    summary=$(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$logs/racecheck-attention.log" | sed 's/^========= //' | tr '\n' ' ')
+    tests=$(grep -c '^\[       OK \]' "$logs/racecheck-attention.log")
+    if [[ $rc == 0 ]]; then put "racecheck attention" "clean over $tests tests: $summary"
+    else put "racecheck attention" "FAIL rc $rc: $summary"; status=1; fi
   fi
-  echo "== compute-sanitizer memcheck: $t"
-  if DTRAIN_CUDA_POOL=0 "$sanitizer" --tool memcheck --error-exitcode 99 --leak-check full "$build/tests/$t" \
-    >"$logs/memcheck-$t.log" 2>&1; then
-    result[memcheck $t]="clean"
-  else
-    result[memcheck $t]="FAIL (see $logs/memcheck-$t.log)"
-    status=1
+fi
+if want topo; then cat "$logs/topo.txt" "$logs/topo-matrix.txt"; fi
+
+# ---- timed, one program on the GPU at a time
+if want kernels && (($(time_left) > 60)); then
+  echo "== gpu_kernels_bench"
+  timeout "$(within 300)" "$build/bin/gpu_kernels_bench" | tee "$logs/gpu_kernels_bench.txt"
+  put "kernel throughput" "$logs/gpu_kernels_bench.txt"
+fi
+if want nccl && (($(time_left) > 60)); then
+  echo "== nccl_bench (bf16)"
+  timeout "$(within 120)" "$build/bin/nccl_bench" --dtype bf16 | tee "$logs/nccl_bench.txt"
+  put "NCCL bus bandwidth" "$logs/nccl_bench.txt"
+fi
+gpu_type=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | sed 's/^NVIDIA //; s/ /-/g')
+cluster=$logs/one-gpu.toml
+sed "s/^gpu = .*/gpu = \"${gpu_type:-H100-SXM}\"/" examples/clusters/dgx-h100.toml >"$cluster"
+attention_env=()
+if ((attention_ok == 0)); then
+  attention_env=(DTRAIN_ATTENTION_KERNEL=simt)
+  put "attention" "the tensor-core attention failed its tests: dtrain timed with DTRAIN_ATTENTION_KERNEL=simt"
+fi
+for model in ${DTRAIN_GPU_MODELS:-llama-8x4096 llama-1b}; do
+  plan=$("$build/bin/dtplan" plan --model "bench/models/$model.toml" --cluster "$cluster" --gpus 1 2>&1)
+  echo "$plan" >"$logs/plan-$model.txt"
+  micro=$(echo "$plan" | sed -n 's/.* mb=\([0-9]*\) .*/\1/p' | head -1)
+  predicted_ms=$(echo "$plan" | sed -n 's/^ *predicted \([0-9.]*\) ms per step.*/\1/p' | head -1)
+  put "plan $model" "$(echo "$plan" | head -1); predicted ${predicted_ms:-?} ms"
+  if want dtrain; then
+    if (($(time_left) < 60)); then
+      put "dtrain $model" "not run: deadline"
+    else
+      echo "== $model: dtrain on this GPU (dtexec --device cuda --dtype bf16)"
+      metrics=$logs/dtrain-$model.jsonl
+      rm -f "$metrics"
+      if env "${attention_env[@]}" timeout "$(within 300)" "$build/bin/dtexec" train --model "bench/models/$model.toml" --plan auto \
+        --cluster "$cluster" --device cuda --dtype bf16 --data synthetic --steps "${DTRAIN_GPU_STEPS:-12}" \
+        --metrics "$metrics" >"$logs/dtrain-$model.log" 2>&1; then
+        line=$(python3 bench/dtrain_step_report.py "bench/models/$model.toml" "$metrics" | tee -a "$logs/dtrain-$model.log")
+        echo "$line"
+        measured_ms=$(echo "$line" | awk '{print $3}')
+        error=$(awk -v p="${predicted_ms:-0}" -v m="$measured_ms" \
+          'BEGIN { if (p > 0) printf "%+.1f%%", 100 * (p - m) / m; else print "?" }')
+        put "dtrain $model" "$(echo "$line" | awk '{printf "%s ms (MFU %s), loss %s -> %s", $3, $10, $12, $14}'); prediction error $error"
+      else
+        put "dtrain $model" "FAIL (see $logs/dtrain-$model.log)"
+        tail -5 "$logs/dtrain-$model.log"
+        status=1
+      fi
+    fi
   fi
 done
-
-echo "== gpu_kernels_bench"
-"$build/bin/gpu_kernels_bench" | tee "$logs/gpu_kernels_bench.txt"
-echo "== nccl_bench (bf16)"
-"$build/bin/nccl_bench" --dtype bf16 | tee "$logs/nccl_bench.txt"
-
-gpu_type=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | sed 's/^NVIDIA //; s/ /-/g')
-for model in llama-8x4096 llama-1b; do
-  echo "== $model: dtplan's prediction on one ${gpu_type:-H100-SXM}, and PyTorch"
-  cluster=$logs/one-gpu.toml
-  sed "s/^gpu = .*/gpu = \"${gpu_type:-H100-SXM}\"/" examples/clusters/dgx-h100.toml >"$cluster"
-  plan=$("$build/bin/dtplan" plan --model "bench/models/$model.toml" --cluster "$cluster" --gpus 1 2>&1) || true
-  echo "$plan" | tee "$logs/plan-$model.txt"
-  micro=$(echo "$plan" | sed -n 's/.* mb=\([0-9]*\) .*/\1/p' | head -1)
-  result[plan $model]=$(echo "$plan" | sed -n 's/^ *predicted \([0-9.]* ms\) per step.*(\(.*MFU\)).*/\1, \2/p')
-  predicted_ms=$(echo "$plan" | sed -n 's/^ *predicted \([0-9.]*\) ms per step.*/\1/p' | head -1)
-  echo "== $model: dtrain on this GPU (dtexec --device cuda --dtype bf16)"
-  metrics=$logs/dtrain-$model.jsonl
-  rm -f "$metrics"
-  if "$build/bin/dtexec" train --model "bench/models/$model.toml" --plan auto --cluster "$cluster" --device cuda \
-    --dtype bf16 --data synthetic --steps 12 --metrics "$metrics" >"$logs/dtrain-$model.log" 2>&1; then
-    line=$(python3 bench/dtrain_step_report.py "bench/models/$model.toml" "$metrics" | tee -a "$logs/dtrain-$model.log")
-    echo "$line"
-    measured_ms=$(echo "$line" | awk '{print $3}')
-    error=$(awk -v p="${predicted_ms:-0}" -v m="$measured_ms" 'BEGIN { if (p > 0) printf "%+.1f%%", 100 * (p - m) / m; else print "?" }')
-    result[dtrain $model]=$(echo "$line" | awk '{printf "%s ms (MFU %s), loss %s -> %s", $3, $10, $12, $14}')
-    result[dtrain $model]+="; prediction error $error"
-  else
-    result[dtrain $model]="FAIL (see $logs/dtrain-$model.log)"
-    tail -5 "$logs/dtrain-$model.log"
-    status=1
-  fi
-  if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    python3 bench/torch_gpu_train.py "bench/models/$model.toml" --micro-batch "${micro:-1}" |
-      tee "$logs/torch-$model.txt"
-    result[torch $model]=$(grep -E '^(eager|compile)' "$logs/torch-$model.txt" | awk '{printf "%s %s ms (MFU %s); ", $1, $3, $10}')
-  else
-    result[torch $model]="not run: python3 has no torch with CUDA"
+for model in ${DTRAIN_GPU_MODELS:-llama-8x4096 llama-1b}; do
+  micro=$(sed -n 's/.* mb=\([0-9]*\) .*/\1/p' "$logs/plan-$model.txt" | head -1)
+  if want torch; then
+    if ! python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+      put "torch $model" "not run: python3 has no torch with CUDA"
+    elif (($(time_left) < 120)); then
+      put "torch $model" "not run: deadline"
+    else
+      echo "== $model: PyTorch eager and torch.compile, micro-batch ${micro:-1}"
+      PYTHONUNBUFFERED=1 timeout "$(within 600)" python3 bench/torch_gpu_train.py "bench/models/$model.toml" \
+        --micro-batch "${micro:-1}" 2>&1 | tee "$logs/torch-$model.txt"
+      put "torch $model" "$(grep -E '^(eager|compile)' "$logs/torch-$model.txt" |
+        awk '{printf "%s %s ms (MFU %s); ", $1, $3, $10}')"
+    fi
   fi
 done
 
 echo
-echo "GPU check summary ($(date -u +%Y-%m-%dT%H:%MZ), logs in $logs)"
-for k in tests "memcheck kernels_cuda_test" "memcheck comm_nccl_test" "memcheck exec_cuda_test" "plan llama-8x4096" \
-  "dtrain llama-8x4096" "torch llama-8x4096" "plan llama-1b" "dtrain llama-1b" "torch llama-1b"; do
-  printf '  %-28s %s\n' "$k" "${result[$k]}"
-done
-printf '  %-28s %s\n' "kernel throughput" "$logs/gpu_kernels_bench.txt" "NCCL bus bandwidth" "$logs/nccl_bench.txt"
+echo "GPU check summary ($(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - t0)) s, logs in $logs)"
+for k in "${keys[@]}"; do printf '  %-28s %s\n' "$k" "${result[$k]}"; done
 exit $status
