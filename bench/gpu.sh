@@ -125,7 +125,7 @@ if want tests; then
   for t in "${gpu_tests[@]}"; do
     log=$logs/test-$t.log rc=$(cat "$logs/test-$t.rc")
     line="rc $rc: $(grep -c '^\[       OK \]' "$log") passed, $(grep -c '^\[  SKIPPED \]' "$log") skipped"
-    failed=$(sed -n 's/^\[  FAILED  \] \([^ ]*\) (.*/\1/p' "$log" | sort -u)
+    failed=$(sed -n 's/^\[  FAILED  \] \([^ ,]*[^ ,0-9][^ ,]*\)\(,\| (\).*/\1/p' "$log" | sort -u)
     [[ -n $failed ]] && line+=", FAILED: $(echo $failed)"
     [[ $rc == 0 ]] || status=1
     [[ $failed == *Attention* ]] && attention_ok=0

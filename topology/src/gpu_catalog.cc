@@ -37,15 +37,17 @@ Calibration a100_calibration() {
   return c;
 }
 
-// Hopper: no published end-to-end table in this repository to fit against; the A100 shape with the efficiency
-// levels reported for H100 GEMMs (about 75-80% of the 989 TFLOP/s dense peak on large bf16 GEMMs) and flash
-// attention 2/3 (about 50%). Recalibrate from measured runs with a [calibration] table.
+// Hopper, measured with dtrain's own executor on an H200 (bench/gpu.sh, 2026-11-26; docs/cost-model.md#hopper):
+// cuBLASLt bf16 GEMMs of 4096^3 to 8192^3 ran at 656-803 TFLOP/s, 0.74-0.76 of the 989 peak averaged over a linear
+// layer's forward, input-gradient and weight-gradient products, already at 137 GFLOP (so a small half-size); the
+// tensor-core attention kernels 244 TFLOP/s forward and 185 backward at sequence 4096 (0.20 over a step's 2:5 mix);
+// AdamW moved 3.79-3.84 TB/s of the H200's 4.8 (0.79).
 Calibration hopper_calibration() {
   Calibration c;
-  c.gemm_efficiency_max = 0.78;
-  c.gemm_half_gflop = 6.0;
-  c.attention_efficiency = 0.5;
-  c.hbm_efficiency = 0.75;
+  c.gemm_efficiency_max = 0.755;
+  c.gemm_half_gflop = 1.0;
+  c.attention_efficiency = 0.2;
+  c.hbm_efficiency = 0.79;
   c.step_overhead_s = 0.05;
   c.microbatch_overhead_s = 0.0003;
   return c;

@@ -175,7 +175,7 @@ NvmlReport query_nvml(const std::string& library) {
   }
   api.shutdown();
   report.available = true;
-  report.status = fmt::format("NVML: {} GPU(s)", report.gpus.size());
+  report.status = fmt::format("{} GPU(s)", report.gpus.size());
   return report;
 }
 

@@ -128,14 +128,27 @@ TEST_P(AttentionTest, ForwardAndBackwardMatchCpu) {
   FVec grads_cpu(tokens * stride, 0.0f);
   cpu::attention_backward(s, qkv.data(), qkv.data() + qw, qkv.data() + qw + kw, o_gpu.data(), lse_gpu.data(),
                           in.dout.data(), grads_cpu.data(), grads_cpu.data() + qw, grads_cpu.data() + qw + kw, dropout);
-  EXPECT_LT(rel_error(columns(grads, tokens, stride, 0, qw), columns(grads_cpu, tokens, stride, 0, qw)), kBf16Tolerance)
-      << "dq";
-  EXPECT_LT(rel_error(columns(grads, tokens, stride, qw, kw), columns(grads_cpu, tokens, stride, qw, kw)),
-            kBf16Tolerance)
-      << "dk";
-  EXPECT_LT(rel_error(columns(grads, tokens, stride, qw + kw, kw), columns(grads_cpu, tokens, stride, qw + kw, kw)),
-            kBf16Tolerance)
-      << "dv";
+  const FVec dv = columns(grads, tokens, stride, qw + kw, kw);
+  if (s.seq == 1) {
+    // One token attends only to itself: P = 1 and O = V, so dP = dO . V = D and dS = P (dP - D) is zero. dq and dk
+    // are then both sides' rounding noise (dP and D summed in different orders), with no relative error to compare:
+    // check that they are noise, far below the gradients that flow (dv = dO).
+    auto norm = [](const FVec& x) {
+      double sum = 0;
+      for (float e : x) sum += static_cast<double>(e) * e;
+      return std::sqrt(sum);
+    };
+    EXPECT_LT(norm(columns(grads, tokens, stride, 0, qw)), 1e-3 * norm(dv)) << "dq";
+    EXPECT_LT(norm(columns(grads, tokens, stride, qw, kw)), 1e-3 * norm(dv)) << "dk";
+  } else {
+    EXPECT_LT(rel_error(columns(grads, tokens, stride, 0, qw), columns(grads_cpu, tokens, stride, 0, qw)),
+              kBf16Tolerance)
+        << "dq";
+    EXPECT_LT(rel_error(columns(grads, tokens, stride, qw, kw), columns(grads_cpu, tokens, stride, qw, kw)),
+              kBf16Tolerance)
+        << "dk";
+  }
+  EXPECT_LT(rel_error(dv, columns(grads_cpu, tokens, stride, qw + kw, kw)), kBf16Tolerance) << "dv";
 }
 
 constexpr auto kSimt = AttentionKernel::kSimt;
