@@ -32,6 +32,10 @@ std::string format_progress_line(std::int64_t step, std::int64_t total_steps, do
   return fmt::format("progress {} {} {} {}\n", step, total_steps, number_text(loss), number_text(tokens_per_s));
 }
 
+std::string format_timing_line(std::int64_t step, double step_s, double busy_s) {
+  return fmt::format("timing {} {} {}\n", step, number_text(step_s), number_text(busy_s));
+}
+
 std::optional<HeartbeatMessage> parse_heartbeat_line(std::string_view line) {
   std::vector<std::string> words = split(line, ' ');
   HeartbeatMessage m;
@@ -55,6 +59,21 @@ std::optional<HeartbeatMessage> parse_heartbeat_line(std::string_view line) {
     m.total_steps = *total;
     m.loss = *loss;
     m.tokens_per_s = *tokens;
+    return m;
+  }
+  if (words[0] == "timing") {
+    m.kind = HeartbeatMessage::Kind::kTiming;
+    if (words.size() != 4) return std::nullopt;
+    auto step = parse_int(words[1]);
+    auto step_s = parse_number(words[2]);
+    auto busy_s = parse_number(words[3]);
+    if (!step || !step_s || !busy_s || !std::isfinite(*step_s) || !std::isfinite(*busy_s) || *step_s < 0 ||
+        *busy_s < 0) {
+      return std::nullopt;
+    }
+    m.step = *step;
+    m.step_s = *step_s;
+    m.busy_s = *busy_s;
     return m;
   }
   return m;  // kUnknown

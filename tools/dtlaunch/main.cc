@@ -59,6 +59,12 @@ int run(int argc, char** argv) {
   app.add_option("--rdzv-timeout", o.rdzv_timeout_s, "Seconds to wait for the store and the other nodes")
       ->capture_default_str();
   app.add_option("--progress-interval", o.progress_interval_s, "Seconds between progress lines")->capture_default_str();
+  app.add_option("--straggler-threshold", o.straggler_threshold,
+                 "Report a rank whose work outside communication is this fraction slower than its node's peers "
+                 "(0: off)")
+      ->capture_default_str();
+  app.add_option("--straggler-steps", o.straggler_steps, "Steps in a row that start or end a straggler episode")
+      ->capture_default_str();
   app.add_option("--run-dir", o.run_dir, "Directory for events-node<N>.jsonl (every event as JSON)");
   bool no_bind = false;
   app.add_flag("--no-bind", no_bind, "Do not bind ranks to CPUs, GPUs and NICs");

@@ -152,6 +152,7 @@ Context::~Context() = default;
 int Context::device() const { return impl_->device; }
 Stream Context::stream() const { return impl_->stream; }
 DevicePool& Context::pool() { return *impl_->pool; }
+const DevicePool& Context::pool() const { return *impl_->pool; }
 bool Context::sync_after_launch() const { return impl_->sync_after_launch; }
 
 void Context::synchronize() { DTRAIN_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }

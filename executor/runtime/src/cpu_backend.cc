@@ -2,6 +2,7 @@
 // what it computed when it called them directly; and bf16 kernels that emulate the CUDA backend's numerics on top of
 // them. The element-wise work keeps the loops it replaced (same order, same
 // accumulator types): the executor's results are compared bit-for-bit across layouts and against PyTorch.
+#include <atomic>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -363,9 +364,17 @@ class CpuBackend final : public Backend {
   void* allocate(std::size_t bytes) override {
     void* p = ::operator new(bytes);
     std::memset(p, 0, bytes);
+    const std::int64_t now = in_use_.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
+    std::int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
     return p;
   }
-  void deallocate(void* ptr, std::size_t) noexcept override { ::operator delete(ptr); }
+  void deallocate(void* ptr, std::size_t bytes) noexcept override {
+    ::operator delete(ptr);
+    in_use_.fetch_sub(static_cast<std::int64_t>(bytes));
+  }
+  MemoryUse memory_use() const override { return {in_use_.load(), peak_.load()}; }
   void copy(void* dst, const void* src, std::size_t bytes) override {
     if (bytes > 0) std::memcpy(dst, src, bytes);
   }
@@ -400,6 +409,9 @@ class CpuBackend final : public Backend {
   Kernels<bf16>* bf16_kernels() override { return &bf16_; }
 
  private:
+  // One instance per process (cpu_backend()): ranks run as threads of one process share these counts.
+  std::atomic<std::int64_t> in_use_{0};
+  std::atomic<std::int64_t> peak_{0};
   CpuFp32Kernels fp32_;
   CpuBf16Kernels bf16_;
 };

@@ -56,6 +56,10 @@ class CudaBackend final : public Backend, public Kernels<bf16> {
       std::fprintf(stderr, "dtrain: cuda backend: deallocate: %s\n", e.what());
     }
   }
+  MemoryUse memory_use() const override {
+    const auto stats = ctx_.pool().stats();
+    return {static_cast<std::int64_t>(stats.bytes_in_use), static_cast<std::int64_t>(stats.peak_bytes_in_use)};
+  }
   void copy(void* dst, const void* src, std::size_t bytes) override {
     if (bytes > 0) kc::copy_on_device(ctx_, dst, src, bytes);
   }

@@ -59,6 +59,11 @@ void Heartbeat::progress(std::int64_t step, std::int64_t total_steps, double los
   write_line(format_progress_line(step, total_steps, loss, tokens_per_s));
 }
 
+void Heartbeat::timing(std::int64_t step, double step_s, double busy_s) {
+  std::lock_guard lock(mutex_);
+  write_line(format_timing_line(step, step_s, busy_s));
+}
+
 std::uint64_t Heartbeat::beats_sent() const {
   std::lock_guard lock(mutex_);
   return sent_;

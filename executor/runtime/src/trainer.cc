@@ -13,6 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -326,7 +329,10 @@ class Run {
     std::int64_t last_saved = result.first_step;
     for (std::int64_t s = result.first_step; s < o_.steps; ++s) {
       auto step_start = std::chrono::steady_clock::now();
+      slow_down_for_tests();
       StepMetrics sm = executor_->run_step(s);
+      const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+      gather_peak_memory(sm);
       result.steps.push_back(sm);
       double offset = std::chrono::duration<double>(step_start - run_start).count();
       for (ir::Slice sl : executor_->trace()) {
@@ -334,7 +340,10 @@ class Run {
         trace.push_back(std::move(sl));
       }
       if (world_.rank() == 0 && metrics.is_open()) write_metrics(metrics, sm);
-      if (heartbeat_) heartbeat_->progress(sm.step, o_.steps, sm.loss, tokens_per_step() / sm.seconds);
+      if (heartbeat_) {
+        heartbeat_->progress(sm.step, o_.steps, sm.loss, tokens_per_step() / sm.seconds);
+        heartbeat_->timing(sm.step, step_s, std::max(0.0, step_s - sm.comm_seconds));
+      }
       if (!o_.dump_gradients_dir.empty() && s == result.first_step) dump_gradients();
       bool stop = agree_on_stop();
       bool periodic = o_.checkpoint_every > 0 && (s + 1) % o_.checkpoint_every == 0;
@@ -390,9 +399,36 @@ class Run {
     nlohmann::json j = {{"step", sm.step},           {"loss", sm.loss},
                         {"step_s", sm.seconds},      {"tokens_per_s", tokens_per_step() / sm.seconds},
                         {"grad_norm", sm.grad_norm}, {"lr", sm.lr},
-                        {"comm_s", sm.comm_seconds}};
+                        {"comm_s", sm.comm_seconds}, {"peak_bytes", sm.rank_peak_bytes}};
     out << j.dump() << "\n";
     out.flush();
+  }
+
+  // DTRAIN_TEST_SLOW_RANKS="R:SECONDS[,R:SECONDS...]": global rank R sleeps that long at the start of every step,
+  // outside communication, as a straggler would compute slowly (the straggler tests of dtlaunch). Read once.
+  void slow_down_for_tests() {
+    if (!test_delay_) {
+      test_delay_ = 0.0;
+      if (const char* env = std::getenv("DTRAIN_TEST_SLOW_RANKS"); env != nullptr && *env != '\0') {
+        for (const std::string& item : split(env, ',')) {
+          const auto colon = item.find(':');
+          const auto rank = colon == std::string::npos ? std::nullopt : parse_int(item.substr(0, colon));
+          const auto seconds = colon == std::string::npos ? std::nullopt : parse_double(item.substr(colon + 1));
+          if (!rank || !seconds || *seconds < 0) {
+            throw input_error(fmt::format("DTRAIN_TEST_SLOW_RANKS: '{}' is not RANK:SECONDS", item));
+          }
+          if (*rank == world_.rank()) *test_delay_ = *seconds;
+        }
+      }
+    }
+    if (*test_delay_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(*test_delay_));
+  }
+
+  // Every rank's backend peak, in rank order (one all-gather of an int64 per step).
+  void gather_peak_memory(StepMetrics& sm) {
+    sm.peak_bytes = backend_.memory_use().peak;
+    sm.rank_peak_bytes.assign(static_cast<std::size_t>(world_.size()), sm.peak_bytes);
+    if (world_.size() > 1) host_.all_gather(&sm.peak_bytes, sm.rank_peak_bytes.data(), 1, DType::kInt64);
   }
 
   bool agree_on_stop() {
@@ -643,6 +679,7 @@ class Run {
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Heartbeat> heartbeat_;
+  std::optional<double> test_delay_;  // slow_down_for_tests()
 };
 
 }  // namespace

@@ -45,6 +45,11 @@ std::optional<int> Agent::Impl::run_attempt() {
   for (int node = 0; node < job.nnodes; ++node) ready.push_back(fmt::format("attempt/{}/ready/{}", attempt, node));
   wait_keys(ready, job.nnodes > 1 ? fmt::format("all nodes to be ready for attempt {}", attempt) : "the store");
 
+  std::vector<int> local_ranks;
+  local_ranks.reserve(static_cast<std::size_t>(job.nproc_per_node));
+  for (int i = 0; i < job.nproc_per_node; ++i) local_ranks.push_back(job.node_rank * job.nproc_per_node + i);
+  stragglers.emplace(local_ranks, job.node_rank,
+                     StragglerOptions{job.options.straggler_threshold, job.options.straggler_steps});
   const auto t0 = Clock::now();
   spawn_ranks();
   const double spawn_s = seconds_since(t0);
@@ -187,6 +192,25 @@ void Agent::Impl::on_progress(const RankProcess& r, const HeartbeatMessage& msg,
   if (r.rank != 0) return;
   progress.record(msg, now);
   progress_unprinted = true;
+}
+
+void Agent::Impl::on_timing(const RankProcess& r, const HeartbeatMessage& msg) {
+  if (!stragglers) return;
+  for (const StragglerReport& s : stragglers->record(r.rank, msg.step, msg.busy_s)) {
+    if (s.started) {
+      log::warn(kSubsys, "{}", s.message);
+    } else {
+      log::info(kSubsys, "{}", s.message);
+    }
+    events.write("straggler", {{"attempt", attempt},
+                               {"episode", s.started ? "start" : "end"},
+                               {"rank", s.rank},
+                               {"node", job.node_rank},
+                               {"first_step", s.first_step},
+                               {"last_step", s.last_step},
+                               {"busy_s", s.busy_s},
+                               {"peers_busy_s", s.peers_s}});
+  }
 }
 
 void Agent::Impl::print_progress(bool force) {

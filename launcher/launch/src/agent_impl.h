@@ -23,6 +23,7 @@
 #include "dtrain/launch/outcome.h"
 #include "dtrain/launch/progress.h"
 #include "dtrain/launch/rendezvous.h"
+#include "dtrain/launch/straggler.h"
 #include "dtrain/store/client.h"
 #include "dtrain/store/server.h"
 #include "event_log.h"
@@ -54,7 +55,8 @@ struct Agent::Impl {
         ranks(job.node_rank, {[this](RankProcess& r) { on_rank_exit(r); },
                               [this](const RankProcess& r, const HeartbeatMessage& m, Clock::time_point now) {
                                 on_progress(r, m, now);
-                              }}) {}
+                              },
+                              [this](const RankProcess& r, const HeartbeatMessage& m) { on_timing(r, m); }}) {}
 
   JobConfig job;
   Environment env;
@@ -90,6 +92,7 @@ struct Agent::Impl {
   ProgressTracker progress;
   Clock::time_point last_progress_print;
   bool progress_unprinted = false;
+  std::optional<StragglerDetector> stragglers;
 
   // Across attempts.
   bool preempt_requested = false;
@@ -146,6 +149,7 @@ struct Agent::Impl {
   void on_rank_exit(RankProcess& r);
   void on_progress(const RankProcess& r, const HeartbeatMessage& msg, Clock::time_point now);
   void print_progress(bool force);
+  void on_timing(const RankProcess& r, const HeartbeatMessage& msg);
 };
 
 }  // namespace dtrain::launch

@@ -142,6 +142,10 @@ JobConfig resolve_job(const LaunchOptions& options, const Environment& env) {
   check_positive(options.preempt_grace_s, "--preempt-grace", true);
   check_positive(options.rdzv_timeout_s, "--rdzv-timeout");
   check_positive(options.progress_interval_s, "--progress-interval", true);
+  check_positive(options.straggler_threshold, "--straggler-threshold", true);
+  if (options.straggler_steps < 1) {
+    throw input_error(fmt::format("--straggler-steps {}: expected 1 or more", options.straggler_steps));
+  }
   job.nproc_per_node = options.nproc_per_node;
 
   std::optional<std::pair<std::string, std::uint16_t>> rdzv;

@@ -119,6 +119,7 @@ void RankSupervisor::on_heartbeat_line(int local, std::string_view line) {
   if (msg && msg->kind == HeartbeatMessage::Kind::kProgress && handlers_.on_progress) {
     handlers_.on_progress(r, *msg, now);
   }
+  if (msg && msg->kind == HeartbeatMessage::Kind::kTiming && handlers_.on_timing) handlers_.on_timing(r, *msg);
 }
 
 void RankSupervisor::add_poll_fds(std::vector<pollfd>& fds) {

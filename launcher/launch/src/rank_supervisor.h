@@ -50,6 +50,8 @@ class RankSupervisor {
     std::function<void(RankProcess&)> on_exit;
     // A progress line of a rank arrived at the time given.
     std::function<void(const RankProcess&, const HeartbeatMessage&, Clock::time_point)> on_progress;
+    // A timing line of a rank arrived (its time of a step, and the part outside communication).
+    std::function<void(const RankProcess&, const HeartbeatMessage&)> on_timing;
   };
 
   RankSupervisor(int node_rank, Handlers handlers) : node_rank_(node_rank), handlers_(std::move(handlers)) {}

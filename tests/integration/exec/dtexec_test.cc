@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "dtrain/common/digest.h"
 #include "job.h"
@@ -74,6 +75,30 @@ TEST(DtexecProcesses, LayoutsOverGlooEqualTheSingleRankCurve) {
     ASSERT_EQ(curve.size(), ref.size());
     for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(curve[i], ref[i], 1e-5 * ref[i]) << "step " << i + 1;
   }
+}
+
+TEST(DtexecProcesses, MetricsCarryEveryRanksPeakBackendMemory) {
+  TempDir dir;
+  const std::string m = dir.path("pp2.jsonl");
+  JobOptions o;
+  o.world = 2;
+  o.args = train_args(m, 3, "dp=1,tp=1,pp=2,schedule=1f1b");
+  expect_ok(run_dtexec_job(o));
+  std::int64_t last0 = 0;
+  int lines = 0;
+  std::istringstream text(read_file(m));
+  for (std::string line; std::getline(text, line);) {
+    const auto j = nlohmann::json::parse(line);
+    ASSERT_TRUE(j.contains("peak_bytes")) << line;
+    const auto peaks = j["peak_bytes"].get<std::vector<std::int64_t>>();
+    ASSERT_EQ(peaks.size(), 2u) << line;
+    // Each stage holds at least its parameters, gradients and Adam moments (fp32): 4 x 4 bytes each.
+    for (std::int64_t p : peaks) EXPECT_GT(p, 16 * 1000) << line;
+    EXPECT_GE(peaks[0], last0) << "a peak never falls";
+    last0 = peaks[0];
+    ++lines;
+  }
+  EXPECT_EQ(lines, 3);
 }
 
 TEST(DtexecProcesses, DeterministicRunsAreBitwiseEqual) {

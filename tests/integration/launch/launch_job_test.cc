@@ -13,6 +13,7 @@ namespace dtrain::launch::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string dtplan_path() { return std::string(DTRAIN_BINARY_DIR) + "/bin/dtplan"; }
 std::string dtexec_path() { return std::string(DTRAIN_BINARY_DIR) + "/bin/dtexec"; }
@@ -269,6 +270,59 @@ TEST_F(DtexecJobTest, StoppedRankIsDetectedByItsHeartbeatsAndRestarted) {
   auto got = losses("stopped");
   EXPECT_EQ(differences(up_to(got, kSteps), expected), "");
   expect_job_ends_at_the_last_step(got);
+}
+
+// Stragglers (dtrain/launch/straggler.h): 4 ranks of the tiny model, plain training (no checkpoints), the agent
+// comparing each rank's work outside communication with its peers'.
+class StragglerJobTest : public DtexecJobTest {
+ protected:
+  std::unique_ptr<LaunchProcess> launch_plain(const std::string& name, int steps,
+                                              const std::map<std::string, std::string>& env) {
+    std::vector<std::string> options{"--nproc",
+                                     "4",
+                                     "--run-dir",
+                                     dir() + "/" + name + ".run",
+                                     "--",
+                                     dtexec_path(),
+                                     "train",
+                                     "--model",
+                                     tiny_model(),
+                                     "--plan",
+                                     "auto",
+                                     "--data",
+                                     "synthetic",
+                                     "--steps",
+                                     std::to_string(steps)};
+    return std::make_unique<LaunchProcess>(options, env, dir() + "/" + name);
+  }
+};
+
+TEST_F(StragglerJobTest, ARankSlowedOnPurposeIsNamedWithinAFewSteps) {
+  // Rank 2 sleeps 0.25 s at the start of every step (DTRAIN_TEST_SLOW_RANKS): its peers wait for it in the
+  // gradient all-reduce, so every rank's step is slow, but only rank 2's own work is.
+  auto p = launch_plain("slow", 8, {{"DTRAIN_TEST_SLOW_RANKS", "2:0.25"}});
+  ASSERT_EQ(p->wait(120s), 0) << p->err();
+  EXPECT_THAT(p->err(), HasSubstr("rank 2 on node 0 is a straggler"));
+  auto found = events_named_in("slow", "straggler");
+  ASSERT_EQ(found.size(), 1u) << "one episode, reported once: " << p->err();
+  EXPECT_EQ(found[0]["rank"], 2);
+  EXPECT_EQ(found[0]["episode"], "start");
+  EXPECT_LE(found[0]["last_step"].get<int>(), 5) << "named within a few steps";
+  EXPECT_GT(found[0]["busy_s"].get<double>(), 0.25);
+  EXPECT_LT(found[0]["peers_busy_s"].get<double>(), 0.2);
+}
+
+TEST_F(StragglerJobTest, ABalancedRunReportsNoStraggler) {
+  auto p = launch_plain("balanced", 20, {});
+  ASSERT_EQ(p->wait(120s), 0) << p->err();
+  EXPECT_THAT(p->err(), Not(HasSubstr("straggler")));
+  EXPECT_TRUE(events_named_in("balanced", "straggler").empty());
+}
+
+TEST_F(StragglerJobTest, AMalformedTestDelayIsAnInputError) {
+  auto p = launch_plain("malformed", 2, {{"DTRAIN_TEST_SLOW_RANKS", "2=0.25"}});
+  EXPECT_NE(p->wait(120s), 0);
+  EXPECT_THAT(p->err(), HasSubstr("DTRAIN_TEST_SLOW_RANKS: '2=0.25' is not RANK:SECONDS"));
 }
 
 TEST_F(DtexecJobTest, PreemptedJobCheckpointsCleanlyAndResumesBitwise) {

@@ -54,6 +54,21 @@ TEST(Buffer, DefaultTakesTheBackendOfWhatIsAssignedAndResizeKeepsTheFront) {
   EXPECT_EQ(d.backend(), &cpu_backend());
 }
 
+TEST(CpuBackend, MemoryUseFollowsAllocationsAndKeepsThePeak) {
+  Backend& be = cpu_backend();
+  const Backend::MemoryUse before = be.memory_use();
+  EXPECT_GE(before.peak, before.in_use);
+  {
+    Buffer<float> a(be, 1 << 20);
+    const Backend::MemoryUse during = be.memory_use();
+    EXPECT_EQ(during.in_use, before.in_use + (4 << 20));
+    EXPECT_GE(during.peak, during.in_use);
+  }
+  const Backend::MemoryUse after = be.memory_use();
+  EXPECT_EQ(after.in_use, before.in_use);
+  EXPECT_GE(after.peak, before.in_use + (4 << 20));
+}
+
 TEST(CpuBackend, BiasAddAndBiasGradientRunOverRows) {
   Kernels<float>& be = cpu_backend().kernels<float>();
   Buffer<float> x = device({1, 2, 3, 4, 5, 6});  // [2 rows, 3 cols]

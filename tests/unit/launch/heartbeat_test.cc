@@ -57,6 +57,22 @@ TEST(HeartbeatLine, ParseRoundTripsBitwise) {
   EXPECT_TRUE(std::isinf(n->tokens_per_s) && n->tokens_per_s < 0);
 }
 
+TEST(HeartbeatLine, TimingLinesRoundTripAndRejectNegativeOrNonFiniteTimes) {
+  std::string line = format_timing_line(12, 0.4125, 1.0 / 3.0);
+  EXPECT_EQ(line.back(), '\n');
+  line.pop_back();
+  auto m = parse_heartbeat_line(line);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->kind, HeartbeatMessage::Kind::kTiming);
+  EXPECT_EQ(m->step, 12);
+  EXPECT_EQ(m->step_s, 0.4125);
+  EXPECT_EQ(m->busy_s, 1.0 / 3.0);
+  EXPECT_FALSE(parse_heartbeat_line("timing 1 0.5"));
+  EXPECT_FALSE(parse_heartbeat_line("timing 1 0.5 -0.1"));
+  EXPECT_FALSE(parse_heartbeat_line("timing 1 nan 0.1"));
+  EXPECT_FALSE(parse_heartbeat_line("timing x 0.5 0.1"));
+}
+
 TEST(HeartbeatLine, UnknownKindsAreAcceptedMalformedKnownOnesAreNot) {
   auto u = parse_heartbeat_line("memory 123 456");
   ASSERT_TRUE(u);

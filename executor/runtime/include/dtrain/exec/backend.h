@@ -146,6 +146,14 @@ class Backend {
   virtual void* allocate(std::size_t bytes) = 0;
   // Returns memory from allocate() (same size). Work already queued on it may still complete first.
   virtual void deallocate(void* ptr, std::size_t bytes) noexcept = 0;
+  // Bytes of backend memory this process holds through allocate(), now and at most so far: what the planner's memory
+  // prediction is compared with (dtplan compare). CPU: the allocate() requests; CUDA: the device pool's size classes
+  // in use (its cache of returned blocks not counted; DevicePool::Stats has that too).
+  struct MemoryUse {
+    std::int64_t in_use = 0;
+    std::int64_t peak = 0;
+  };
+  virtual MemoryUse memory_use() const = 0;
   // Copies within backend memory; the ranges must not overlap.
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
   // Host -> backend and backend -> host. Both have finished with the host memory when they return.

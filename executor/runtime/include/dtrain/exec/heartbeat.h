@@ -42,6 +42,9 @@ class Heartbeat {
 
   // Reports a finished training step. Global rank 0's reports make dtlaunch's progress line.
   void progress(std::int64_t step, std::int64_t total_steps, double loss, double tokens_per_s);
+  // Reports this rank's time of a finished step and the part outside communication (every rank; dtlaunch compares
+  // them to find a straggler).
+  void timing(std::int64_t step, double step_s, double busy_s);
 
   std::chrono::duration<double> interval() const { return interval_; }
   // Beats written so far (dropped ones not counted).

@@ -28,15 +28,17 @@ struct LaunchOptions {
   int nproc_per_node = 0;
   int max_restarts = 3;
   double heartbeat_timeout_s = 10;
-  double progress_timeout_s = 0;   // 0: off
-  double node_timeout_s = 5;       // another node's agent silent this long: the job fails
-  double stop_grace_s = 2;         // SIGTERM to SIGKILL when stopping ranks after a failure
-  double preempt_grace_s = 120;    // SIGTERM to SIGKILL when forwarding a preemption signal (ranks checkpoint)
-  double rdzv_timeout_s = 300;     // waiting for the store and for the other nodes
-  double progress_interval_s = 5;  // at most one progress line this often
-  std::string run_dir;             // "" = none
-  bool bind = true;                // apply the topology binding (CPU affinity, CUDA_VISIBLE_DEVICES, NCCL_IB_HCA)
-  bool cpu_only = false;           // bind CPU ranks even on a node with GPUs
+  double progress_timeout_s = 0;     // 0: off
+  double node_timeout_s = 5;         // another node's agent silent this long: the job fails
+  double stop_grace_s = 2;           // SIGTERM to SIGKILL when stopping ranks after a failure
+  double preempt_grace_s = 120;      // SIGTERM to SIGKILL when forwarding a preemption signal (ranks checkpoint)
+  double rdzv_timeout_s = 300;       // waiting for the store and for the other nodes
+  double progress_interval_s = 5;    // at most one progress line this often
+  double straggler_threshold = 0.2;  // a rank this fraction slower than its node's peers is a straggler; 0: off
+  int straggler_steps = 3;           // for this many steps in a row (and as many to be over)
+  std::string run_dir;               // "" = none
+  bool bind = true;                  // apply the topology binding (CPU affinity, CUDA_VISIBLE_DEVICES, NCCL_IB_HCA)
+  bool cpu_only = false;             // bind CPU ranks even on a node with GPUs
   std::vector<std::string> command;
 };
 

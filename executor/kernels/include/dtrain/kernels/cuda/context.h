@@ -69,6 +69,7 @@ class Context {
   int device() const;
   Stream stream() const;
   DevicePool& pool();
+  const DevicePool& pool() const;
   bool sync_after_launch() const;
   // Blocks until all work queued on the stream has finished; throws dtrain::Error if any of it failed.
   void synchronize();
