@@ -272,7 +272,9 @@ std::string chrome_trace_json(const SimulationReport& r) {
                     {"step_s", r.step_s},
                     {"bubble_fraction", r.bubble_fraction},
                     {"representative", r.representative}};
-  return j.dump();
+  // nlohmann::json escapes quotes, backslashes and control characters; bytes that are not UTF-8 become U+FFFD
+  // instead of throwing, so no name can make the trace unwritable or unreadable.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string gantt_svg(const SimulationReport& r, const std::string& title) {
