@@ -7,6 +7,7 @@
 #include <map>
 
 #include "dtrain/common/error.h"
+#include "dtrain/common/svg.h"
 #include "dtrain/plan/cost_model.h"
 #include "engine.h"
 
@@ -271,7 +272,9 @@ std::string chrome_trace_json(const SimulationReport& r) {
                     {"step_s", r.step_s},
                     {"bubble_fraction", r.bubble_fraction},
                     {"representative", r.representative}};
-  return j.dump();
+  // nlohmann::json escapes quotes, backslashes and control characters; bytes that are not UTF-8 become U+FFFD
+  // instead of throwing, so no name can make the trace unwritable or unreadable.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string gantt_svg(const SimulationReport& r, const std::string& title) {
@@ -288,18 +291,17 @@ std::string gantt_svg(const SimulationReport& r, const std::string& title) {
                                                {"dp", "#9c755f"}};
   std::map<std::int32_t, std::size_t> row_of;
   for (std::size_t i = 0; i < r.ranks.size(); ++i) row_of[r.ranks[i]] = i;
-  std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 {:.0f} {:.0f}\" "
-      "font-family=\"sans-serif\" font-size=\"11\">\n",
-      width, height, width, height);
-  svg += fmt::format("<rect x=\"0\" y=\"0\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"white\"/>\n", width, height);
-  svg += fmt::format("<text x=\"{:.0f}\" y=\"22\" font-size=\"14\">{} — step {:.4g} s, bubble {:.1f}%</text>\n", left,
-                     title, r.step_s, 100 * r.bubble_fraction);
+  // Every name and title goes through svg::Writer, which escapes it: slice names carry '<' ("RECV grad c1 mb0 <- 8")
+  // and model names may carry anything.
+  svg::Writer svg(width, height, {{"font-family", "sans-serif"}, {"font-size", 11}});
+  svg.element("rect", {{"x", 0}, {"y", 0}, {"width", width}, {"height", height}, {"fill", "white"}});
+  svg.text_element("text", {{"x", left}, {"y", 22}, {"font-size", 14}},
+                   fmt::format("{} — step {:.4g} s, bubble {:.1f}%", title, r.step_s, 100 * r.bubble_fraction));
   for (std::size_t i = 0; i < r.ranks.size(); ++i) {
     double y = top + row * static_cast<double>(i);
-    svg += fmt::format("<text x=\"8\" y=\"{:.1f}\">rank {}</text>\n", y + bar * 0.7, r.ranks[i]);
-    svg += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.1f}\" x2=\"{:.0f}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>\n", left,
-                       y + bar + 4, width - right, y + bar + 4);
+    svg.text_element("text", {{"x", 8}, {"y", y + bar * 0.7}}, fmt::format("rank {}", r.ranks[i]));
+    svg.element("line",
+                {{"x1", left}, {"y1", y + bar + 4}, {"x2", width - right}, {"y2", y + bar + 4}, {"stroke", "#ddd"}});
   }
   for (const auto& s : r.slices) {
     if (s.stream == Stream::kDp) continue;
@@ -309,36 +311,32 @@ std::string gantt_svg(const SimulationReport& r, const std::string& title) {
     double w = std::max(0.5, plot * s.duration_s / span);
     double y = top + row * static_cast<double>(row_of[s.rank]) + (s.stream == Stream::kPp ? bar * 0.75 : 0);
     double h = s.stream == Stream::kPp ? bar * 0.25 : bar;
-    svg += fmt::format(
-        "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\" "
-        "stroke=\"white\" stroke-width=\"0.5\"><title>{}</title></rect>\n",
-        x, y, w, h, color, s.name);
+    svg.open(
+        "rect",
+        {{"x", x}, {"y", y}, {"width", w}, {"height", h}, {"fill", color}, {"stroke", "white"}, {"stroke-width", 0.5}});
+    svg.text_element("title", {}, s.name).close();
     if (s.stream == Stream::kCompute && w > 28) {
       std::string label = s.name.substr(0, s.name.find(' '));
       auto mb = s.name.find("mb");
       if (mb != std::string::npos) label += s.name.substr(mb + 2, s.name.find(' ', mb) - mb - 2);
-      svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"white\" font-size=\"10\">{}</text>\n", x + 2,
-                         y + bar * 0.65, label);
+      svg.text_element("text", {{"x", x + 2}, {"y", y + bar * 0.65}, {"fill", "white"}, {"font-size", 10}}, label);
     }
   }
   double axis_y = top + row * static_cast<double>(r.ranks.size()) + 10;
-  svg += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.1f}\" x2=\"{:.0f}\" y2=\"{:.1f}\" stroke=\"black\"/>\n", left, axis_y,
-                     width - right, axis_y);
+  svg.element("line", {{"x1", left}, {"y1", axis_y}, {"x2", width - right}, {"y2", axis_y}, {"stroke", "black"}});
   for (int i = 0; i <= 10; ++i) {
     double x = left + plot * i / 10.0;
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{:.3g}</text>\n", x, axis_y + 14,
-                       span * i / 10.0);
+    svg.text_element("text", {{"x", x}, {"y", axis_y + 14}, {"text-anchor", "middle"}},
+                     fmt::format("{:.3g}", span * i / 10.0));
   }
-  svg += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\">seconds</text>\n", width - right - 50, axis_y + 28);
+  svg.text_element("text", {{"x", width - right - 50}, {"y", axis_y + 28}}, "seconds");
   double lx = left;
   for (const auto& [name, color] : colors) {
-    svg +=
-        fmt::format("<rect x=\"{:.0f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"{}\"/>", lx, axis_y + 36, color);
-    svg += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\">{}</text>\n", lx + 16, axis_y + 46, name);
+    svg.element("rect", {{"x", lx}, {"y", axis_y + 36}, {"width", 12}, {"height", 12}, {"fill", color}});
+    svg.text_element("text", {{"x", lx + 16}, {"y", axis_y + 46}}, name);
     lx += 130;
   }
-  svg += "</svg>\n";
-  return svg;
+  return svg.finish();
 }
 
 nlohmann::json simulation_json(const SimulationReport& r) {

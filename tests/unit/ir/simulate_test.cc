@@ -118,5 +118,50 @@ TEST(Simulator, TraceIsChromeTraceJsonWithTheDocumentedFields) {
   }
 }
 
+// Any name survives the trace: JSON's specials, control characters, markup, non-ASCII, and bytes that are not UTF-8
+// (which nlohmann::json would refuse to write, throwing, without the replacing error handler).
+TEST(Simulator, TraceIsValidJsonWhateverTheSliceNames) {
+  using namespace std::string_literals;
+  plan::ParallelConfig c = layout(1, 2, 1, 1, Schedule::k1F1B);
+  plan::Plan p = make(small_gpt(4), c, 2);
+  SimulationReport r = simulate(p, lower_all(p));
+  const std::vector<std::pair<std::string, std::string>> hostile = {
+      {"quote \" backslash \\ slash / end\\", "quote \" backslash \\ slash / end\\"},
+      {"tab\tnewline\ncr\r nul \0 bell \x07 esc \x1b del \x7f"s,
+       "tab\tnewline\ncr\r nul \0 bell \x07 esc \x1b del \x7f"s},
+      {"\"}, {\"ph\": \"X\", \"name\": \"injected", "\"}, {\"ph\": \"X\", \"name\": \"injected"},
+      {"</script><svg onload=alert(1)> & RECV grad c1 mb0 <- 8",
+       "</script><svg onload=alert(1)> & RECV grad c1 mb0 <- 8"},
+      {"llama é — 日本 🚀 \u2028", "llama é — 日本 🚀 \u2028"},
+      {"bad \xff \xc0\xaf utf-8", "bad \xEF\xBF\xBD \xEF\xBF\xBD\xEF\xBF\xBD utf-8"},
+  };
+  for (const auto& [name, expected] : hostile) {
+    Slice s;
+    s.rank = r.ranks.front();
+    s.name = name;
+    s.category = name;
+    r.slices.push_back(s);
+  }
+  std::string text;
+  ASSERT_NO_THROW(text = chrome_trace_json(r));
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(text)) << text.substr(0, 2000);
+  std::vector<std::string> names;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "X") names.push_back(e["name"]);
+  }
+  ASSERT_EQ(names.size(), r.slices.size());
+  for (std::size_t i = 0; i < hostile.size(); ++i) {
+    EXPECT_EQ(names[names.size() - hostile.size() + i], hostile[i].second) << i;
+  }
+  // The schedule's own names, with their arrows, come back as they were.
+  int recv = 0;
+  for (std::size_t i = 0; i < r.slices.size() - hostile.size(); ++i) {
+    EXPECT_EQ(names[i], r.slices[i].name);
+    if (names[i].rfind("RECV", 0) == 0 && names[i].find(" <- ") != std::string::npos) ++recv;
+  }
+  EXPECT_GT(recv, 0);
+}
+
 }  // namespace
 }  // namespace dtrain::ir

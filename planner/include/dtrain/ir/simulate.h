@@ -51,7 +51,11 @@ struct SimulationReport {
 SimulationReport simulate(const plan::Plan& plan, const std::vector<Program>& programs,
                           const SimulationOptions& options = {});
 
+// The Chrome trace event JSON of the report (one object, "traceEvents" first). Any slice name is written as a valid
+// JSON string: bytes that are not UTF-8 become U+FFFD.
 std::string chrome_trace_json(const SimulationReport& report);
+// An SVG Gantt chart: one row per simulated rank, one rectangle per compute and pp slice (dp slices are left out) with
+// the slice's name as its <title>, the title on top. Well-formed XML whatever the names hold (dtrain/common/svg.h).
 std::string gantt_svg(const SimulationReport& report, const std::string& title);
 nlohmann::json simulation_json(const SimulationReport& report);
 
