@@ -251,8 +251,8 @@ void validate(const ClusterSpec& spec) {
 std::string node_toml(const ClusterSpec& s) {
   const NodeSpec& n = s.node;
   std::string out = "[node]\n";
-  out += fmt::format("gpus = {}\ngpu = \"{}\"\nnvlink_domain = {}\nnvlink_gbps = {}\nnics = {}\nnic_gbps = {}\n",
-                     n.gpus, n.gpu.name, n.nvlink_domain, n.nvlink_gbps, n.nics, n.nic_gbps);
+  out += fmt::format("gpus = {}\ngpu = {}\nnvlink_domain = {}\nnvlink_gbps = {}\nnics = {}\nnic_gbps = {}\n", n.gpus,
+                     toml_string(n.gpu.name), n.nvlink_domain, n.nvlink_gbps, n.nics, n.nic_gbps);
   out += fmt::format("pcie_gbps = {}\n", n.pcie_gbps);
   if (!n.nic_of_gpu.empty()) {
     std::vector<std::string> r;
@@ -267,12 +267,11 @@ std::string cluster_toml(const ClusterSpec& s, const std::string& prefix) {
   const NodeSpec& n = s.node;
   const GpuSpec& g = n.gpu;
   const Calibration& c = g.calibration;
-  std::string out = fmt::format("[{}cluster]\nname = \"{}\"\nnodes = {}\n\n", p, s.name, s.nodes);
+  std::string out = fmt::format("[{}cluster]\nname = {}\nnodes = {}\n\n", p, toml_string(s.name), s.nodes);
   std::string node = node_toml(s);
   out += "[" + p + node.substr(1);
-  out +=
-      fmt::format("\n[{}gpu]\nname = \"{}\"\ntflops_bf16 = {}\ntflops_fp16 = {}\ntflops_fp8 = {}\ntflops_fp32 = {}\n",
-                  p, g.name, g.tflops_bf16, g.tflops_fp16, g.tflops_fp8, g.tflops_fp32);
+  out += fmt::format("\n[{}gpu]\nname = {}\ntflops_bf16 = {}\ntflops_fp16 = {}\ntflops_fp8 = {}\ntflops_fp32 = {}\n", p,
+                     toml_string(g.name), g.tflops_bf16, g.tflops_fp16, g.tflops_fp8, g.tflops_fp32);
   out += fmt::format("memory_gib = {}\nhbm_gbps = {}\n\n", g.memory_gib, g.hbm_gbps);
   out += fmt::format("[{}calibration]\ngemm_efficiency_max = {}\ngemm_half_gflop = {}\nattention_efficiency = {}\n", p,
                      c.gemm_efficiency_max, c.gemm_half_gflop, c.attention_efficiency);
@@ -283,7 +282,7 @@ std::string cluster_toml(const ClusterSpec& s, const std::string& prefix) {
   out += fmt::format("[{}network]\nnvlink_latency_us = {}\nnetwork_latency_us = {}\np2p_latency_us = {}\n", p,
                      s.network.nvlink_latency_us, s.network.network_latency_us, s.network.p2p_latency_us);
   for (const auto& e : s.network.efficiency) {
-    out += fmt::format("\n[[{}network.efficiency]]\nscope = \"{}\"\n", p, e.scope);
+    out += fmt::format("\n[[{}network.efficiency]]\nscope = {}\n", p, toml_string(e.scope));
     if (e.participants > 0) out += fmt::format("participants = {}\n", e.participants);
     std::vector<std::string> b, f;
     for (double v : e.bytes) b.push_back(fmt::format("{}", v));

@@ -6,6 +6,7 @@
 
 #include "dtrain/common/digest.h"
 #include "dtrain/common/error.h"
+#include "dtrain/common/strings.h"
 #include "dtrain/common/toml_reader.h"
 
 namespace dtrain::model {
@@ -217,9 +218,8 @@ std::string model_toml(const ModelDescription& d, const std::string& prefix) {
   const TrainingSpec& t = d.training;
   std::string p = prefix.empty() ? "" : prefix + ".";
   std::string s = fmt::format("[{}model]\n", p);
-  s += fmt::format(
-      "name = \"{}\"\narch = \"{}\"\nlayers = {}\nhidden = {}\nffn_hidden = {}\nheads = {}\nkv_heads = {}\n", m.name,
-      to_string(m.arch), m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads);
+  s += fmt::format("name = {}\narch = \"{}\"\nlayers = {}\nhidden = {}\nffn_hidden = {}\nheads = {}\nkv_heads = {}\n",
+                   toml_string(m.name), to_string(m.arch), m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads);
   s += fmt::format("vocab = {}\nseq_len = {}\ntied_embeddings = {}\nnorm = \"{}\"\nactivation = \"{}\"\n", m.vocab,
                    m.seq_len, m.tied_embeddings, to_string(m.norm), to_string(m.activation));
   s += fmt::format("position = \"{}\"\nlinear_bias = {}\ndropout = {}\nnorm_eps = {}\nrope_theta = {}\n\n",

@@ -102,10 +102,10 @@ std::string render_plan(const Plan& p) {
   s += fmt::format("dtrain_version = \"{}\"\n", p.dtrain_version);
   s += fmt::format("{}{}\"\n\n", kDigestKey, p.digest);
   s += "[inputs]\n";
-  s += fmt::format("model = \"{}\"\nmodel_digest = \"{}\"\n", in.model_name, in.model_digest);
-  s += fmt::format("cluster = \"{}\"\ncluster_digest = \"{}\"\n", in.cluster_name, in.cluster_digest);
-  s += fmt::format("nodes = {}\ngpus_per_node = {}\ngpus = {}\nglobal_batch = {}\nseq_len = {}\nfixed = \"{}\"\n\n",
-                   in.nodes, in.gpus_per_node, in.gpus, in.global_batch, in.seq_len, in.fixed);
+  s += fmt::format("model = {}\nmodel_digest = \"{}\"\n", toml_string(in.model_name), in.model_digest);
+  s += fmt::format("cluster = {}\ncluster_digest = \"{}\"\n", toml_string(in.cluster_name), in.cluster_digest);
+  s += fmt::format("nodes = {}\ngpus_per_node = {}\ngpus = {}\nglobal_batch = {}\nseq_len = {}\nfixed = {}\n\n",
+                   in.nodes, in.gpus_per_node, in.gpus, in.global_batch, in.seq_len, toml_string(in.fixed));
   s += "[config]\n";
   s += fmt::format("tp = {}\npp = {}\ndp = {}\nvpp = {}\nmicro_batch = {}\nnum_microbatches = {}\n", c.tp, c.pp, c.dp,
                    c.vpp, c.micro_batch, c.num_microbatches);

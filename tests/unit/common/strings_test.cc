@@ -19,6 +19,14 @@ TEST(Strings, NearestOnlySuggestsPlausibleTypos) {
   EXPECT_EQ(nearest("zzzzzz", keys), std::nullopt);
 }
 
+TEST(Strings, TomlStringEscapesWhatTomlNeeds) {
+  EXPECT_EQ(toml_string("gpt3-175b"), "\"gpt3-175b\"");
+  EXPECT_EQ(toml_string(R"(a "b" \ c)"), R"("a \"b\" \\ c")");
+  EXPECT_EQ(toml_string("tab\tnew\nline\r"), R"("tab\tnew\nline\r")");
+  EXPECT_EQ(toml_string(std::string("x\x01\x7f", 3)), R"("x\u0001\u007F")");
+  EXPECT_EQ(toml_string("Grüße"), "\"Grüße\"");
+}
+
 TEST(Strings, Formatting) {
   EXPECT_EQ(format_bytes(80.0 * 1024 * 1024 * 1024), "80.00 GiB");
   EXPECT_EQ(format_seconds(0.0123), "12.30 ms");

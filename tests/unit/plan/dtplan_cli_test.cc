@@ -129,6 +129,29 @@ TEST(DtplanCli, PlanFileThenExplainIt) {
   EXPECT_THAT(edited.err, HasSubstr("digest mismatch"));
 }
 
+TEST(DtplanCli, NamesWithQuotesAndBackslashesSurviveThePlanFile) {
+  // A model and a cluster whose names need escaping in TOML: the plan written must read back (it once did not).
+  TempDir tmp;
+  std::string model = slurp(kRoot + "/examples/models/tiny.toml");
+  const auto at = model.find("name = \"");
+  ASSERT_NE(at, std::string::npos);
+  model.replace(at, model.find('\n', at) - at, R"(name = "tiny \"quoted\" \\ model\tv2")");
+  const std::string model_path = tmp.write("model.toml", model);
+  std::string cluster = slurp(kRoot + "/examples/clusters/local-cpu.toml");
+  const auto cat = cluster.find("name = \"");
+  ASSERT_NE(cat, std::string::npos);
+  cluster.replace(cat, cluster.find('\n', cat) - cat, R"(name = "lab's \"box\"")");
+  const std::string cluster_path = tmp.write("cluster.toml", cluster);
+  const std::string plan = (tmp / "plan.toml").string();
+  Result r = run("plan --model " + model_path + " --cluster " + cluster_path + " --gpus 2 -o " + plan);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Result back = run("explain --plan " + plan);
+  ASSERT_EQ(back.exit_code, 0) << back.err;
+  EXPECT_THAT(back.out, HasSubstr("for model 'tiny \"quoted\" \\ model\tv2' on cluster 'lab's \"box\"'"));
+  Result sim = run("simulate --plan " + plan);
+  EXPECT_EQ(sim.exit_code, 0) << sim.err;
+}
+
 TEST(DtplanCli, EveryDimensionPinnedChecksAHandTunedLayout) {
   Result r = run("plan --json --model " + kGpt3 + " --cluster " + kDgx +
                  " --gpus 1024 --fix tp=8,pp=16,dp=8,vpp=1,micro_batch=1,recompute=full --fix "

@@ -26,6 +26,10 @@ std::string format_bytes(double bytes);
 // "1.23 s", "45.6 ms", "789 us".
 std::string format_seconds(double seconds);
 
+// `text` as a TOML basic string, quotes included: backslash, quote and control characters escaped, so that any name
+// (a model called `my "big" model`) writes a file that reads back to the same name.
+std::string toml_string(std::string_view text);
+
 // Strict integer/float parsing of a whole string; nullopt when anything is left over or out of range.
 std::optional<std::int64_t> parse_int(std::string_view text);
 std::optional<double> parse_double(std::string_view text);
