@@ -36,8 +36,11 @@ StepMetrics Interpreter<A>::run(std::int64_t step_index) {
     try {
       if (in.is_p2p()) {
         std::size_t n = p2p_group(pc);
-        slice(ir::Stream::kPp, t0, Clock::now(),
-              fmt::format("{} x{} from pc {}", in.op == Opcode::kSend ? "SEND" : "RECV", n, pc), "p2p", pc);
+        // The group's operations are issued together and complete together: one slice each, as the simulator
+        // draws them (the same names), spanning the group's time.
+        const auto t1 = Clock::now();
+        for (std::size_t k = pc; k < pc + n; ++k)
+          slice(ir::Stream::kPp, t0, t1, ir::p2p_slice_name(prog.schedule[k]), "p2p", k);
         pc += n;
         continue;
       }

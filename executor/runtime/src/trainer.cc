@@ -337,6 +337,7 @@ class Run {
       double offset = std::chrono::duration<double>(step_start - run_start).count();
       for (ir::Slice sl : executor_->trace()) {
         sl.start_s += offset;
+        sl.step = s + 1;
         trace.push_back(std::move(sl));
       }
       if (world_.rank() == 0 && metrics.is_open()) write_metrics(metrics, sm);

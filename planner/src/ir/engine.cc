@@ -360,10 +360,7 @@ class Engine {
       p->matched = true;
       p->done_t = done;
       bool is_send = p->instr.op == Opcode::kSend;
-      slice(p->site.rank, Stream::kPp, start, d,
-            fmt::format("{} {} c{} mb{} {} {}", is_send ? "SEND" : "RECV", to_string(p->instr.what), p->instr.chunk,
-                        p->instr.mb, is_send ? "->" : "<-", p->instr.peer),
-            "p2p", p->site.pc, flow, is_send);
+      slice(p->site.rank, Stream::kPp, start, d, p2p_slice_name(p->instr), "p2p", p->site.pc, flow, is_send);
       P2PGroup& g = groups_[static_cast<std::size_t>(p->group)];
       if (options_.async_sends && is_send) {
         RankState& sender_state = ranks_.at(p->site.rank);

@@ -275,6 +275,12 @@ bool Program::operator==(const Program& o) const {
   return true;
 }
 
+std::string p2p_slice_name(const Instr& in) {
+  const bool send = in.op == Opcode::kSend;
+  return fmt::format("{} {} c{} mb{} {} {}", send ? "SEND" : "RECV", to_string(in.what), in.chunk, in.mb,
+                     send ? "->" : "<-", in.peer);
+}
+
 std::string describe(const Program& p, std::size_t pc) {
   if (pc >= p.schedule.size()) return fmt::format("rank {} pc {} (end of program)", p.rank, pc);
   return fmt::format("rank {} pc {} ({})", p.rank, pc, to_text(p.schedule[pc]));

@@ -10,6 +10,7 @@
 #include "dtrain/common/svg.h"
 #include "dtrain/plan/cost_model.h"
 #include "engine.h"
+#include "gantt.h"
 
 namespace dtrain::ir {
 
@@ -244,14 +245,15 @@ std::string chrome_trace_json(const SimulationReport& r) {
   for (const auto& s : r.slices) {
     double ts = s.start_s * 1e6, dur = s.duration_s * 1e6;
     int tid = static_cast<int>(s.stream);
-    events.push_back({{"ph", "X"},
-                      {"name", s.name},
-                      {"cat", s.category},
-                      {"pid", s.rank},
-                      {"tid", tid},
-                      {"ts", ts},
-                      {"dur", dur},
-                      {"args", {{"pc", s.pc}}}});
+    events.push_back(
+        {{"ph", "X"},
+         {"name", s.name},
+         {"cat", s.category},
+         {"pid", s.rank},
+         {"tid", tid},
+         {"ts", ts},
+         {"dur", dur},
+         {"args", s.step > 0 ? nlohmann::json{{"pc", s.pc}, {"step", s.step}} : nlohmann::json{{"pc", s.pc}}}});
     if (s.flow_id >= 0) {
       // Flow arrows from the send to the receive (Perfetto binds "s" to the enclosing slice start, "f" to its end).
       nlohmann::json flow = {{"ph", s.flow_start ? "s" : "f"},
@@ -277,11 +279,11 @@ std::string chrome_trace_json(const SimulationReport& r) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string gantt_svg(const SimulationReport& r, const std::string& title) {
-  const double width = 1200, left = 90, right = 20, top = 50, row = 34, bar = 22;
+std::string gantt_rows_svg(const std::vector<GanttRow>& rows, double span_s, const std::string& heading) {
+  const double width = 1200, left = 130, right = 20, top = 50, row = 34, bar = 22;
   const double plot = width - left - right;
-  const double span = std::max(r.makespan_s, 1e-12);
-  const double height = top + row * static_cast<double>(r.ranks.size()) + 70;
+  const double span = std::max(span_s, 1e-12);
+  const double height = top + row * static_cast<double>(rows.size()) + 70;
   std::map<std::string, const char*> colors = {{"forward", "#4e79a7"},
                                                {"backward", "#59a14f"},
                                                {"backward_input", "#8cd17d"},
@@ -289,40 +291,41 @@ std::string gantt_svg(const SimulationReport& r, const std::string& title) {
                                                {"optimizer", "#b07aa1"},
                                                {"p2p", "#e15759"},
                                                {"dp", "#9c755f"}};
-  std::map<std::int32_t, std::size_t> row_of;
-  for (std::size_t i = 0; i < r.ranks.size(); ++i) row_of[r.ranks[i]] = i;
   // Every name and title goes through svg::Writer, which escapes it: slice names carry '<' ("RECV grad c1 mb0 <- 8")
   // and model names may carry anything.
   svg::Writer svg(width, height, {{"font-family", "sans-serif"}, {"font-size", 11}});
   svg.element("rect", {{"x", 0}, {"y", 0}, {"width", width}, {"height", height}, {"fill", "white"}});
-  svg.text_element("text", {{"x", left}, {"y", 22}, {"font-size", 14}},
-                   fmt::format("{} — step {:.4g} s, bubble {:.1f}%", title, r.step_s, 100 * r.bubble_fraction));
-  for (std::size_t i = 0; i < r.ranks.size(); ++i) {
+  svg.text_element("text", {{"x", left}, {"y", 22}, {"font-size", 14}}, heading);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
     double y = top + row * static_cast<double>(i);
-    svg.text_element("text", {{"x", 8}, {"y", y + bar * 0.7}}, fmt::format("rank {}", r.ranks[i]));
+    svg.text_element("text", {{"x", 8}, {"y", y + bar * 0.7}}, rows[i].label);
     svg.element("line",
                 {{"x1", left}, {"y1", y + bar + 4}, {"x2", width - right}, {"y2", y + bar + 4}, {"stroke", "#ddd"}});
-  }
-  for (const auto& s : r.slices) {
-    if (s.stream == Stream::kDp) continue;
-    auto it = colors.find(s.category);
-    const char* color = it == colors.end() ? "#bab0ac" : it->second;
-    double x = left + plot * s.start_s / span;
-    double w = std::max(0.5, plot * s.duration_s / span);
-    double y = top + row * static_cast<double>(row_of[s.rank]) + (s.stream == Stream::kPp ? bar * 0.75 : 0);
-    double h = s.stream == Stream::kPp ? bar * 0.25 : bar;
-    svg.open(
-        "rect",
-        {{"x", x}, {"y", y}, {"width", w}, {"height", h}, {"fill", color}, {"stroke", "white"}, {"stroke-width", 0.5}});
-    svg.text_element("title", {}, s.name).close();
-    if (s.stream == Stream::kCompute && w > 28) {
-      std::string label = s.name.substr(0, s.name.find(' '));
-      auto mb = s.name.find("mb");
-      if (mb != std::string::npos) label += s.name.substr(mb + 2, s.name.find(' ', mb) - mb - 2);
-      svg.text_element("text", {{"x", x + 2}, {"y", y + bar * 0.65}, {"fill", "white"}, {"font-size", 10}}, label);
+    for (const Slice* s : rows[i].slices) {
+      if (s->stream == Stream::kDp) continue;
+      auto it = colors.find(s->category);
+      const char* color = it == colors.end() ? "#bab0ac" : it->second;
+      double x = left + plot * s->start_s / span;
+      double w = std::max(0.5, plot * s->duration_s / span);
+      double sy = y + (s->stream == Stream::kPp ? bar * 0.75 : 0);
+      double h = s->stream == Stream::kPp ? bar * 0.25 : bar;
+      svg.open("rect", {{"x", x},
+                        {"y", sy},
+                        {"width", w},
+                        {"height", h},
+                        {"fill", color},
+                        {"stroke", "white"},
+                        {"stroke-width", 0.5}});
+      svg.text_element("title", {}, s->name).close();
+      if (s->stream == Stream::kCompute && w > 28) {
+        std::string label = s->name.substr(0, s->name.find(' '));
+        auto mb = s->name.find("mb");
+        if (mb != std::string::npos) label += s->name.substr(mb + 2, s->name.find(' ', mb) - mb - 2);
+        svg.text_element("text", {{"x", x + 2}, {"y", sy + bar * 0.65}, {"fill", "white"}, {"font-size", 10}}, label);
+      }
     }
   }
-  double axis_y = top + row * static_cast<double>(r.ranks.size()) + 10;
+  double axis_y = top + row * static_cast<double>(rows.size()) + 10;
   svg.element("line", {{"x1", left}, {"y1", axis_y}, {"x2", width - right}, {"y2", axis_y}, {"stroke", "black"}});
   for (int i = 0; i <= 10; ++i) {
     double x = left + plot * i / 10.0;
@@ -337,6 +340,18 @@ std::string gantt_svg(const SimulationReport& r, const std::string& title) {
     lx += 130;
   }
   return svg.finish();
+}
+
+std::string gantt_svg(const SimulationReport& r, const std::string& title) {
+  std::vector<GanttRow> rows(r.ranks.size());
+  std::map<std::int32_t, std::size_t> row_of;
+  for (std::size_t i = 0; i < r.ranks.size(); ++i) {
+    row_of[r.ranks[i]] = i;
+    rows[i].label = fmt::format("rank {}", r.ranks[i]);
+  }
+  for (const auto& s : r.slices) rows[row_of[s.rank]].slices.push_back(&s);
+  return gantt_rows_svg(rows, r.makespan_s,
+                        fmt::format("{} — step {:.4g} s, bubble {:.1f}%", title, r.step_s, 100 * r.bubble_fraction));
 }
 
 nlohmann::json simulation_json(const SimulationReport& r) {

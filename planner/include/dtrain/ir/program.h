@@ -194,5 +194,8 @@ struct Program {
 
 // "rank 3 pc 12 (SEND what=act chunk=1 mb=0 peer=5 ...)": how every message about an instruction names it.
 std::string describe(const Program& p, std::size_t pc);
+// "SEND act c1 mb0 -> 5", "RECV grad c1 mb0 <- 8": the timeline name of a point-to-point instruction, the same in the
+// simulator's trace and in the executor's measured one (dtplan compare matches them).
+std::string p2p_slice_name(const Instr& in);
 
 }  // namespace dtrain::ir

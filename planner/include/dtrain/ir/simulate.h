@@ -34,6 +34,7 @@ struct Slice {
   std::int32_t pc = 0;
   std::int64_t flow_id = -1;  // SEND/RECV pairs share an id
   bool flow_start = false;
+  std::int64_t step = 0;  // measured traces: the 1-based training step (0: a simulated slice)
 };
 
 struct SimulationReport {
