@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "dtrain/common/error.h"
+#include "dtrain/common/files.h"
 #include "dtrain/ir/compare.h"
 #include "dtrain/ir/lower.h"
 #include "dtrain/ir/simulate.h"
@@ -28,28 +29,6 @@ struct CompareOptions {
   std::string svg;
   bool json = false;
 };
-
-// Writes `text` to a temporary file beside `path` and renames it: the file appears whole or not at all.
-void write_whole(const std::string& path, const std::string& text) {
-  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw io_error(fmt::format("{}: cannot be written", path));
-    out << text;
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw io_error(fmt::format("{}: write failed", path));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw io_error(fmt::format("{}: cannot be written: {}", path, ec.message()));
-  }
-}
 
 // Every rank's peak backend memory from the last line of dtexec's --metrics file.
 std::vector<std::int64_t> peaks_from_metrics(const std::string& path) {
@@ -85,10 +64,10 @@ void run_compare(const CompareOptions& o) {
   const auto programs = ir::lower_all(p);
   const ir::SimulationReport predicted = ir::simulate(p, programs);
   const ir::Comparison c = ir::compare(p, predicted, measured, peaks);
-  if (!o.trace.empty()) write_whole(o.trace, ir::comparison_trace_json(predicted, measured, c));
+  if (!o.trace.empty()) write_file_whole(o.trace, ir::comparison_trace_json(predicted, measured, c));
   if (!o.svg.empty()) {
-    write_whole(o.svg, ir::comparison_svg(predicted, measured, c,
-                                          fmt::format("{} {}", p.inputs.model_name, p.config.summary())));
+    write_file_whole(o.svg, ir::comparison_svg(predicted, measured, c,
+                                               fmt::format("{} {}", p.inputs.model_name, p.config.summary())));
   }
   if (o.json) {
     std::cout << ir::comparison_json(c).dump(2) << "\n";

@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "dtrain/common/error.h"
+#include "dtrain/common/files.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/plan/plan_file.h"
 #include "dtrain/plan/plan_job.h"
@@ -60,25 +61,6 @@ void add_comparison(Explanation& e, const PlanningInputs& in, const std::string&
   e.compare_label = spec;
 }
 
-void write_file_atomically(const std::string& path, const std::string& text) {
-  namespace fs = std::filesystem;
-  fs::path target(path);
-  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw io_error(fmt::format("{}: directory {} does not exist", path, dir.string()));
-  fs::path tmp = target;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw io_error(fmt::format("{}: cannot be written", tmp.string()));
-    out << text;
-    out.flush();
-    if (!out) throw io_error(fmt::format("{}: write failed", tmp.string()));
-  }
-  fs::rename(tmp, target, ec);
-  if (ec) throw io_error(fmt::format("{}: cannot be renamed into place: {}", path, ec.message()));
-}
-
 // Plans (plan::search_job, as dtexec --plan auto and the Slurm plugin do) and reports; returns the explanation of
 // the chosen layout, and its plan in `plan` when given. Throws exit 3 when nothing fits.
 Explanation plan_and_explain(const PlanningInputs& in, bool json, plan::Plan* plan = nullptr) {
@@ -104,7 +86,7 @@ void run_plan(const PlanOptions& o) {
   PlanningInputs in = load_planning_inputs(o.inputs);
   plan::Plan p;
   Explanation e = plan_and_explain(in, o.json, &p);
-  if (!o.output.empty()) write_file_atomically(o.output, plan::render_plan(p));
+  if (!o.output.empty()) write_file_whole(o.output, plan::render_plan(p));
   if (o.json) {
     std::cout << plan::explain_json(e).dump(2) << "\n";
     return;

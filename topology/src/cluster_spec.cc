@@ -165,10 +165,29 @@ ClusterSpec parse_cluster_tables(TableReader root) {
   auto gpu = root.table("gpu");
   auto network = root.table("network");
   auto calibration = root.table("calibration");
+  auto measured = root.table("provenance");
   root.reject_unknown();
   if (!cluster) root.fail_table("missing the [cluster] table (name, nodes)");
   if (!node) root.fail_table("missing the [node] table (gpus, gpu, nvlink_domain, nvlink_gbps, nics, nic_gbps)");
 
+  if (measured) {
+    // Written by dtplan calibrate: where the measured figures came from (explain shows it beside each figure).
+    auto host = measured->get_string("host").value_or("?");
+    auto device = measured->get_string("device").value_or("?");
+    auto date = measured->get_string("date").value_or("?");
+    measured->get_string("dtrain_version");
+    auto duration = measured->get_number("duration_s");
+    measured->get_int("ranks_per_node");
+    measured->get_int("threads_per_rank");
+    measured->get_number("gemm_fit_error");
+    measured->reject_unknown();
+    const std::string phrase =
+        fmt::format("measured: dtplan calibrate on {} ({}, {}, {:.0f} s)", host, device, date, duration.value_or(0));
+    for (const char* key :
+         {"gpu.tflops_fp32", "gpu.hbm_gbps", "calibration.gemm_half_gflop", "calibration.attention_efficiency"}) {
+      spec.provenance[key] = phrase;
+    }
+  }
   spec.name = cluster->get_string("name").value_or("");
   if (spec.name.empty()) cluster->fail("name", "required key is missing or empty");
   spec.nodes = static_cast<int>(cluster->get_int_at_least("nodes", 1).value_or(1));

@@ -317,7 +317,7 @@ std::string explain_text(const Explanation& e) {
   s += "\n" + layout_block(e) + "\n" + prediction_block(e.chosen, *e.model) + memory_block(e.chosen);
   const auto& provenance = e.model->cluster().provenance;
   if (!provenance.empty()) {
-    s += "\nWhere the cluster figures came from (discovered topology)\n";
+    s += "\nWhere the cluster figures came from (discovered topology, or measured by dtplan calibrate)\n";
     for (const auto& [key, source] : provenance) s += fmt::format("  {:<22} {}\n", key, source);
   }
   s += "\nBinding constraint\n  " + binding_constraint(e) + "\n";

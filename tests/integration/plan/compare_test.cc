@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "shell.h"
 #include "svg_check.h"
 
 namespace dtrain {
@@ -24,16 +25,7 @@ using namespace dtrain::testing;
 const std::string kRoot = DTRAIN_SOURCE_DIR;
 const std::string kBin = std::string(DTRAIN_BINARY_DIR) + "/bin";
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-Result shell(const fs::path& dir, const std::string& command) {
-  const fs::path out = dir / "cmd.out", err = dir / "cmd.err";
-  int status = std::system((command + " > " + out.string() + " 2> " + err.string()).c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out), read_text(err)};
-}
+using Result = ShellResult;
 
 // One 4-rank run shared by the tests: plan, trace and metrics in a scratch directory.
 class CompareTest : public ::testing::Test {

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Predicted beside measured on this machine, in one run (issue 12's benchmark):
+#   1. dtplan calibrate for 1, 2 and 4 ranks per node (the per-rank figures depend on how many ranks share the cores),
+#      twice for 4 ranks, to show how far two calibrations of the same machine differ;
+#   2. for each layout of bench/models/small-llama.toml below: dtplan plan --fix ... on the calibrated cluster (the
+#      prediction), then dtlaunch + dtexec with that plan file (the measurement: median step_s after 2 warm-up steps);
+#      the same prediction from the shipped examples/clusters/local-cpu.toml beside it;
+#   3. the error of each layout, the mean absolute error, Spearman's rank correlation between predicted and measured,
+#      and whether the planner's own choice for 4 ranks is within 5% of the measured best;
+#   4. predicted against measured peak memory per pipeline stage (dtplan compare --metrics) for the pp layouts.
+#
+#   bench/calibrate_vs_measured.sh [steps]     (from the repository root, after building; default 8 steps)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-8}
+bin=build/bin
+model=bench/models/small-llama.toml
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+echo "== calibrating (dtplan calibrate, dtrain's CPU kernels)"
+for n in 1 2 4; do
+  start=$(date +%s.%N)
+  $bin/dtplan calibrate --ranks-per-node "$n" -o "$out/cal$n.toml" 2>/dev/null | head -1
+  echo "   ($n rank(s): $(echo "$(date +%s.%N) - $start" | bc | cut -c1-5) s)"
+done
+$bin/dtplan calibrate --ranks-per-node 4 -o "$out/cal4b.toml" 2>/dev/null | head -1
+echo "   second calibration for 4 ranks: the figures of both runs"
+for key in tflops_fp32 hbm_gbps gemm_half_gflop attention_efficiency; do
+  printf '   %-22s %12s %12s\n' "$key" "$(grep -m1 "^$key = " "$out/cal4.toml" | cut -d' ' -f3)" \
+    "$(grep -m1 "^$key = " "$out/cal4b.toml" | cut -d' ' -f3)"
+done
+
+# layout: ranks and --fix
+layouts=(
+  "1 dp=1,tp=1,pp=1,micro_batch=8"
+  "1 dp=1,tp=1,pp=1,micro_batch=4"
+  "1 dp=1,tp=1,pp=1,micro_batch=8,recompute=full"
+  "2 dp=2,tp=1,pp=1"
+  "2 dp=1,tp=2,pp=1"
+  "2 dp=1,tp=2,pp=1,sequence_parallel=true"
+  "2 dp=1,tp=1,pp=2,schedule=1f1b"
+  "2 dp=2,tp=1,pp=1,distributed_optimizer=true"
+  "4 dp=4,tp=1,pp=1"
+  "4 dp=1,tp=4,pp=1"
+  "4 dp=1,tp=1,pp=4,schedule=1f1b"
+  "4 dp=2,tp=2,pp=1"
+  "4 dp=1,tp=2,pp=2,schedule=1f1b"
+  "4 dp=1,tp=1,pp=2,vpp=2,schedule=interleaved,micro_batch=2"
+  "4 dp=2,tp=1,pp=2,schedule=1f1b"
+)
+predict() {  # cluster ranks fix plan-file -> predicted seconds
+  $bin/dtplan plan --model "$model" --cluster "$1" --gpus "$2" --fix "$3" -o "$4" 2>/dev/null |
+    sed -n 's/^ *predicted \([0-9.]*\) ms per step.*/\1/p' | awk '{print $1 / 1000}'
+}
+median_step() {
+  python3 -c "import json,sys,statistics; t=[json.loads(l)['step_s'] for l in open(sys.argv[1])][2:]; print(statistics.median(t))" "$1"
+}
+echo
+echo "== $model: predicted (calibrated, and from local-cpu.toml) against measured, $steps steps, median after 2"
+printf '%-58s %10s %10s %10s %8s %8s\n' layout calibrated shipped measured error shipped
+: >"$out/rows"
+i=0
+for entry in "${layouts[@]}"; do
+  n=${entry%% *} fix=${entry#* }
+  i=$((i + 1))
+  predicted=$(predict "$out/cal$n.toml" "$n" "$fix" "$out/plan$i.toml")
+  shipped=$(predict examples/clusters/local-cpu.toml "$n" "$fix" "$out/shipped$i.toml")
+  $bin/dtlaunch --nproc "$n" -- $bin/dtexec train --model "$model" --plan "$out/plan$i.toml" --data synthetic \
+    --steps "$steps" --metrics "$out/m$i.jsonl" --trace "$out/t$i.json" >"$out/log$i" 2>&1
+  measured=$(median_step "$out/m$i.jsonl")
+  err=$(awk -v p="$predicted" -v m="$measured" 'BEGIN { printf "%+.1f%%", 100 * (p - m) / m }')
+  serr=$(awk -v p="$shipped" -v m="$measured" 'BEGIN { printf "%+.1f%%", 100 * (p - m) / m }')
+  printf '%-58s %10.4f %10.4f %10.4f %8s %8s\n' "$n: $fix" "$predicted" "$shipped" "$measured" "$err" "$serr"
+  echo "$n $predicted $measured $shipped" >>"$out/rows"
+done
+python3 - "$out/rows" <<'EOF'
+import sys
+rows = [list(map(float, l.split())) for l in open(sys.argv[1])]
+def ranks(v):
+    order = sorted(range(len(v)), key=lambda i: v[i]); r = [0.0] * len(v)
+    for k, i in enumerate(order): r[i] = k
+    return r
+def spearman(a, b):
+    ra, rb = ranks(a), ranks(b); n = len(a)
+    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb)) / (n * (n * n - 1))
+for label, col in (("calibrated", 1), ("shipped local-cpu.toml", 3)):
+    errs = [abs(r[col] - r[2]) / r[2] for r in rows]
+    print(f"{label:24s} mean |error| {100 * sum(errs) / len(errs):5.1f}%  worst {100 * max(errs):5.1f}%  "
+          f"within 15%: {sum(e <= 0.15 for e in errs)}/{len(errs)}  Spearman {spearman([r[col] for r in rows], [r[2] for r in rows]):.3f}")
+EOF
+
+echo
+echo "== the planner's own choice for 4 ranks (calibrated cluster) against the best measured 4-rank layout"
+$bin/dtplan plan --model "$model" --cluster "$out/cal4.toml" --gpus 4 -o "$out/choice.toml" | head -2
+$bin/dtlaunch --nproc 4 -- $bin/dtexec train --model "$model" --plan "$out/choice.toml" --data synthetic \
+  --steps "$steps" --metrics "$out/choice.jsonl" >"$out/choice.log" 2>&1
+choice=$(median_step "$out/choice.jsonl")
+best=$(awk '$1 == 4 { print $3 }' "$out/rows" | sort -g | head -1)
+awk -v c="$choice" -v b="$best" 'BEGIN { printf "chosen layout measured %.4f s, best listed layout %.4f s: %+.1f%%\n", c, b, 100 * (c - b) / b }'
+
+echo
+echo "== memory per pipeline stage (dtplan compare --metrics), pp layouts"
+i=0
+for entry in "${layouts[@]}"; do
+  i=$((i + 1))
+  [[ $entry == *pp=1* ]] && continue
+  echo "-- ${entry#* }"
+  $bin/dtplan compare --plan "$out/plan$i.toml" --measured "$out/t$i.json" --metrics "$out/m$i.jsonl" |
+    sed -n '/^memory per stage/,$p' | tail -n +2
+done

@@ -1,0 +1,257 @@
+#include "calibrate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <latch>
+#include <random>
+#include <thread>
+
+#include "dtrain/common/error.h"
+#include "dtrain/common/strings.h"
+#include "dtrain/common/version.h"
+#include "dtrain/kernels/attention.h"
+#include "dtrain/kernels/linear.h"
+#include "dtrain/kernels/norm.h"
+#include "dtrain/kernels/threads.h"
+
+namespace dtrain::dtplan {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<float> random_buffer(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Runs `work(worker)` on `ranks` threads started together: one untimed call each, then `reps` timed calls. The median
+// of every call's time: what one rank takes while the others run alongside.
+double concurrent_seconds(int ranks, int reps, const std::function<void(int)>& work) {
+  std::vector<std::vector<double>> times(static_cast<std::size_t>(ranks));
+  std::latch start(ranks);
+  {
+    std::vector<std::jthread> workers;
+    for (int w = 0; w < ranks; ++w) {
+      workers.emplace_back([&, w] {
+        work(w);
+        start.arrive_and_wait();
+        for (int r = 0; r < reps; ++r) {
+          const auto t0 = Clock::now();
+          work(w);
+          times[static_cast<std::size_t>(w)].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+      });
+    }
+  }
+  std::vector<double> all;
+  for (const auto& t : times) all.insert(all.end(), t.begin(), t.end());
+  return median(all);
+}
+
+// Repetitions for about `target_s` of timed work given one call's time (at least 3, at most 50).
+int reps_for(double call_s, double target_s) {
+  return std::clamp(static_cast<int>(target_s / std::max(call_s, 1e-6)), 3, 50);
+}
+
+void check_stop(const std::function<bool()>& stop) {
+  if (stop && stop()) {
+    throw Error(ErrorCategory::kIo, ExitCode::kPreempted, "dtplan calibrate: interrupted; nothing was written");
+  }
+}
+
+}  // namespace
+
+CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<void(const std::string&)>& progress,
+                                const std::function<bool()>& stop) {
+  const auto t_start = Clock::now();
+  CalibrationResult r;
+  r.ranks = std::max(1, o.ranks);
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  r.threads_per_rank = std::max(1, cores / r.ranks);
+  kernels::cpu::set_num_threads(r.threads_per_rank);
+  // The budget: GEMMs half, attention a third, memory the rest.
+  const double budget = o.budget_s * (o.quick ? 0.25 : 1.0);
+  progress(fmt::format("{} rank(s) at once, {} thread(s) each ({} cores)", r.ranks, r.threads_per_rank, cores));
+
+  // ---- GEMMs
+  std::vector<std::array<std::int64_t, 3>> shapes;
+  if (o.quick) {
+    shapes = {{512, 256, 256}, {512, 1024, 1024}, {512, 512, 2048}, {1024, 2048, 512}};
+  } else {
+    shapes = {{256, 256, 256},   {1024, 256, 256},  {512, 512, 512},    {1024, 1024, 1024},
+              {1024, 2048, 512}, {1024, 512, 2048}, {2048, 1024, 1024}, {256, 4096, 1024}};
+  }
+  const double per_gemm = 0.5 * budget / static_cast<double>(shapes.size()) / r.ranks;
+  for (const auto& [m, n, k] : shapes) {
+    check_stop(stop);
+    std::vector<std::vector<float>> x, w, y;
+    for (int i = 0; i < r.ranks; ++i) {
+      x.push_back(random_buffer(static_cast<std::size_t>(m * k), 1 + i));
+      w.push_back(random_buffer(static_cast<std::size_t>(n * k), 100 + i));
+      y.emplace_back(static_cast<std::size_t>(m * n));
+    }
+    const kernels::LinearShape shape{m, k, n};
+    auto call = [&](int i) { kernels::cpu::linear_forward(shape, x[i].data(), w[i].data(), nullptr, y[i].data()); };
+    const auto t0 = Clock::now();
+    call(0);
+    const double first = std::chrono::duration<double>(Clock::now() - t0).count();
+    GemmPoint p{m, n, k, concurrent_seconds(r.ranks, reps_for(first, per_gemm), call)};
+    r.gemms.push_back(p);
+    progress(fmt::format("GEMM {}x{}x{}: {} per call, {:.1f} GFLOP/s per rank", m, n, k, format_seconds(p.seconds),
+                         2.0 * m * n * k / p.seconds / 1e9));
+  }
+  // time = slope F + intercept with slope = 1/P, intercept = h/P, by least squares on relative error (weights 1/t^2).
+  double sw = 0, swf = 0, swff = 0, swt = 0, swft = 0;
+  for (const auto& p : r.gemms) {
+    const double f = 2.0 * static_cast<double>(p.m * p.n * p.k), t = p.seconds, wgt = 1.0 / (t * t);
+    sw += wgt;
+    swf += wgt * f;
+    swff += wgt * f * f;
+    swt += wgt * t;
+    swft += wgt * f * t;
+  }
+  double slope = (sw * swft - swf * swt) / (sw * swff - swf * swf);
+  double intercept = (swt - slope * swf) / sw;
+  if (intercept < 0 || slope <= 0) {
+    intercept = 0;
+    slope = swft / swff;
+  }
+  r.peak_flops = 1.0 / slope;
+  r.half_flops = intercept / slope;
+  double err = 0;
+  for (const auto& p : r.gemms) {
+    const double f = 2.0 * static_cast<double>(p.m * p.n * p.k);
+    err += std::abs((slope * f + intercept) - p.seconds) / p.seconds;
+  }
+  r.gemm_fit_error = err / static_cast<double>(r.gemms.size());
+  progress(fmt::format("GEMM fit: peak {:.1f} GFLOP/s per rank, half-size {:.3g} GFLOP, mean fit error {:.1f}%",
+                       r.peak_flops / 1e9, r.half_flops / 1e9, 100 * r.gemm_fit_error));
+
+  // ---- memory bandwidth: RMSNorm over buffers larger than the caches
+  {
+    check_stop(stop);
+    const std::int64_t hidden = 1024, rows = (o.quick ? 8192 : 16384) / r.ranks;
+    std::vector<std::vector<float>> x, y, rstd;
+    const std::vector<float> gamma(static_cast<std::size_t>(hidden), 1.0f);
+    for (int i = 0; i < r.ranks; ++i) {
+      x.push_back(random_buffer(static_cast<std::size_t>(rows * hidden), 200 + i));
+      y.emplace_back(static_cast<std::size_t>(rows * hidden));
+      rstd.emplace_back(static_cast<std::size_t>(rows));
+    }
+    const kernels::NormShape shape{rows, hidden};
+    auto call = [&](int i) {
+      kernels::cpu::rmsnorm_forward(shape, x[i].data(), gamma.data(), 1e-5f, y[i].data(), rstd[i].data());
+    };
+    const auto t0 = Clock::now();
+    call(0);
+    const double first = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double s = concurrent_seconds(r.ranks, reps_for(first, 0.15 * budget / r.ranks), call);
+    r.memory_bytes_per_s = 8.0 * static_cast<double>(rows * hidden) / s;
+    progress(fmt::format("memory: {:.2f} GB/s per rank (RMSNorm of {} rows of {})", r.memory_bytes_per_s / 1e9, rows,
+                         hidden));
+  }
+
+  // ---- attention: causal, 4 query heads over 2 kv heads, head_dim 64
+  std::vector<std::int64_t> seqs =
+      o.quick ? std::vector<std::int64_t>{256, 512} : std::vector<std::int64_t>{256, 512, 1024};
+  double flops_total = 0, seconds_total = 0;
+  for (std::int64_t seq : seqs) {
+    check_stop(stop);
+    kernels::AttentionShape sh;
+    sh.batch = 1;
+    sh.seq = seq;
+    sh.n_heads = 4;
+    sh.n_kv_heads = 2;
+    sh.head_dim = 64;
+    sh.q_stride = sh.n_heads * sh.head_dim;
+    sh.kv_stride = sh.n_kv_heads * sh.head_dim;
+    const auto tokens = static_cast<std::size_t>(seq);
+    struct Buffers {
+      std::vector<float> q, k, v, o, lse, dout, dq, dk, dv;
+    };
+    std::vector<Buffers> bufs;
+    for (int i = 0; i < r.ranks; ++i) {
+      Buffers b;
+      b.q = random_buffer(tokens * static_cast<std::size_t>(sh.q_stride), 300 + i);
+      b.k = random_buffer(tokens * static_cast<std::size_t>(sh.kv_stride), 400 + i);
+      b.v = random_buffer(tokens * static_cast<std::size_t>(sh.kv_stride), 500 + i);
+      b.dout = random_buffer(tokens * static_cast<std::size_t>(sh.q_stride), 600 + i);
+      b.o.resize(b.q.size());
+      b.dq.resize(b.q.size());
+      b.dk.resize(b.k.size());
+      b.dv.resize(b.v.size());
+      b.lse.resize(static_cast<std::size_t>(sh.n_heads) * tokens);
+      bufs.push_back(std::move(b));
+    }
+    auto fwd = [&](int i) {
+      auto& b = bufs[static_cast<std::size_t>(i)];
+      kernels::cpu::attention_forward(sh, b.q.data(), b.k.data(), b.v.data(), b.o.data(), b.lse.data(), nullptr);
+    };
+    auto bwd = [&](int i) {
+      auto& b = bufs[static_cast<std::size_t>(i)];
+      kernels::cpu::attention_backward(sh, b.q.data(), b.k.data(), b.v.data(), b.o.data(), b.lse.data(), b.dout.data(),
+                                       b.dq.data(), b.dk.data(), b.dv.data(), nullptr);
+    };
+    const auto t0 = Clock::now();
+    fwd(0);
+    bwd(0);
+    const double first = std::chrono::duration<double>(Clock::now() - t0).count();
+    const int reps = reps_for(first, 0.3 * budget / static_cast<double>(seqs.size()) / r.ranks);
+    AttentionPoint p{seq, concurrent_seconds(r.ranks, reps, fwd), concurrent_seconds(r.ranks, reps, bwd)};
+    r.attention.push_back(p);
+    // The cost model's count (layer_graph.cc): 2 b h s^2 d forward (the causal half), backward 2.5 times that.
+    const double f = 2.0 * static_cast<double>(sh.batch * sh.n_heads * seq * seq * sh.head_dim);
+    flops_total += 3.5 * f;
+    seconds_total += p.forward_s + p.backward_s;
+    progress(fmt::format("attention seq {}: forward {}, backward {}", seq, format_seconds(p.forward_s),
+                         format_seconds(p.backward_s)));
+  }
+  r.attention_efficiency = std::min(1.0, flops_total / seconds_total / r.peak_flops);
+  progress(fmt::format("attention: {:.0f}% of the GEMM peak", 100 * r.attention_efficiency));
+  r.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  return r;
+}
+
+std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const CalibrationResult& r,
+                                    const std::string& host, const std::string& date) {
+  topology::ClusterSpec c = base;
+  c.node.gpus = r.ranks;
+  c.node.nvlink_domain = std::min(c.node.nvlink_domain, r.ranks);
+  c.node.nic_of_gpu.clear();
+  topology::GpuSpec& g = c.node.gpu;
+  g.tflops_fp32 = r.peak_flops / 1e12;
+  g.hbm_gbps = r.memory_bytes_per_s / 1e9;
+  topology::Calibration& cal = g.calibration;
+  cal.gemm_efficiency_max = 1.0;
+  cal.gemm_half_gflop = std::max(r.half_flops / 1e9, 1e-6);  // the format wants it positive; 1 kFLOP is none
+  cal.attention_efficiency = r.attention_efficiency;
+  cal.hbm_efficiency = 1.0;
+  std::string out = fmt::format(
+      "# Measured by `dtplan calibrate` on {} ({}): dtrain's CPU kernels, {} rank(s) at once with {} thread(s) each.\n"
+      "# [gpu] tflops_fp32 is the fitted GEMM peak per rank and hbm_gbps the measured bandwidth per rank (so both\n"
+      "# efficiencies are 1); the [network] figures are the base cluster's (communication is not measured yet).\n"
+      "format = 1\n\n",
+      host, date, r.ranks, r.threads_per_rank);
+  out += topology::cluster_toml(c, "");
+  out += fmt::format(
+      "\n[provenance]\nhost = {}\ndevice = \"cpu\"\ndate = {}\ndtrain_version = {}\nduration_s = {:.2f}\n"
+      "ranks_per_node = {}\nthreads_per_rank = {}\ngemm_fit_error = {:.4f}\n",
+      toml_string(host), toml_string(date), toml_string(kVersion), r.seconds, r.ranks, r.threads_per_rank,
+      r.gemm_fit_error);
+  return out;
+}
+
+}  // namespace dtrain::dtplan

@@ -1,0 +1,172 @@
+// dtplan calibrate: measure this machine with dtrain's own CPU kernels and write a cluster.toml with the figures
+// (calibrate.h says what is measured and how it is fitted).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "calibrate.h"
+#include "commands.h"
+#include "dtrain/common/error.h"
+#include "dtrain/common/files.h"
+#include "dtrain/common/strings.h"
+#include "dtrain/common/toml_reader.h"
+#include "dtrain/topology/cluster_spec.h"
+
+namespace dtrain::dtplan {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_interrupt(int) { g_interrupted.store(true); }
+
+struct CalibrateCommand {
+  std::string device = "cpu";
+  std::string base;
+  std::string output;
+  int ranks = 0;
+  bool quick = false;
+  bool json = false;
+};
+
+std::string hostname() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+// Without --base: one node of this machine whose "GPUs" are CPU ranks (as examples/clusters/local-cpu.toml), with
+// the loopback figures of that file for what is not measured (communication, latencies).
+topology::ClusterSpec default_base() {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  const double memory_gib =
+      pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) / 1073741824.0 : 4;
+  const std::string text = fmt::format(R"(format = 1
+[cluster]
+name = {}
+nodes = 1
+[node]
+gpus = {}
+gpu = "cpu"
+nvlink_domain = {}
+nvlink_gbps = 2
+nics = 1
+nic_gbps = 1
+pcie_gbps = 2
+[gpu]
+name = "cpu"
+tflops_fp32 = 0.05
+memory_gib = {:.1f}
+hbm_gbps = 10
+[network]
+nvlink_latency_us = 50
+network_latency_us = 100
+p2p_latency_us = 50
+[calibration]
+step_overhead_s = 0.005
+microbatch_overhead_s = 0.0005
+memory_fragmentation = 0.05
+runtime_reserved_gib = 0
+)",
+                                       toml_string(hostname()), cores, cores, memory_gib / cores);
+  return topology::parse_cluster(TomlDocument::parse_string(text, "dtplan calibrate's default base"));
+}
+
+void run_calibrate(const CalibrateCommand& o) {
+  if (o.device != "cpu") {
+    throw input_error(
+        fmt::format("--device {}: dtplan calibrate measures CPUs (--device cpu); on a GPU use "
+                    "bench/gpu.sh, whose kernel figures docs/cost-model.md turns into a [calibration] "
+                    "table",
+                    o.device));
+  }
+  if (o.output.empty()) throw input_error("dtplan calibrate: -o cluster.toml is required");
+  const topology::ClusterSpec base = o.base.empty() ? default_base() : topology::load_cluster(o.base);
+  CalibrateOptions co;
+  co.ranks = o.ranks > 0 ? o.ranks : base.node.gpus;
+  co.quick = o.quick;
+  if (co.ranks < 1) throw input_error(fmt::format("--ranks-per-node {}: expected 1 or more", o.ranks));
+  // The output's directory must exist before minutes of measuring.
+  const fs::path out_dir = fs::path(o.output).parent_path();
+  if (!out_dir.empty() && !fs::is_directory(out_dir)) {
+    throw input_error(fmt::format("-o {}: the directory {} does not exist", o.output, out_dir.string()));
+  }
+  auto old_int = std::signal(SIGINT, on_interrupt);
+  auto old_term = std::signal(SIGTERM, on_interrupt);
+  CalibrationResult r;
+  try {
+    r = calibrate_cpu(
+        co, [&](const std::string& line) { std::cerr << "dtplan calibrate: " << line << std::endl; },
+        [] { return g_interrupted.load(); });
+  } catch (...) {
+    std::signal(SIGINT, old_int);
+    std::signal(SIGTERM, old_term);
+    throw;
+  }
+  std::signal(SIGINT, old_int);
+  std::signal(SIGTERM, old_term);
+  const std::string text = calibrated_cluster_toml(base, r, hostname(), utc_now());
+  // The result must load like any cluster.toml before it is put in place (whole or not at all).
+  topology::parse_cluster(TomlDocument::parse_string(text, o.output));
+  write_file_whole(o.output, text);
+  if (o.json) {
+    nlohmann::json j{{"output", o.output},
+                     {"seconds", r.seconds},
+                     {"ranks_per_node", r.ranks},
+                     {"threads_per_rank", r.threads_per_rank},
+                     {"gemm_peak_flops", r.peak_flops},
+                     {"gemm_half_flops", r.half_flops},
+                     {"gemm_fit_error", r.gemm_fit_error},
+                     {"memory_bytes_per_s", r.memory_bytes_per_s},
+                     {"attention_efficiency", r.attention_efficiency}};
+    j["gemms"] = nlohmann::json::array();
+    for (const auto& g : r.gemms) j["gemms"].push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"seconds", g.seconds}});
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  std::cout << fmt::format(
+      "calibrated in {:.1f} s: GEMM peak {:.1f} GFLOP/s per rank (half-size {:.3g} GFLOP, fit error {:.1f}%), memory "
+      "{:.2f} GB/s per rank, attention at {:.0f}% of the GEMM peak; {} rank(s) per node, {} thread(s) each\n"
+      "cluster written to {}\n",
+      r.seconds, r.peak_flops / 1e9, r.half_flops / 1e9, 100 * r.gemm_fit_error, r.memory_bytes_per_s / 1e9,
+      100 * r.attention_efficiency, r.ranks, r.threads_per_rank, o.output);
+}
+
+void setup_calibrate(CLI::App& app) {
+  auto o = std::make_shared<CalibrateCommand>();
+  auto* sub = app.add_subcommand("calibrate", "Measure this machine with dtrain's kernels and write a cluster.toml");
+  sub->add_option("--device", o->device, "cpu (GPUs: bench/gpu.sh)")->capture_default_str();
+  sub->add_option("--base", o->base,
+                  "Cluster whose other figures to keep (default: this machine as one node of CPU ranks)");
+  sub->add_option("-o,--output", o->output, "The cluster.toml to write")->required();
+  sub->add_option("--ranks-per-node", o->ranks, "Ranks measured together (default: the base's GPUs per node)");
+  sub->add_flag("--quick", o->quick, "Fewer shapes and repetitions (about 15 s instead of 60)");
+  sub->add_flag("--json", o->json, "Print the measurements as JSON");
+  sub->callback([o] { run_calibrate(*o); });
+}
+
+}  // namespace
+
+DTPLAN_COMMAND(56, setup_calibrate);
+
+}  // namespace dtrain::dtplan
