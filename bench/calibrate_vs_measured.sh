@@ -46,12 +46,15 @@ layouts=(
   "4 dp=1,tp=1,pp=4,schedule=1f1b"
   "4 dp=2,tp=2,pp=1"
   "4 dp=1,tp=2,pp=2,schedule=1f1b"
-  "4 dp=1,tp=1,pp=2,vpp=2,schedule=interleaved,micro_batch=2"
+  "4 dp=2,tp=1,pp=2,vpp=2,schedule=interleaved,micro_batch=1"
   "4 dp=2,tp=1,pp=2,schedule=1f1b"
 )
-predict() {  # cluster ranks fix plan-file -> predicted seconds
-  $bin/dtplan plan --model "$model" --cluster "$1" --gpus "$2" --fix "$3" -o "$4" 2>/dev/null |
-    sed -n 's/^ *predicted \([0-9.]*\) ms per step.*/\1/p' | awk '{print $1 / 1000}'
+predict() {  # cluster ranks fix plan-file -> predicted seconds, or nan when dtplan refuses the layout
+  local line
+  line=$($bin/dtplan plan --model "$model" --cluster "$1" --gpus "$2" --fix "$3" -o "$4" 2>/dev/null |
+    sed -n 's/^ *predicted \([0-9.]*\) \(m\{0,1\}s\) per step.*/\1 \2/p')
+  [[ -n $line ]] || { echo nan; return; }
+  echo "$line" | awk '{ print ($2 == "ms") ? $1 / 1000 : $1 }'
 }
 median_step() {
   python3 -c "import json,sys,statistics; t=[json.loads(l)['step_s'] for l in open(sys.argv[1])][2:]; print(statistics.median(t))" "$1"
@@ -66,12 +69,19 @@ for entry in "${layouts[@]}"; do
   i=$((i + 1))
   predicted=$(predict "$out/cal$n.toml" "$n" "$fix" "$out/plan$i.toml")
   shipped=$(predict examples/clusters/local-cpu.toml "$n" "$fix" "$out/shipped$i.toml")
-  $bin/dtlaunch --nproc "$n" -- $bin/dtexec train --model "$model" --plan "$out/plan$i.toml" --data synthetic \
-    --steps "$steps" --metrics "$out/m$i.jsonl" --trace "$out/t$i.json" >"$out/log$i" 2>&1
+  if [[ $predicted == nan ]]; then
+    printf '%-58s dtplan refused the layout\n' "$n: $fix"
+    continue
+  fi
+  if ! $bin/dtlaunch --nproc "$n" -- $bin/dtexec train --model "$model" --plan "$out/plan$i.toml" --data synthetic \
+    --steps "$steps" --metrics "$out/m$i.jsonl" --trace "$out/t$i.json" >"$out/log$i" 2>&1; then
+    printf '%-58s the run failed: %s\n' "$n: $fix" "$(tail -1 "$out/log$i")"
+    continue
+  fi
   measured=$(median_step "$out/m$i.jsonl")
   err=$(awk -v p="$predicted" -v m="$measured" 'BEGIN { printf "%+.1f%%", 100 * (p - m) / m }')
   serr=$(awk -v p="$shipped" -v m="$measured" 'BEGIN { printf "%+.1f%%", 100 * (p - m) / m }')
-  printf '%-58s %10.4f %10.4f %10.4f %8s %8s\n' "$n: $fix" "$predicted" "$shipped" "$measured" "$err" "$serr"
+  printf '%-58s %10.4f %10s %10.4f %8s %8s\n' "$n: $fix" "$predicted" "$shipped" "$measured" "$err" "$serr"
   echo "$n $predicted $measured $shipped" >>"$out/rows"
 done
 python3 - "$out/rows" <<'EOF'
@@ -85,9 +95,10 @@ def spearman(a, b):
     ra, rb = ranks(a), ranks(b); n = len(a)
     return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb)) / (n * (n * n - 1))
 for label, col in (("calibrated", 1), ("shipped local-cpu.toml", 3)):
-    errs = [abs(r[col] - r[2]) / r[2] for r in rows]
+    rows_ok = [r for r in rows if r[col] == r[col]]
+    errs = [abs(r[col] - r[2]) / r[2] for r in rows_ok]
     print(f"{label:24s} mean |error| {100 * sum(errs) / len(errs):5.1f}%  worst {100 * max(errs):5.1f}%  "
-          f"within 15%: {sum(e <= 0.15 for e in errs)}/{len(errs)}  Spearman {spearman([r[col] for r in rows], [r[2] for r in rows]):.3f}")
+          f"within 15%: {sum(e <= 0.15 for e in errs)}/{len(errs)}  Spearman {spearman([r[col] for r in rows_ok], [r[2] for r in rows_ok]):.3f}")
 EOF
 
 echo
@@ -104,7 +115,7 @@ echo "== memory per pipeline stage (dtplan compare --metrics), pp layouts"
 i=0
 for entry in "${layouts[@]}"; do
   i=$((i + 1))
-  [[ $entry == *pp=1* ]] && continue
+  [[ $entry == *pp=1* || ! -s $out/t$i.json ]] && continue
   echo "-- ${entry#* }"
   $bin/dtplan compare --plan "$out/plan$i.toml" --measured "$out/t$i.json" --metrics "$out/m$i.jsonl" |
     sed -n '/^memory per stage/,$p' | tail -n +2

@@ -69,8 +69,7 @@ StepMetrics Interpreter<A>::run(std::int64_t step_index) {
         case Opcode::kAllGather:
         case Opcode::kReduceScatter:
           schedule_collective(in);
-          slice(ir::Stream::kDp, t0, Clock::now(), fmt::format("{} {}", ir::to_string(in.op), ir::to_string(in.what)),
-                "dp", pc);
+          slice(ir::Stream::kDp, t0, Clock::now(), ir::collective_slice_name(in), "dp", pc);
           break;
         case Opcode::kOptimizerStep:
           optimizer_step();

@@ -451,10 +451,7 @@ class Engine {
       if (slot.async) {
         st.dp_free = slot.end_t;
         st.dp_done = std::max(st.dp_done, slot.end_t);
-        slice(a.site.rank, Stream::kDp, start, d,
-              fmt::format("{} {}{}", to_string(a.instr.op), to_string(a.instr.what),
-                          a.instr.index >= 0 ? fmt::format(" #{}", a.instr.index) : ""),
-              "dp", a.site.pc);
+        slice(a.site.rank, Stream::kDp, start, d, collective_slice_name(a.instr), "dp", a.site.pc);
         auto it = std::find(st.pending_dp.begin(), st.pending_dp.end(), key);
         if (it != st.pending_dp.end()) st.pending_dp.erase(it);
         if (st.pending_dp.empty() && st.block == Block::kDpWait) worklist_.push_back(a.site.rank);

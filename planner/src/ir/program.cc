@@ -281,6 +281,11 @@ std::string p2p_slice_name(const Instr& in) {
                      send ? "->" : "<-", in.peer);
 }
 
+std::string collective_slice_name(const Instr& in) {
+  return fmt::format("{} {}{}", to_string(in.op), to_string(in.what),
+                     in.index >= 0 ? fmt::format(" #{}", in.index) : "");
+}
+
 std::string describe(const Program& p, std::size_t pc) {
   if (pc >= p.schedule.size()) return fmt::format("rank {} pc {} (end of program)", p.rank, pc);
   return fmt::format("rank {} pc {} ({})", p.rank, pc, to_text(p.schedule[pc]));

@@ -197,5 +197,7 @@ std::string describe(const Program& p, std::size_t pc);
 // "SEND act c1 mb0 -> 5", "RECV grad c1 mb0 <- 8": the timeline name of a point-to-point instruction, the same in the
 // simulator's trace and in the executor's measured one (dtplan compare matches them).
 std::string p2p_slice_name(const Instr& in);
+// "ALLREDUCE replicated_grads", "REDUCESCATTER grad_bucket #0": the timeline name of a collective, shared likewise.
+std::string collective_slice_name(const Instr& in);
 
 }  // namespace dtrain::ir
