@@ -1,6 +1,7 @@
 #include "calibrate.h"
 
 #include <fmt/format.h>
+#include <gloo/rendezvous/hash_store.h>
 
 #include <algorithm>
 #include <chrono>
@@ -9,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "dtrain/comm/gloo.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/common/version.h"
@@ -59,6 +61,31 @@ double concurrent_seconds(int ranks, int reps, const std::function<void(int)>& w
   std::vector<double> all;
   for (const auto& t : times) all.insert(all.end(), t.begin(), t.end());
   return median(all);
+}
+
+// y = slope x + intercept by least squares on relative error (weights 1 / y^2); through the origin when that fit
+// gives a negative intercept.
+struct Line {
+  double slope = 0, intercept = 0;
+};
+Line fit_line(const std::vector<std::pair<double, double>>& xy) {
+  double sw = 0, sx = 0, sxx = 0, sy = 0, sxy = 0;
+  for (const auto& [x, y] : xy) {
+    const double w = 1.0 / (y * y);
+    sw += w;
+    sx += w * x;
+    sxx += w * x * x;
+    sy += w * y;
+    sxy += w * x * y;
+  }
+  Line l;
+  l.slope = (sw * sxy - sx * sy) / (sw * sxx - sx * sx);
+  l.intercept = (sy - l.slope * sx) / sw;
+  if (l.intercept < 0 || l.slope <= 0 || !std::isfinite(l.slope)) {
+    l.intercept = 0;
+    l.slope = sxy / sxx;
+  }
+  return l;
 }
 
 // Repetitions for about `target_s` of timed work given one call's time (at least 3, at most 50).
@@ -113,22 +140,11 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
     progress(fmt::format("GEMM {}x{}x{}: {} per call, {:.1f} GFLOP/s per rank", m, n, k, format_seconds(p.seconds),
                          2.0 * m * n * k / p.seconds / 1e9));
   }
-  // time = slope F + intercept with slope = 1/P, intercept = h/P, by least squares on relative error (weights 1/t^2).
-  double sw = 0, swf = 0, swff = 0, swt = 0, swft = 0;
-  for (const auto& p : r.gemms) {
-    const double f = 2.0 * static_cast<double>(p.m * p.n * p.k), t = p.seconds, wgt = 1.0 / (t * t);
-    sw += wgt;
-    swf += wgt * f;
-    swff += wgt * f * f;
-    swt += wgt * t;
-    swft += wgt * f * t;
-  }
-  double slope = (sw * swft - swf * swt) / (sw * swff - swf * swf);
-  double intercept = (swt - slope * swf) / sw;
-  if (intercept < 0 || slope <= 0) {
-    intercept = 0;
-    slope = swft / swff;
-  }
+  // time = F / P + h / P: a line in the flops F.
+  std::vector<std::pair<double, double>> gemm_points;
+  for (const auto& p : r.gemms) gemm_points.emplace_back(2.0 * static_cast<double>(p.m * p.n * p.k), p.seconds);
+  const Line gemm_line = fit_line(gemm_points);
+  const double slope = gemm_line.slope, intercept = gemm_line.intercept;
   r.peak_flops = 1.0 / slope;
   r.half_flops = intercept / slope;
   double err = 0;
@@ -221,6 +237,69 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
   }
   r.attention_efficiency = std::min(1.0, flops_total / seconds_total / r.peak_flops);
   progress(fmt::format("attention: {:.0f}% of the GEMM peak", 100 * r.attention_efficiency));
+
+  // ---- all-reduce between the ranks (Gloo over loopback)
+  if (r.ranks > 1) {
+    check_stop(stop);
+    const std::vector<std::int64_t> sizes = o.quick ? std::vector<std::int64_t>{4096, 262144, 4194304}
+                                                    : std::vector<std::int64_t>{4096, 65536, 1048576, 8388608};
+    const int reps = o.quick ? 5 : 10;
+    std::vector<std::vector<std::vector<double>>> times(static_cast<std::size_t>(r.ranks),
+                                                        std::vector<std::vector<double>>(sizes.size()));
+    gloo::rendezvous::HashStore store;
+    std::vector<std::string> errors(static_cast<std::size_t>(r.ranks));
+    {
+      std::vector<std::jthread> workers;
+      for (int w = 0; w < r.ranks; ++w) {
+        workers.emplace_back([&, w] {
+          try {
+            comm::GlooOptions go;
+            go.name = "calibrate";
+            auto world = comm::connect_gloo(store, w, r.ranks, go);
+            std::vector<float> buf(static_cast<std::size_t>(sizes.back() / 4), 1.0f);
+            for (std::size_t si = 0; si < sizes.size(); ++si) {
+              const auto count = static_cast<std::size_t>(sizes[si] / 4);
+              world->all_reduce(buf.data(), buf.data(), count, comm::ReduceOp::kSum);
+              for (int rep = 0; rep < reps; ++rep) {
+                const auto t0 = Clock::now();
+                world->all_reduce(buf.data(), buf.data(), count, comm::ReduceOp::kSum);
+                times[static_cast<std::size_t>(w)][si].push_back(
+                    std::chrono::duration<double>(Clock::now() - t0).count());
+              }
+            }
+          } catch (const std::exception& e) {
+            errors[static_cast<std::size_t>(w)] = e.what();
+          }
+        });
+      }
+    }
+    for (const auto& e : errors) {
+      if (!e.empty()) throw Error(ErrorCategory::kComm, ExitCode::kFailure, "dtplan calibrate: all-reduce: " + e);
+    }
+    const double steps = 2.0 * (r.ranks - 1), share = 2.0 * (r.ranks - 1) / r.ranks;
+    for (std::size_t si = 0; si < sizes.size(); ++si) {
+      std::vector<double> all;
+      for (const auto& t : times) all.insert(all.end(), t[si].begin(), t[si].end());
+      r.all_reduce.push_back({sizes[si], median(all)});
+    }
+    // time = steps x latency + share x bytes / bandwidth, by least squares on relative error; the efficiency at each
+    // size is what is left of the fit's bandwidth there (1 where the time is mostly latency: nothing to read).
+    std::vector<std::pair<double, double>> points;
+    for (const auto& p : r.all_reduce) points.emplace_back(static_cast<double>(p.bytes), p.seconds);
+    const Line line = fit_line(points);
+    r.latency_s = line.intercept / steps;
+    r.bus_bytes_per_s = share / line.slope;
+    for (const auto& p : r.all_reduce) {
+      const double transfer = p.seconds - line.intercept;
+      const double eff =
+          transfer < 0.2 * p.seconds ? 1.0 : share * static_cast<double>(p.bytes) / transfer / r.bus_bytes_per_s;
+      r.comm_efficiency.push_back(std::clamp(eff, 0.02, 1.0));
+      progress(fmt::format("all-reduce of {} over {} ranks: {}", format_bytes(static_cast<double>(p.bytes)), r.ranks,
+                           format_seconds(p.seconds)));
+    }
+    progress(fmt::format("all-reduce: bus bandwidth {:.2f} GB/s, latency {} per ring step", r.bus_bytes_per_s / 1e9,
+                         format_seconds(r.latency_s)));
+  }
   r.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   return r;
 }
@@ -239,10 +318,26 @@ std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const Cal
   cal.gemm_half_gflop = std::max(r.half_flops / 1e9, 1e-6);  // the format wants it positive; 1 kFLOP is none
   cal.attention_efficiency = r.attention_efficiency;
   cal.hbm_efficiency = 1.0;
+  if (!r.all_reduce.empty()) {
+    c.node.nvlink_gbps = r.bus_bytes_per_s / 1e9;
+    c.node.nvlink_domain = r.ranks;
+    c.network.nvlink_latency_us = r.latency_s * 1e6;
+    std::erase_if(c.network.efficiency, [](const topology::EfficiencyCurve& e) { return e.scope == "nvlink"; });
+    topology::EfficiencyCurve curve;
+    curve.scope = "nvlink";
+    curve.participants = 0;
+    for (std::size_t i = 0; i < r.all_reduce.size(); ++i) {
+      curve.bytes.push_back(static_cast<double>(r.all_reduce[i].bytes));
+      curve.efficiency.push_back(r.comm_efficiency[i]);
+    }
+    c.network.efficiency.insert(c.network.efficiency.begin(), curve);
+  }
   std::string out = fmt::format(
       "# Measured by `dtplan calibrate` on {} ({}): dtrain's CPU kernels, {} rank(s) at once with {} thread(s) each.\n"
       "# [gpu] tflops_fp32 is the fitted GEMM peak per rank and hbm_gbps the measured bandwidth per rank (so both\n"
-      "# efficiencies are 1); the [network] figures are the base cluster's (communication is not measured yet).\n"
+      "# efficiencies are 1); [node] nvlink_gbps, [network] nvlink_latency_us and the nvlink efficiency curve come "
+      "from\n"
+      "# all-reduces between the ranks; point-to-point latency and the links between nodes are the base cluster's.\n"
       "format = 1\n\n",
       host, date, r.ranks, r.threads_per_rank);
   out += topology::cluster_toml(c, "");

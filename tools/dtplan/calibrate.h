@@ -14,7 +14,11 @@
 //              (hbm_gbps, hbm_efficiency = 1).
 //   attention  kernels::cpu::attention_forward and backward (causal, GQA) across sequence lengths: FLOP rate over P
 //              (attention_efficiency).
-// Communication is not measured yet: the [network] figures and the node's link bandwidths are the base cluster's.
+//   all-reduce Gloo over loopback between `ranks` threads (how the CPU ranks of a node communicate) at 4 KB to 8 MB:
+//              the latency per ring step from the smallest size, the bus bandwidth 2 (n-1)/n bytes / time at the
+//              largest (node nvlink_gbps: the "NVLink domain" of a CPU node is its shared memory and loopback), and the
+//              efficiency at each size (the [[network.efficiency]] curve of scope "nvlink" for n participants).
+// Point-to-point latency, links between nodes and the per-step overheads are the base cluster's.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +46,11 @@ struct AttentionPoint {
   double forward_s = 0, backward_s = 0;
 };
 
+struct CollectivePoint {
+  std::int64_t bytes = 0;
+  double seconds = 0;  // median all-reduce time
+};
+
 struct CalibrationResult {
   int ranks = 1;
   int threads_per_rank = 1;
@@ -52,7 +61,12 @@ struct CalibrationResult {
   double memory_bytes_per_s = 0;
   std::vector<AttentionPoint> attention;
   double attention_efficiency = 0;
-  double seconds = 0;  // the run's duration
+  // All-reduce over Gloo between the `ranks` (loopback TCP, as CPU ranks of one node communicate); empty for one rank.
+  std::vector<CollectivePoint> all_reduce;
+  double bus_bytes_per_s = 0;           // the ring's bus bandwidth at the largest size
+  double latency_s = 0;                 // per ring step, from the smallest size
+  std::vector<double> comm_efficiency;  // per all_reduce point: the cost model's efficiency curve
+  double seconds = 0;                   // the run's duration
 };
 
 // Measures and fits; `progress` gets one line per part. Stops early (throwing dtrain::Error, exit 10) when `stop()`

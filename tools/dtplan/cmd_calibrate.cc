@@ -141,6 +141,14 @@ void run_calibrate(const CalibrateCommand& o) {
                      {"attention_efficiency", r.attention_efficiency}};
     j["gemms"] = nlohmann::json::array();
     for (const auto& g : r.gemms) j["gemms"].push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"seconds", g.seconds}});
+    j["all_reduce"] = nlohmann::json::array();
+    for (std::size_t i = 0; i < r.all_reduce.size(); ++i) {
+      j["all_reduce"].push_back({{"bytes", r.all_reduce[i].bytes},
+                                 {"seconds", r.all_reduce[i].seconds},
+                                 {"efficiency", r.comm_efficiency[i]}});
+    }
+    j["all_reduce_bus_bytes_per_s"] = r.bus_bytes_per_s;
+    j["all_reduce_latency_s"] = r.latency_s;
     std::cout << j.dump(2) << "\n";
     return;
   }

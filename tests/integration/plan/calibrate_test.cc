@@ -43,6 +43,12 @@ TEST(Calibrate, AQuickRunWritesAClusterThatPlansWithItsProvenance) {
   EXPECT_GT(j["attention_efficiency"].get<double>(), 0);
   EXPECT_LE(j["attention_efficiency"].get<double>(), 1);
   EXPECT_EQ(j["gemms"].size(), 4u);
+  ASSERT_EQ(j["all_reduce"].size(), 3u) << "two ranks: the all-reduce between them measured";
+  EXPECT_GT(j["all_reduce_bus_bytes_per_s"].get<double>(), 0);
+  for (const auto& p : j["all_reduce"]) {
+    EXPECT_GT(p["efficiency"].get<double>(), 0) << p.dump();
+    EXPECT_LE(p["efficiency"].get<double>(), 1) << p.dump();
+  }
   // Progress went to stderr, one line per part.
   EXPECT_NE(r.err.find("GEMM fit: peak"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("attention seq 512"), std::string::npos) << r.err;
@@ -50,6 +56,7 @@ TEST(Calibrate, AQuickRunWritesAClusterThatPlansWithItsProvenance) {
   EXPECT_NE(text.find("[provenance]\nhost = "), std::string::npos) << text;
   EXPECT_NE(text.find("device = \"cpu\""), std::string::npos) << text;
   EXPECT_NE(text.find("gpus = 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("scope = \"nvlink\"\nbytes = [4096, 262144, 4194304]"), std::string::npos) << text;
   // It loads as any cluster.toml, and explain says where its figures came from.
   Result e = shell(
       d, fmt::format("{} explain --model {}/examples/models/tiny.toml --cluster {} --gpus 2", kDtplan, kRoot, out));
