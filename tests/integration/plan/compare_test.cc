@@ -42,6 +42,17 @@ class CompareTest : public ::testing::Test {
                                         kBin, kBin, kRoot, (d / "plan.toml").string(), (d / "measured.json").string(),
                                         (d / "metrics.jsonl").string()));
     ASSERT_EQ(train.exit_code, 0) << train.err;
+    // Data parallel with the distributed optimizer: bucketed reduce-scatters and all-gathers ("#index" in their names).
+    Result dopt = shell(d, fmt::format("{}/dtplan plan --model {}/examples/models/tiny.toml --cluster "
+                                       "{}/examples/clusters/local-cpu.toml --gpus 4 --fix "
+                                       "dp=2,tp=1,pp=2,distributed_optimizer=true -o {}",
+                                       kBin, kRoot, kRoot, (d / "dopt.toml").string()));
+    ASSERT_EQ(dopt.exit_code, 0) << dopt.err;
+    Result dopt_train =
+        shell(d, fmt::format("{}/dtlaunch --nproc 4 -- {}/dtexec train --model {}/examples/models/tiny.toml "
+                             "--plan {} --data synthetic --steps 3 --trace {}",
+                             kBin, kBin, kRoot, (d / "dopt.toml").string(), (d / "dopt.json").string()));
+    ASSERT_EQ(dopt_train.exit_code, 0) << dopt_train.err;
     // Another plan of the same model, for the mismatch test.
     Result other = shell(d, fmt::format("{}/dtplan plan --model {}/examples/models/tiny.toml --cluster "
                                         "{}/examples/clusters/local-cpu.toml --gpus 4 --fix dp=2,tp=1,pp=2 -o {}",
@@ -89,6 +100,16 @@ TEST_F(CompareTest, ReportSetsEveryKindAndStageBesideItsPrediction) {
   EXPECT_NE(text.out.find("step time: predicted"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("largest discrepancies"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("stage 1 (rank 2)"), std::string::npos) << text.out;
+}
+
+TEST_F(CompareTest, BucketedCollectivesOfTheDistributedOptimizerMatchByName) {
+  Result r = compare(fmt::format("--plan {} --measured {} --json", path("dopt.toml"), path("dopt.json")));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["unmatched"], 0) << r.out;
+  bool dp = false;
+  for (const auto& k : j["by_kind"]) dp = dp || k["key"] == "dp";
+  EXPECT_TRUE(dp) << "the data-parallel collectives are compared: " << r.out;
 }
 
 TEST_F(CompareTest, PerfettoTraceLoadsAndEverySliceNestsOnItsTrack) {
