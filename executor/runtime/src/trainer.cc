@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <string>
@@ -332,7 +333,7 @@ class Run {
       slow_down_for_tests();
       StepMetrics sm = executor_->run_step(s);
       const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
-      gather_peak_memory(sm);
+      const bool stop = agree_after_step(sm);
       result.steps.push_back(sm);
       double offset = std::chrono::duration<double>(step_start - run_start).count();
       for (ir::Slice sl : executor_->trace()) {
@@ -346,7 +347,6 @@ class Run {
         heartbeat_->timing(sm.step, step_s, std::max(0.0, step_s - sm.comm_seconds));
       }
       if (!o_.dump_gradients_dir.empty() && s == result.first_step) dump_gradients();
-      bool stop = agree_on_stop();
       bool periodic = o_.checkpoint_every > 0 && (s + 1) % o_.checkpoint_every == 0;
       bool last = s + 1 == o_.steps;
       if (!o_.checkpoint_dir.empty() && (periodic || stop || last)) {
@@ -425,17 +425,24 @@ class Run {
     if (*test_delay_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(*test_delay_));
   }
 
-  // Every rank's backend peak, in rank order (one all-gather of an int64 per step).
-  void gather_peak_memory(StepMetrics& sm) {
-    sm.peak_bytes = backend_.memory_use().peak;
-    sm.rank_peak_bytes.assign(static_cast<std::size_t>(world_.size()), sm.peak_bytes);
-    if (world_.size() > 1) host_.all_gather(&sm.peak_bytes, sm.rank_peak_bytes.data(), 1, DType::kInt64);
-  }
-
-  bool agree_on_stop() {
-    std::int32_t flag = g_stop.load() ? 1 : 0;
-    if (world_.size() > 1) host_.all_reduce(&flag, 1, DType::kInt32, comm::ReduceOp::kMax);
-    return flag > 0;
+  // After a step, in one all-gather of two int64 per rank: every rank's backend peak, in rank order, into
+  // sm.rank_peak_bytes (the metrics), and whether any rank was asked to stop (the return value).
+  bool agree_after_step(StepMetrics& sm) {
+    const std::int64_t mine[2] = {backend_.memory_use().peak, g_stop.load() ? 1 : 0};
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(world_.size()));
+    if (world_.size() > 1) {
+      host_.all_gather(mine, all.data(), 2, DType::kInt64);
+    } else {
+      all.assign(std::begin(mine), std::end(mine));
+    }
+    sm.rank_peak_bytes.clear();
+    sm.rank_peak_bytes.reserve(all.size() / 2);
+    bool stop = false;
+    for (std::size_t r = 0; r < all.size(); r += 2) {
+      sm.rank_peak_bytes.push_back(all[r]);
+      stop = stop || all[r + 1] != 0;
+    }
+    return stop;
   }
 
   // Returns the step to start from.

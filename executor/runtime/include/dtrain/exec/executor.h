@@ -34,9 +34,8 @@ struct StepMetrics {
   double lr = 0;            // learning rate used
   double seconds = 0;       // wall-clock time of the step on this rank
   double comm_seconds = 0;  // of which inside communication calls (waiting for peers included)
-  // Backend memory: this process's peak of Backend::memory_use() since it started, after the step; and, filled in by
-  // train() (trainer.h), every rank's, in rank order.
-  std::int64_t peak_bytes = 0;
+  // Filled in by train() (trainer.h): every rank's peak of Backend::memory_use() since its process started, after
+  // the step, in rank order.
   std::vector<std::int64_t> rank_peak_bytes;
 };
 
