@@ -31,6 +31,7 @@
 #include "dtrain/comm/gloo.h"
 #include "dtrain/comm/inproc.h"
 #include "dtrain/common/error.h"
+#include "dtrain/common/stats.h"
 
 namespace {
 
@@ -50,11 +51,7 @@ struct Settings {
 
 struct Series {
   std::vector<double> seconds;  // per iteration, slowest rank
-  double median() const {
-    std::vector<double> s = seconds;
-    std::sort(s.begin(), s.end());
-    return s.empty() ? 0 : (s[(s.size() - 1) / 2] + s[s.size() / 2]) / 2;
-  }
+  double median() const { return dtrain::median(seconds); }
   double min() const { return seconds.empty() ? 0 : *std::min_element(seconds.begin(), seconds.end()); }
 };
 

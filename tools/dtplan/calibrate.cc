@@ -12,6 +12,7 @@
 
 #include "dtrain/comm/gloo.h"
 #include "dtrain/common/error.h"
+#include "dtrain/common/stats.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/common/version.h"
 #include "dtrain/kernels/attention.h"
@@ -24,12 +25,6 @@ namespace dtrain::dtplan {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 std::vector<float> random_buffer(std::size_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);

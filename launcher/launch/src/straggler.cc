@@ -4,18 +4,14 @@
 
 #include <algorithm>
 
+#include "dtrain/common/stats.h"
+
 namespace dtrain::launch {
 
 namespace {
 
 // Steps kept waiting for a rank that stopped reporting (one that died is the supervisor's business).
 constexpr std::size_t kMaxPendingSteps = 64;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "dtrain/common/error.h"
+#include "dtrain/common/stats.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/ir/lower.h"
 #include "gantt.h"
@@ -19,13 +20,6 @@ namespace dtrain::ir {
 namespace {
 
 using nlohmann::json;
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 Stream stream_of(std::int64_t tid, const std::string& path) {
   switch (tid) {
@@ -78,41 +72,18 @@ std::map<std::int64_t, StepSpan> spans_of(const std::vector<MeasuredTrace>& meas
   return spans;
 }
 
-// The step whose span is the median of the steps used: the measured timeline drawn beside the prediction.
-std::int64_t typical_step(const std::vector<MeasuredTrace>& measured, const Comparison& c) {
-  auto spans = spans_of(measured);
-  std::int64_t best = c.steps.empty() ? 0 : c.steps.front();
-  double best_d = 1e300;
-  for (std::int64_t s : c.steps) {
-    const double d = std::abs((spans[s].end - spans[s].start) - c.measured_step_s);
-    if (d < best_d) {
-      best = s;
-      best_d = d;
-    }
-  }
-  return best;
-}
-
-// The measured slices of `step` as Slices starting at 0.
+// The measured slices of `step` as Slices starting at 0 (the step's first slice).
 std::vector<Slice> step_slices(const std::vector<MeasuredTrace>& measured, std::int64_t step) {
-  auto spans = spans_of(measured);
-  const double t0 = spans[step].start;
   std::vector<Slice> out;
+  double t0 = 1e300;
   for (const auto& t : measured) {
     for (const auto& m : t.slices) {
       if (m.step != step) continue;
-      Slice s;
-      s.rank = m.rank;
-      s.stream = m.stream;
-      s.start_s = m.start_s - t0;
-      s.duration_s = m.duration_s;
-      s.name = m.name;
-      s.category = m.category;
-      s.pc = m.pc;
-      s.step = m.step;
-      out.push_back(std::move(s));
+      out.push_back(m);
+      t0 = std::min(t0, m.start_s);
     }
   }
+  for (auto& sl : out) sl.start_s -= t0;
   return out;
 }
 
@@ -155,7 +126,7 @@ MeasuredTrace read_measured_trace(const std::string& path) {
       throw input_error(
           fmt::format("{}: traceEvents[{}]: a slice without pid, tid, ts, dur, args.pc or args.step", path, index - 1));
     }
-    MeasuredSlice s;
+    Slice s;
     s.rank = e["pid"].get<std::int32_t>();
     s.stream = stream_of(e["tid"].get<std::int64_t>(), path);
     s.pc = args["pc"].get<std::int32_t>();
@@ -209,8 +180,17 @@ Comparison compare(const plan::Plan& plan, const SimulationReport& predicted,
   }
   auto spans = spans_of(measured);
   std::vector<double> step_spans;
+  step_spans.reserve(c.steps.size());
   for (std::int64_t s : c.steps) step_spans.push_back(spans[s].end - spans[s].start);
   c.measured_step_s = median(step_spans);
+  double closest = 1e300;
+  for (std::int64_t s : c.steps) {
+    const double d = std::abs((spans[s].end - spans[s].start) - c.measured_step_s);
+    if (d < closest) {
+      closest = d;
+      c.drawn_step = s;
+    }
+  }
   c.predicted_step_s = predicted.makespan_s;
   c.step_error = c.measured_step_s > 0 ? (c.predicted_step_s - c.measured_step_s) / c.measured_step_s : 0;
 
@@ -312,6 +292,7 @@ nlohmann::json comparison_json(const Comparison& c) {
   j["predicted_step_s"] = c.predicted_step_s;
   j["measured_step_s"] = c.measured_step_s;
   j["step_error"] = c.step_error;
+  j["drawn_step"] = c.drawn_step;
   auto rows = [](const std::vector<Comparison::Row>& v) {
     json a = json::array();
     for (const auto& r : v) a.push_back({{"key", r.key}, {"predicted_s", r.predicted_s}, {"measured_s", r.measured_s}});
@@ -342,7 +323,7 @@ nlohmann::json comparison_json(const Comparison& c) {
 
 std::string comparison_trace_json(const SimulationReport& predicted, const std::vector<MeasuredTrace>& measured,
                                   const Comparison& c) {
-  const std::vector<Slice> meas = step_slices(measured, typical_step(measured, c));
+  const std::vector<Slice> meas = step_slices(measured, c.drawn_step);
   static const char* kStreams[] = {"compute", "pp", "dp"};
   json events = json::array();
   // pid 2r: rank r predicted, 2r + 1: rank r measured. Within a stream, a slice that overlaps the lane's last one
@@ -405,7 +386,7 @@ std::string comparison_trace_json(const SimulationReport& predicted, const std::
 
 std::string comparison_svg(const SimulationReport& predicted, const std::vector<MeasuredTrace>& measured,
                            const Comparison& c, const std::string& title) {
-  const std::int64_t step = typical_step(measured, c);
+  const std::int64_t step = c.drawn_step;
   const std::vector<Slice> meas = step_slices(measured, step);
   std::vector<GanttRow> rows;
   double span = predicted.makespan_s;

@@ -18,21 +18,10 @@
 
 namespace dtrain::ir {
 
-struct MeasuredSlice {
-  std::int32_t rank = 0;
-  Stream stream = Stream::kCompute;
-  std::int32_t pc = 0;
-  std::int64_t step = 0;  // 1-based training step
-  double start_s = 0;     // from the start of the run
-  double duration_s = 0;
-  std::string name;
-  std::string category;
-};
-
 struct MeasuredTrace {
   std::string path;
   std::string plan_digest;
-  std::vector<MeasuredSlice> slices;
+  std::vector<Slice> slices;  // step: the 1-based training step; start_s from the start of the run
 };
 
 // Reads a trace written by `dtexec train --trace`. Throws dtrain::Error (input, exit 2) naming the file when it is
@@ -45,6 +34,7 @@ struct Comparison {
   double predicted_step_s = 0;      // the simulator's makespan (its fixed per-step overhead left out)
   double measured_step_s = 0;       // median span of the steps used
   double step_error = 0;            // (predicted - measured) / measured
+  std::int64_t drawn_step = 0;      // the step whose span is closest to measured_step_s: the one --trace/--svg draw
 
   struct Row {
     std::string key;  // category ("forward", "p2p", ...) or "stage N (rank R)"
