@@ -34,6 +34,14 @@ std::vector<float> random_buffer(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
+// Seconds one call of f() takes.
+template <class F>
+double timed(F&& f) {
+  const auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 // Runs `work(worker)` on `ranks` threads started together: one untimed call each, then `reps` timed calls. The median
 // of every call's time: what one rank takes while the others run alongside.
 double concurrent_seconds(int ranks, int reps, const std::function<void(int)>& work) {
@@ -45,11 +53,7 @@ double concurrent_seconds(int ranks, int reps, const std::function<void(int)>& w
       workers.emplace_back([&, w] {
         work(w);
         start.arrive_and_wait();
-        for (int r = 0; r < reps; ++r) {
-          const auto t0 = Clock::now();
-          work(w);
-          times[static_cast<std::size_t>(w)].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-        }
+        for (int r = 0; r < reps; ++r) times[static_cast<std::size_t>(w)].push_back(timed([&] { work(w); }));
       });
     }
   }
@@ -127,9 +131,7 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
     }
     const kernels::LinearShape shape{m, k, n};
     auto call = [&](int i) { kernels::cpu::linear_forward(shape, x[i].data(), w[i].data(), nullptr, y[i].data()); };
-    const auto t0 = Clock::now();
-    call(0);
-    const double first = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double first = timed([&] { call(0); });
     GemmPoint p{m, n, k, concurrent_seconds(r.ranks, reps_for(first, per_gemm), call)};
     r.gemms.push_back(p);
     progress(fmt::format("GEMM {}x{}x{}: {} per call, {:.1f} GFLOP/s per rank", m, n, k, format_seconds(p.seconds),
@@ -166,9 +168,7 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
     auto call = [&](int i) {
       kernels::cpu::rmsnorm_forward(shape, x[i].data(), gamma.data(), 1e-5f, y[i].data(), rstd[i].data());
     };
-    const auto t0 = Clock::now();
-    call(0);
-    const double first = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double first = timed([&] { call(0); });
     const double s = concurrent_seconds(r.ranks, reps_for(first, 0.15 * budget / r.ranks), call);
     r.memory_bytes_per_s = 8.0 * static_cast<double>(rows * hidden) / s;
     progress(fmt::format("memory: {:.2f} GB/s per rank (RMSNorm of {} rows of {})", r.memory_bytes_per_s / 1e9, rows,
@@ -216,10 +216,10 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
       kernels::cpu::attention_backward(sh, b.q.data(), b.k.data(), b.v.data(), b.o.data(), b.lse.data(), b.dout.data(),
                                        b.dq.data(), b.dk.data(), b.dv.data(), nullptr);
     };
-    const auto t0 = Clock::now();
-    fwd(0);
-    bwd(0);
-    const double first = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double first = timed([&] {
+      fwd(0);
+      bwd(0);
+    });
     const int reps = reps_for(first, 0.3 * budget / static_cast<double>(seqs.size()) / r.ranks);
     AttentionPoint p{seq, concurrent_seconds(r.ranks, reps, fwd), concurrent_seconds(r.ranks, reps, bwd)};
     r.attention.push_back(p);
@@ -256,10 +256,8 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
               const auto count = static_cast<std::size_t>(sizes[si] / 4);
               world->all_reduce(buf.data(), buf.data(), count, comm::ReduceOp::kSum);
               for (int rep = 0; rep < reps; ++rep) {
-                const auto t0 = Clock::now();
-                world->all_reduce(buf.data(), buf.data(), count, comm::ReduceOp::kSum);
                 times[static_cast<std::size_t>(w)][si].push_back(
-                    std::chrono::duration<double>(Clock::now() - t0).count());
+                    timed([&] { world->all_reduce(buf.data(), buf.data(), count, comm::ReduceOp::kSum); }));
               }
             }
           } catch (const std::exception& e) {

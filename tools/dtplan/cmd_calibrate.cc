@@ -30,6 +30,20 @@ namespace fs = std::filesystem;
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_interrupt(int) { g_interrupted.store(true); }
 
+// While alive, SIGINT and SIGTERM set g_interrupted (calibrate_cpu stops at its next measurement); the handlers before
+// are put back when it goes, also when the measuring throws.
+struct InterruptGuard {
+  InterruptGuard() : old_int(std::signal(SIGINT, on_interrupt)), old_term(std::signal(SIGTERM, on_interrupt)) {}
+  ~InterruptGuard() {
+    std::signal(SIGINT, old_int);
+    std::signal(SIGTERM, old_term);
+  }
+  InterruptGuard(const InterruptGuard&) = delete;
+  InterruptGuard& operator=(const InterruptGuard&) = delete;
+  void (*old_int)(int);
+  void (*old_term)(int);
+};
+
 struct CalibrateCommand {
   std::string device = "cpu";
   std::string base;
@@ -111,20 +125,13 @@ void run_calibrate(const CalibrateCommand& o) {
   if (!out_dir.empty() && !fs::is_directory(out_dir)) {
     throw input_error(fmt::format("-o {}: the directory {} does not exist", o.output, out_dir.string()));
   }
-  auto old_int = std::signal(SIGINT, on_interrupt);
-  auto old_term = std::signal(SIGTERM, on_interrupt);
   CalibrationResult r;
-  try {
+  {
+    const InterruptGuard interrupts;
     r = calibrate_cpu(
         co, [&](const std::string& line) { std::cerr << "dtplan calibrate: " << line << std::endl; },
         [] { return g_interrupted.load(); });
-  } catch (...) {
-    std::signal(SIGINT, old_int);
-    std::signal(SIGTERM, old_term);
-    throw;
   }
-  std::signal(SIGINT, old_int);
-  std::signal(SIGTERM, old_term);
   const std::string text = calibrated_cluster_toml(base, r, hostname(), utc_now());
   // The result must load like any cluster.toml before it is put in place (whole or not at all).
   topology::parse_cluster(TomlDocument::parse_string(text, o.output));

@@ -27,7 +27,8 @@ std::vector<StragglerReport> StragglerDetector::record(int rank, std::int64_t st
   auto& row = pending_[step];
   row.resize(ranks_.size());
   row[local->second] = busy_s;
-  // Judge complete steps in order; a step that can no longer complete (a later one did) is dropped.
+  // Judge complete steps in order. The oldest step is dropped unjudged once more than kMaxPendingSteps wait behind
+  // it incomplete (a rank stopped reporting).
   while (!pending_.empty()) {
     auto first = pending_.begin();
     const bool complete =
