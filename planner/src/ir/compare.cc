@@ -12,7 +12,6 @@
 #include "dtrain/common/error.h"
 #include "dtrain/common/stats.h"
 #include "dtrain/common/strings.h"
-#include "dtrain/ir/lower.h"
 #include "gantt.h"
 
 namespace dtrain::ir {
@@ -227,7 +226,7 @@ Comparison compare(const plan::Plan& plan, const SimulationReport& predicted,
     return std::make_pair(category_rank(a.key), a.key) < std::make_pair(category_rank(b.key), b.key);
   });
   for (std::int32_t r : predicted.ranks) {
-    const std::int32_t stage = lower(plan, r).pp_rank;
+    const std::int32_t stage = plan.placement.at(static_cast<std::size_t>(r)).pp_rank;  // in rank order
     Comparison::Row row = stages[r];
     row.key = fmt::format("stage {} (rank {})", stage, r);
     c.by_stage.push_back(row);
