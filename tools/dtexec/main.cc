@@ -16,7 +16,8 @@
 // prepare the task) is reported and ends the rank with exit 2 before anything else. With --plan auto and --cluster,
 // the plan is for WORLD_SIZE / LOCAL_WORLD_SIZE nodes of LOCAL_WORLD_SIZE ranks (exec::make_plan). --write-plan writes
 // the plan this rank would train with and exits: no rendezvous, no step (the plan dtplan plan and the Slurm plugin
-// make for the same shape, byte for byte).
+// make for the same shape, byte for byte). Under dtlaunch, DTRAIN_JOB_ID and DTRAIN_RESTART say which job this is and
+// how often it restarted: checkpoints record the job, and a restart resumes from its own job's without --resume.
 #include <malloc.h>
 
 #include <CLI/CLI.hpp>
@@ -106,6 +107,8 @@ int run_train(exec::TrainOptions options, const std::string& device, double time
   int local_rank = env_int("LOCAL_RANK", 0);
   if (world < 1 || rank >= world) throw input_error(fmt::format("RANK={} is outside WORLD_SIZE={}", rank, world));
   options.ranks_per_node = env_int("LOCAL_WORLD_SIZE", 0);
+  options.job_id = env_string("DTRAIN_JOB_ID", "");
+  options.restart = env_int("DTRAIN_RESTART", 0);
   log::set_rank(rank);
   keep_freed_memory();
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
@@ -163,6 +166,16 @@ int run_train(exec::TrainOptions options, const std::string& device, double time
       go.store_prefix = "dtrain/" + run + "/comm";
       comm = comm::connect_gloo(*gloo_store, rank, world, go);
     }
+  }
+  if (client) {
+    // dtlaunch's hang report lowers every rank's program from the plan the ranks agreed on (docs/launcher.md).
+    options.on_plan = [client, run](const plan::Plan& p) {
+      try {
+        client->set(fmt::format("dtrain/{}/plan", run), plan::render_plan(p));
+      } catch (const Error& e) {
+        log::warn("train", "the plan could not be put into the store for dtlaunch's hang report: {}", e.what());
+      }
+    };
   }
   try {
     exec::TrainResult r = exec::train(options, *comm);

@@ -64,6 +64,11 @@ void Heartbeat::timing(std::int64_t step, double step_s, double busy_s) {
   write_line(format_timing_line(step, step_s, busy_s));
 }
 
+void Heartbeat::watch(const PositionBoard* board) {
+  std::lock_guard lock(mutex_);
+  board_ = board;
+}
+
 std::uint64_t Heartbeat::beats_sent() const {
   std::lock_guard lock(mutex_);
   return sent_;
@@ -74,6 +79,7 @@ void Heartbeat::run() {
   auto next = std::chrono::steady_clock::now();
   while (!stop_) {
     if (write_line(format_beat_line(seq_))) ++sent_;
+    if (board_ != nullptr) write_line(board_->where_line());
     ++seq_;
     next += std::chrono::duration_cast<std::chrono::steady_clock::duration>(interval_);
     // After a long stall (SIGSTOP, an overloaded machine) beat again at once rather than catching up in a burst.

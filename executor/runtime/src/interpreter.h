@@ -28,6 +28,7 @@
 #include "dtrain/exec/backend.h"
 #include "dtrain/exec/executor.h"
 #include "dtrain/exec/params.h"
+#include "dtrain/exec/position.h"
 #include "dtrain/ir/program.h"
 #include "dtrain/kernels/dropout.h"
 #include "dtrain/kernels/lr_schedule.h"
@@ -194,9 +195,16 @@ class Interpreter final : public InterpreterBase {
   template <typename Fn>
   void timed(Fn&& fn) {
     auto t0 = std::chrono::steady_clock::now();
+    report_activity(Activity::kComm);
     fn();
+    report_activity(Activity::kCompute);
     step_.comm_seconds += seconds_between(t0, std::chrono::steady_clock::now());
   }
+  // The position board (ExecutorOptions::position): the current instruction (step_.pc, and step_.body_pc inside a
+  // pass) with this activity.
+  void report_activity(Activity activity);
+  // At every schedule instruction: reports it and, for the tests' DTRAIN_TEST_HOLD, holds there.
+  void arrive_at(std::size_t pc);
   // Runs fn (one operation on c) ordered with the backend's work: c waits for the work queued so far, and the work
   // queued next waits for c — at once, or (later = true) only at settle(), so that a gradient reduction overlaps the
   // rest of the backward pass. Only gradient reductions whose buffers nothing touches before the optimizer are

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 
+#include "dtrain/common/log.h"
 #include "interpreter.h"
 
 namespace dtrain::exec::detail {
@@ -31,7 +33,7 @@ StepMetrics Interpreter<A>::run(std::int64_t step_index) {
   step_.start = Clock::now();
   for (std::size_t pc = 0; pc < prog.schedule.size();) {
     const Instr& in = prog.schedule[pc];
-    step_.pc = pc;
+    arrive_at(pc);
     auto t0 = Clock::now();
     try {
       if (in.is_p2p()) {
@@ -87,6 +89,7 @@ StepMetrics Interpreter<A>::run(std::int64_t step_index) {
   }
   settle();
   // The watchdog of device communicators (nccl.h): wait for every operation of the step, with the timeout.
+  arrive_at(prog.schedule.size());
   synchronize_all();
   if (!step_.chunks.empty() || !step_.outgoing.empty()) {
     throw internal_error(fmt::format("rank {}: {} pass states and {} tensors left at the end of the step", prog.rank,
@@ -142,6 +145,7 @@ void Interpreter<A>::run_pass(const Instr& in) {
     cur.swap(st.grad_out);
     st.grad_out.clear();
   }
+  step_.in_body = true;
   for (std::size_t i = 0; i < body->instrs.size(); ++i) {
     const Instr& op = body->instrs[i];
     bool in_range = in.layer_end < 0 || (op.layer >= in.layer && op.layer < in.layer_end);
@@ -156,6 +160,7 @@ void Interpreter<A>::run_pass(const Instr& in) {
     else
       backward_op(op, st, cur);
   }
+  step_.in_body = false;
   // Units covered by this pass (a bucket piece covers a range).
   if (in.op == Opcode::kBackward || in.op == Opcode::kBackwardInput) {
     int units = 0;
@@ -328,6 +333,31 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
 }
 
 template <typename A>
+void Interpreter<A>::report_activity(Activity activity) {
+  if (opt.position == nullptr) return;
+  const bool body = step_.in_body && step_.body != nullptr && step_.body_pc < step_.body->instrs.size();
+  std::string text = body                              ? ir::to_text(step_.body->instrs[step_.body_pc])
+                     : step_.pc < prog.schedule.size() ? ir::to_text(prog.schedule[step_.pc])
+                                                       : std::string("end of step: the operations issued");
+  opt.position->set_activity(activity, body ? static_cast<std::int32_t>(step_.body_pc) : -1, text);
+}
+
+template <typename A>
+void Interpreter<A>::arrive_at(std::size_t pc) {
+  step_.pc = pc;
+  step_.in_body = false;
+  if (opt.position != nullptr) {
+    opt.position->set(step_.index + 1, static_cast<std::int32_t>(pc), -1, Activity::kCompute,
+                      pc < prog.schedule.size() ? ir::to_text(prog.schedule[pc]) : std::string("end of step"));
+  }
+  if (step_.index + 1 == opt.hold_step && static_cast<std::int64_t>(pc) == opt.hold_pc) {
+    log::warn("exec", "DTRAIN_TEST_HOLD: rank {} holds at step {} pc {} ({}) until it is stopped", prog.rank,
+              opt.hold_step, pc, ir::describe(prog, pc));
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}
+
+template <typename A>
 void Interpreter<A>::check_count(const Instr& in, std::int64_t actual) const {
   if (actual != in.count) {
     throw input_error(
@@ -404,6 +434,8 @@ void Interpreter<A>::slice(ir::Stream stream, Clock::time_point a, Clock::time_p
   template void Interpreter<A>::schedule_collective(const Instr&);                                                   \
   template void Interpreter<A>::check_count(const Instr&, std::int64_t) const;                                       \
   template void Interpreter<A>::settle();                                                                            \
+  template void Interpreter<A>::report_activity(Activity);                                                           \
+  template void Interpreter<A>::arrive_at(std::size_t);                                                              \
   template void Interpreter<A>::synchronize_all();                                                                   \
   template std::string Interpreter<A>::pending_instruction(const std::vector<std::size_t>&, std::string_view) const; \
   template void Interpreter<A>::slice(ir::Stream, Clock::time_point, Clock::time_point, std::string, std::string,    \

@@ -78,6 +78,7 @@ struct StepState {
   std::size_t pc = 0;
   const ir::Body* body = nullptr;
   std::size_t body_pc = 0;
+  bool in_body = false;  // body_pc is the op being run (false between passes)
   int first_layer = 0;
   int mb = 0;
   bool recomputing = false;

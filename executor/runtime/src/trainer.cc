@@ -27,9 +27,11 @@
 #include "dtrain/common/version.h"
 #include "dtrain/exec/checkpoint.h"
 #include "dtrain/exec/heartbeat.h"
+#include "dtrain/exec/position.h"
 #include "dtrain/ir/lower.h"
 #include "dtrain/ir/simulate.h"
 #include "dtrain/plan/plan_job.h"
+#include "test_faults.h"
 
 namespace dtrain::exec {
 
@@ -290,6 +292,7 @@ class Run {
     log::set_rank(world_.rank());
     // Under dtlaunch: beats from a thread from now on, and a progress line after every step (docs/launcher.md).
     heartbeat_ = Heartbeat::from_environment();
+    if (heartbeat_) heartbeat_->watch(&position_);
     model_ = model::load_model(o_.model_path);
     plan_ = make_plan(o_, model_, world_.size());
     if (plan_.inputs.model_digest != model_.digest) {
@@ -303,7 +306,10 @@ class Run {
           fmt::format("the plan is for {} ranks, but WORLD_SIZE is {}", plan_.config.world_size(), world_.size()));
     }
     check_plan_digests(host_, plan_.digest);
+    if (world_.rank() == 0 && o_.on_plan) o_.on_plan(plan_);
+    faults_ = detail::TestFaults::from_environment(world_.rank());
     program_ = ir::lower(plan_, world_.rank());
+    faults_.edit(program_);
     comms_ = split_communicators(world_, program_);
     open_data();
     ExecutorOptions eo;
@@ -312,6 +318,9 @@ class Run {
     eo.record_trace = !o_.trace_path.empty();
     eo.backend = &backend_;
     eo.activations = activation_type();
+    eo.position = &position_;
+    eo.hold_step = faults_.hold_step;
+    eo.hold_pc = faults_.hold_pc;
     executor_ = std::make_unique<Executor>(model_, program_, comms_, *data_, eo);
     TrainResult result;
     result.plan_digest = plan_.digest;
@@ -333,6 +342,7 @@ class Run {
       slow_down_for_tests();
       StepMetrics sm = executor_->run_step(s);
       const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+      position_.set(s + 1, -1, -1, Activity::kStepEnd, "after the step: every rank's peak memory and stop flag");
       const bool stop = agree_after_step(sm);
       result.steps.push_back(sm);
       double offset = std::chrono::duration<double>(step_start - run_start).count();
@@ -350,6 +360,7 @@ class Run {
       bool periodic = o_.checkpoint_every > 0 && (s + 1) % o_.checkpoint_every == 0;
       bool last = s + 1 == o_.steps;
       if (!o_.checkpoint_dir.empty() && (periodic || stop || last)) {
+        position_.set(s + 1, -1, -1, Activity::kCheckpoint, fmt::format("the checkpoint of step {}", s + 1));
         save_checkpoint(s + 1);
         last_saved = s + 1;
       }
@@ -405,24 +416,9 @@ class Run {
     out.flush();
   }
 
-  // DTRAIN_TEST_SLOW_RANKS="R:SECONDS[,R:SECONDS...]": global rank R sleeps that long at the start of every step,
-  // outside communication, as a straggler would compute slowly (the straggler tests of dtlaunch). Read once.
-  void slow_down_for_tests() {
-    if (!test_delay_) {
-      test_delay_ = 0.0;
-      if (const char* env = std::getenv("DTRAIN_TEST_SLOW_RANKS"); env != nullptr && *env != '\0') {
-        for (const std::string& item : split(env, ',')) {
-          const auto colon = item.find(':');
-          const auto rank = colon == std::string::npos ? std::nullopt : parse_int(item.substr(0, colon));
-          const auto seconds = colon == std::string::npos ? std::nullopt : parse_double(item.substr(colon + 1));
-          if (!rank || !seconds || *seconds < 0) {
-            throw input_error(fmt::format("DTRAIN_TEST_SLOW_RANKS: '{}' is not RANK:SECONDS", item));
-          }
-          if (*rank == world_.rank()) *test_delay_ = *seconds;
-        }
-      }
-    }
-    if (*test_delay_ > 0) std::this_thread::sleep_for(std::chrono::duration<double>(*test_delay_));
+  // DTRAIN_TEST_SLOW_RANKS (test_faults.h): sleeps at the start of every step, outside communication.
+  void slow_down_for_tests() const {
+    if (faults_.slow_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(faults_.slow_s));
   }
 
   // After a step, in one all-gather of two int64 per rank: every rank's backend peak, in rank order, into
@@ -456,13 +452,21 @@ class Run {
     if (world_.rank() == 0) {
       try {
         auto choice = find_checkpoint(o_.checkpoint_dir, model_.digest);
-        if (choice && !o_.resume) {
+        const std::string writer = choice ? choice->metadata.value("job", "") : "";
+        // A restart of the job that wrote the checkpoint resumes it without --resume (docs/launcher.md, "Restarts").
+        const bool own_restart = choice && o_.restart > 0 && !o_.job_id.empty() && writer == o_.job_id;
+        if (choice && !o_.resume && !own_restart) {
           error = fmt::format(
-              "{} already holds checkpoints of this model (newest: step {}); pass --resume to "
+              "{} already holds checkpoints of this model (newest: step {}{}); pass --resume to "
               "continue from it, or choose another --checkpoint-dir (nothing was overwritten)",
-              o_.checkpoint_dir, choice->step);
+              o_.checkpoint_dir, choice->step,
+              writer.empty() ? std::string() : fmt::format(", written by job {}", writer));
         } else {
           step = choice ? choice->step : 0;
+          if (own_restart && !o_.resume) {
+            log::info("ckpt", "restart {} of job {}: resuming from the checkpoint of step {} it wrote", o_.restart,
+                      o_.job_id, step);
+          }
         }
       } catch (const Error& e) {
         error = e.what();
@@ -597,6 +601,7 @@ class Run {
                              {"seq_len", model_.model.seq_len},
                              {"samples_consumed", step * plan_.inputs.global_batch},
                              {"seed", o_.seed}};
+      if (!o_.job_id.empty()) meta["job"] = o_.job_id;
       commit_checkpoint(o_.checkpoint_dir, step, meta, shards, o_.keep_checkpoints);
       log::info("ckpt", "checkpoint of step {} written to {}", step, step_directory(o_.checkpoint_dir, step));
     }
@@ -686,8 +691,9 @@ class Run {
   Communicators comms_;
   std::unique_ptr<DataSource> data_;
   std::unique_ptr<Executor> executor_;
+  PositionBoard position_;  // before heartbeat_, whose thread reads it: destroyed after it
   std::unique_ptr<Heartbeat> heartbeat_;
-  std::optional<double> test_delay_;  // slow_down_for_tests()
+  detail::TestFaults faults_;
 };
 
 }  // namespace

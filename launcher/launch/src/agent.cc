@@ -58,6 +58,14 @@ void Agent::Impl::setup() {
   auto [digest, plan_source] =
       plan_digest_of(job.options.command, env.count("DTRAIN_PLAN") ? env.at("DTRAIN_PLAN") : "");
   bindings = bind_ranks(job, env);
+  restart_source = restart_source_of(job.options.command);
+  if (job.options.max_restarts > 0 && job.node_rank == 0) {
+    if (restart_source.starts_over()) {
+      log::warn(kSubsys, "{}", restart_source.at_start());
+    } else {
+      log::info(kSubsys, "{}", restart_source.at_start());
+    }
+  }
   heartbeat_interval_s = std::min(1.0, job.options.heartbeat_timeout_s / 5.0);
   if (auto it = env.find(kHeartbeatIntervalEnv); it != env.end() && !it->second.empty()) {
     auto v = parse_double(it->second);

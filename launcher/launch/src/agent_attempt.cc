@@ -78,6 +78,9 @@ std::optional<int> Agent::Impl::run_attempt() {
         for (int sig : take_signals()) {
           if (sig == SIGCHLD) {
             ranks.reap();
+          } else if (sig == SIGUSR1) {
+            publish_positions(false);
+            report_hang("SIGUSR1", /*on_demand=*/true);
           } else {
             on_termination_signal(sig);
           }
@@ -97,6 +100,7 @@ std::optional<int> Agent::Impl::run_attempt() {
       if (dead) publish_end(end_here(EndKind::kFailure, dead->rank, dead->reason));
     }
     ranks.kill_after_grace();
+    if (!end) publish_positions(true);
     if (hosts_rank0()) print_progress(false);
   }
   if (hosts_rank0()) print_progress(true);
@@ -146,6 +150,7 @@ void Agent::Impl::spawn_ranks() {
     ctx.store_port = store_port;
     ctx.comm_host = comm_host;
     ctx.run_id = run_id;
+    ctx.job_id = job_nonce;
     ctx.heartbeat_interval_s = heartbeat_interval_s;
     ctx.token = std::string(secret->reveal());
     ctx.binding_env = bindings.env[local];

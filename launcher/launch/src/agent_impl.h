@@ -18,11 +18,13 @@
 #include "dtrain/common/error.h"
 #include "dtrain/common/heartbeat_wire.h"
 #include "dtrain/launch/agent.h"
+#include "dtrain/launch/hang_report.h"
 #include "dtrain/launch/job_config.h"
 #include "dtrain/launch/node_monitor.h"
 #include "dtrain/launch/outcome.h"
 #include "dtrain/launch/progress.h"
 #include "dtrain/launch/rendezvous.h"
+#include "dtrain/launch/restart_policy.h"
 #include "dtrain/launch/straggler.h"
 #include "dtrain/store/client.h"
 #include "dtrain/store/server.h"
@@ -73,6 +75,7 @@ struct Agent::Impl {
   std::string comm_host;
   std::string hostname;
   std::string executable;
+  RestartSource restart_source;  // what a restart resumes from, for the log
   RankBindings bindings;
   NodeFacts facts;
   std::string job_nonce;
@@ -93,6 +96,7 @@ struct Agent::Impl {
   Clock::time_point last_progress_print;
   bool progress_unprinted = false;
   std::optional<StragglerDetector> stragglers;
+  Clock::time_point positions_published;
 
   // Across attempts.
   bool preempt_requested = false;
@@ -138,6 +142,16 @@ struct Agent::Impl {
   void on_termination_signal(int sig);
   // The end or decision key arrived, a node was lost, or the store was lost.
   void on_monitor_event(const MonitorEvent& ev);
+
+  // --- Hang reports (hang_report.h): agent_hang.cc.
+  // This node's ranks' last positions, with how each process is (stopped, exited).
+  std::vector<ir::ReportedPosition> local_positions() const;
+  // Puts them into the store (attempt/<n>/where/<node>); `periodic`: only when the last time is a while ago.
+  void publish_positions(bool periodic);
+  // Gathers every node's positions, analyses the waits over the ranks' plan, prints the report and writes its JSON
+  // into the run directory (hang-report-attempt<n>.json; on demand: status-report-attempt<n>-<time>.json). Never
+  // throws: a report that cannot be made is logged as such.
+  void report_hang(const std::string& why, bool on_demand);
 
   // --- Attempts and this node's ranks in them (rank_supervisor.h): agent_attempt.cc.
   int run_attempts();

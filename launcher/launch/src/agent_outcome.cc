@@ -22,6 +22,10 @@ bool Agent::Impl::check_signals_between_waits() {
       ranks.reap();
       continue;
     }
+    if (sig == SIGUSR1) {
+      log::info(kSubsys, "SIGUSR1: no ranks run now, so there is no hang report to make");
+      continue;
+    }
     ++termination_signals;
     preempt_requested = true;
     stop = true;
@@ -101,8 +105,12 @@ void Agent::Impl::apply_end(const EndRecord& record, bool won) {
       return;
     case EndKind::kFailure:
       log::error(kSubsys, "{}: stopping every rank of the job", record.reason);
+      // Where every rank was, before any is stopped: the hang report's material.
+      publish_positions(false);
       ranks.stop(SIGTERM, job.options.stop_grace_s);
-      // The agent that recorded the failure decides for the job; the others wait for its decision.
+      // The agent that recorded the failure reports on the hang (not after an exit code that says what went wrong)
+      // and decides for the job; the others wait for its decision.
+      if (won && !record.permanent) report_hang(record.reason, /*on_demand=*/false);
       if (won) {
         apply_decision(records().decide_after_failure(record, preempt_requested, job.options.max_restarts));
       } else {
@@ -127,10 +135,8 @@ void Agent::Impl::apply_decision(const Decision& d) {
                             {"reason", d.reason}});
   switch (d.verdict) {
     case Verdict::kRestart:
-      log::warn(kSubsys,
-                "restarting the job from its newest checkpoint once every rank has stopped: restart {} of {} "
-                "(DTRAIN_RESTART={})",
-                d.restarts, job.options.max_restarts, attempt + 1);
+      log::warn(kSubsys, "restarting the job {} once every rank has stopped: restart {} of {} (DTRAIN_RESTART={})",
+                restart_source.restart_from(), d.restarts, job.options.max_restarts, attempt + 1);
       return;
     case Verdict::kExhausted:
       log::error(kSubsys, "the job failed after using all {} of its restarts (--max-restarts {}); last failure: {}",

@@ -18,6 +18,7 @@ const std::vector<std::string>& contract_variables() {
                                               "DTRAIN_STORE",
                                               "DTRAIN_STORE_TOKEN",
                                               "DTRAIN_RUN_ID",
+                                              "DTRAIN_JOB_ID",
                                               "DTRAIN_COMM_HOST",
                                               "DTRAIN_NODE_RANK",
                                               "DTRAIN_NNODES",
@@ -45,6 +46,7 @@ std::vector<std::string> rank_environment(const Environment& agent_env, const Ra
   env[store::kAddressEnv] = store;
   env[store::kTokenEnv] = c.token;
   env["DTRAIN_RUN_ID"] = c.run_id;
+  env["DTRAIN_JOB_ID"] = c.job_id;
   env["DTRAIN_COMM_HOST"] = c.comm_host;
   env["DTRAIN_NODE_RANK"] = std::to_string(c.node_rank);
   env["DTRAIN_NNODES"] = std::to_string(c.nnodes);

@@ -120,6 +120,10 @@ void RankSupervisor::on_heartbeat_line(int local, std::string_view line) {
     handlers_.on_progress(r, *msg, now);
   }
   if (msg && msg->kind == HeartbeatMessage::Kind::kTiming && handlers_.on_timing) handlers_.on_timing(r, *msg);
+  if (msg && msg->kind == HeartbeatMessage::Kind::kWhere) {
+    r.where = std::move(*msg);
+    r.where_at = now;
+  }
 }
 
 void RankSupervisor::add_poll_fds(std::vector<pollfd>& fds) {

@@ -32,6 +32,8 @@ struct RankProcess {
   std::unique_ptr<LineBuffer> lines[3];
   std::chrono::steady_clock::time_point started;
   HeartbeatReader heartbeat{0};
+  std::optional<HeartbeatMessage> where;  // its last where line (its position in its program), and when it came
+  std::chrono::steady_clock::time_point where_at;
   std::optional<ProcessExit> exit;  // once reaped
   std::string exit_text;            // how it ended (exit->describe()), or why it could not start
 };

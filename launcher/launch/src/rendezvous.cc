@@ -17,6 +17,7 @@
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
 #include "dtrain/common/strings.h"
+#include "dtrain/launch/restart_policy.h"
 #include "dtrain/plan/plan_file.h"
 
 namespace dtrain::launch {
@@ -139,20 +140,8 @@ std::optional<FactsMismatch> check_facts(const std::vector<NodeFacts>& facts) {
 
 std::pair<std::string, std::string> plan_digest_of(const std::vector<std::string>& command,
                                                    const std::string& env_plan) {
-  std::string path;
-  std::string source;
-  for (std::size_t i = 0; i < command.size(); ++i) {
-    if (command[i] == "--plan" && i + 1 < command.size()) {
-      path = command[i + 1];
-      source = "--plan " + path;
-      break;
-    }
-    if (starts_with(command[i], "--plan=")) {
-      path = command[i].substr(7);
-      source = "--plan " + path;
-      break;
-    }
-  }
+  std::string path = option_value(command, "--plan").value_or("");
+  std::string source = path.empty() ? "" : "--plan " + path;
   if (path.empty() && !env_plan.empty()) {
     path = env_plan;
     source = "DTRAIN_PLAN=" + env_plan;

@@ -31,7 +31,7 @@ void install_signal_pipe() {
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGUSR1}) ::sigaction(sig, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
   ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 }

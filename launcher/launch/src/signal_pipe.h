@@ -1,6 +1,6 @@
-// How signals reach the agent's event loop: a self-pipe. The handler of SIGCHLD, SIGTERM, SIGINT and SIGHUP only
-// writes the signal's number into a pipe that the event loop polls, so everything else happens outside signal
-// context. Private to the agent; one per process.
+// How signals reach the agent's event loop: a self-pipe. The handler of SIGCHLD, SIGTERM, SIGINT, SIGHUP and SIGUSR1
+// (a hang report on demand) only writes the signal's number into a pipe that the event loop polls, so everything else
+// happens outside signal context. Private to the agent; one per process.
 #pragma once
 
 #include <vector>

@@ -60,7 +60,7 @@ struct Slot {
   double end_t = 0;
 };
 
-enum class Block { kRunnable, kP2P, kCollective, kDpWait, kDone };
+enum class Block { kRunnable, kP2P, kCollective, kDpWait, kStopped, kDone };
 
 struct RankState {
   const Program* p = nullptr;
@@ -77,8 +77,10 @@ struct RankState {
   std::pair<std::vector<std::int32_t>, std::int64_t> slot;  // collective being waited on
   std::map<std::vector<std::int32_t>, std::int64_t> seq;    // collective sequence number per communicator
   double busy = 0;
-  double sends_done = 0;  // with async_sends: when the last send left the pipeline stream
-  std::size_t index = 0;  // in `simulated`
+  double sends_done = 0;                           // with async_sends: when the last send left the pipeline stream
+  std::size_t index = 0;                           // in `simulated`
+  const EngineOptions::StopPoint* stop = nullptr;  // an active stop point
+  bool at_stop = false;                            // it arrived at its stop point's communication
 };
 
 bool in_range(const Instr& body_op, const Instr& parent) {
@@ -116,6 +118,9 @@ class Engine {
       RankState& st = ranks_[r];
       st.p = programs[static_cast<std::size_t>(r)];
       st.index = i;
+      if (static_cast<std::size_t>(r) < options.stop_at.size() && options.stop_at[static_cast<std::size_t>(r)].active) {
+        st.stop = &options_.stop_at[static_cast<std::size_t>(r)];
+      }
       worklist_.push_back(r);
     }
   }
@@ -126,8 +131,12 @@ class Engine {
       worklist_.pop_front();
       advance(r);
     }
-    if (result_.problems.empty()) diagnose_stuck();
-    if (result_.problems.empty()) {
+    if (!options_.stop_at.empty()) {
+      collect_waits();
+    } else if (result_.problems.empty()) {
+      diagnose_stuck();
+    }
+    if (result_.problems.empty() && options_.stop_at.empty()) {
       // Every rank finished; with asynchronous sends one may still be waiting for a receive nobody posts.
       for (const auto& p : posted_) {
         if (!p.matched) {
@@ -210,20 +219,30 @@ class Engine {
   // Runs rank r until it blocks or finishes.
   void advance(std::int32_t r) {
     RankState& st = ranks_.at(r);
-    if (st.block == Block::kDone) return;
+    if (st.block == Block::kDone || st.block == Block::kStopped) return;
     // A blocked rank keeps its state (kP2P, kCollective, kDpWait): the handlers below resume from it.
     const auto& sched = st.p->schedule;
     while (st.pc < sched.size()) {
       const Instr& in = sched[st.pc];
+      if (st.stop != nullptr && st.pc == st.stop->pc && st.stop->body_pc < 0 && st.block == Block::kRunnable) {
+        // At its stop point: stay before the instruction, or join its communication and stay there.
+        if (st.at_stop || !st.stop->arrive || !(in.is_p2p() || in.is_collective())) {
+          st.block = Block::kStopped;
+          return;
+        }
+        st.at_stop = true;
+      }
       ++result_.instructions;
       if (in.is_p2p()) {
         if (!post_group(r, st)) return;
+        if (st.at_stop) return stop_past(st);
         continue;
       }
       if (in.is_compute_pass() && options_.expand_bodies && !run_body(r, st, in)) return;
       if (in.is_collective()) {
         bool async = options_.async_dp && (in.on == CommGroup::kDp || in.on == CommGroup::kEmbedding);
         if (!collective(r, st, in, Site{r, st.pc, -1}, nullptr, async)) return;
+        if (st.at_stop) return stop_past(st);
         ++st.pc;
         continue;
       }
@@ -263,18 +282,66 @@ class Engine {
         return false;
       }
     }
+    const bool stops_here = st.stop != nullptr && st.pc == st.stop->pc && st.stop->body_pc >= 0;
     while (st.bpc < st.body->instrs.size()) {
       const Instr& op = st.body->instrs[st.bpc];
+      const auto bpc = static_cast<std::int64_t>(st.bpc);
+      // Past the body op it computes after, or back from the communication it waited in: it stays here.
+      if (stops_here && st.block != Block::kCollective && (st.at_stop || bpc > st.stop->body_pc)) {
+        st.block = Block::kStopped;
+        return false;
+      }
       if (!in_range(op, parent)) {
         ++st.bpc;
         continue;
       }
       if (op.is_collective()) {
-        if (!collective(r, st, op, Site{r, st.pc, static_cast<std::int64_t>(st.bpc)}, &parent, false)) return false;
+        if (stops_here && bpc == st.stop->body_pc && st.stop->arrive) st.at_stop = true;
+        if (!collective(r, st, op, Site{r, st.pc, bpc}, &parent, false)) return false;
       }
       ++st.bpc;
     }
+    if (stops_here) {
+      st.block = Block::kStopped;
+      return false;
+    }
     return true;
+  }
+
+  // A rank whose communication at its stop point completed (its peers were all there): it stays just past it.
+  void stop_past(RankState& st) { st.block = Block::kStopped; }
+
+  // With stop points: where every rank is and whom it waits for.
+  void collect_waits() {
+    result_.waits.assign(ranks_.size(), RankWait{});
+    for (const auto& [r, st] : ranks_) {
+      RankWait& w = result_.waits[st.index];
+      w.rank = r;
+      w.pc = st.pc;
+      w.body_pc = st.body != nullptr ? static_cast<std::int64_t>(st.bpc) : -1;
+      if (st.block == Block::kDone) {
+        w.state = RankWait::State::kDone;
+        continue;
+      }
+      if (st.block == Block::kStopped || st.block == Block::kRunnable) {
+        w.state = RankWait::State::kStopped;
+        continue;
+      }
+      w.state = RankWait::State::kWaiting;
+      if (st.block == Block::kP2P) {
+        for (int oi : groups_[static_cast<std::size_t>(st.group)].ops) {
+          const Posted& p = posted_[static_cast<std::size_t>(oi)];
+          if (!p.matched) w.waits_for.push_back(p.instr.peer);
+        }
+      } else if (st.block == Block::kCollective) {
+        const Slot& slot = slots_.at(st.slot);
+        for (auto m : st.slot.first) {
+          bool arrived = std::any_of(slot.arrivals.begin(), slot.arrivals.end(),
+                                     [&](const Arrival& a) { return a.site.rank == m; });
+          if (!arrived && simulated_set_.count(m)) w.waits_for.push_back(m);
+        }
+      }
+    }
   }
 
   // Posts the point-to-point group starting at st.pc; returns true when it completed.

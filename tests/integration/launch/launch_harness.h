@@ -37,6 +37,25 @@ using namespace std::chrono_literals;
 inline std::string dtlaunch_path() { return std::string(DTRAIN_BINARY_DIR) + "/bin/dtlaunch"; }
 inline std::string fake_rank_path() { return std::string(DTRAIN_BINARY_DIR) + "/tests/fake_rank"; }
 
+// Runs a command to completion, its output (both streams) into `log`; its exit code.
+inline int run_command(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<std::string> copy = args;
+  std::vector<char*> argv;
+  for (auto& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = 0;
+  int rc = ::posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return -1;
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -67,6 +86,21 @@ inline std::vector<pid_t> processes_with(const std::string& tag) {
     if (cmdline.find(tag) != std::string::npos) found.push_back(pid);
   }
   return found;
+}
+
+// The pid of the process running `program` with RANK=rank in its environment whose command line names `marker`
+// (the launcher's own command line names it too, but runs another program); -1 when there is none.
+inline pid_t rank_process(const std::string& marker, const std::string& program, int rank) {
+  for (pid_t pid : processes_with(marker)) {
+    std::string cmdline = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+    if (cmdline.rfind(program, 0) != 0) continue;
+    std::stringstream environ_text(read_file("/proc/" + std::to_string(pid) + "/environ"));
+    std::string var;
+    while (std::getline(environ_text, var, '\0')) {
+      if (var == "RANK=" + std::to_string(rank)) return pid;
+    }
+  }
+  return -1;
 }
 
 // One dtlaunch process with its stdout and stderr in files.

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <numeric>
 #include <random>
 #include <set>
 
@@ -18,25 +19,6 @@ using ::testing::Not;
 std::string dtplan_path() { return std::string(DTRAIN_BINARY_DIR) + "/bin/dtplan"; }
 std::string dtexec_path() { return std::string(DTRAIN_BINARY_DIR) + "/bin/dtexec"; }
 std::string tiny_model() { return std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny.toml"; }
-
-// Runs a command to completion; its exit code.
-int run_command(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<std::string> copy = args;
-  std::vector<char*> argv;
-  for (auto& a : copy) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = 0;
-  int rc = ::posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return -1;
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 TEST_F(LaunchTest, NodesWithDifferentPlansFailWithBothDigests) {
   const std::string p2 = dir() + "/p2.toml", p4 = dir() + "/p4.toml";
@@ -90,34 +72,38 @@ class DtexecJobTest : public LaunchTest {
     if (!std::filesystem::exists(dtexec_path())) GTEST_SKIP() << "dtexec is not built (" << dtexec_path() << ")";
   }
 
-  std::vector<std::string> dtexec_command(const std::string& name, int checkpoint_every = kCheckpointEvery) const {
-    return {"--",
-            dtexec_path(),
-            "train",
-            "--model",
-            tiny_model(),
-            "--plan",
-            "auto",
-            "--data",
-            "synthetic",
-            "--steps",
-            std::to_string(kSteps),
-            "--seed",
-            "7",
-            "--checkpoint-dir",
-            dir() + "/" + name + ".ckpt",
-            "--checkpoint-every",
-            std::to_string(checkpoint_every),
-            "--resume",
-            "--deterministic",
-            "--metrics",
-            dir() + "/" + name + ".jsonl"};
+  // With `resume`, the command carries --resume; without, a restart must resume from the job's own checkpoints
+  // all the same (DTRAIN_JOB_ID, docs/launcher.md "Restarts").
+  std::vector<std::string> dtexec_command(const std::string& name, int checkpoint_every = kCheckpointEvery,
+                                          bool resume = true) const {
+    std::vector<std::string> command{"--",
+                                     dtexec_path(),
+                                     "train",
+                                     "--model",
+                                     tiny_model(),
+                                     "--plan",
+                                     "auto",
+                                     "--data",
+                                     "synthetic",
+                                     "--steps",
+                                     std::to_string(kSteps),
+                                     "--seed",
+                                     "7",
+                                     "--checkpoint-dir",
+                                     dir() + "/" + name + ".ckpt",
+                                     "--checkpoint-every",
+                                     std::to_string(checkpoint_every),
+                                     "--deterministic",
+                                     "--metrics",
+                                     dir() + "/" + name + ".jsonl"};
+    if (resume) command.push_back("--resume");
+    return command;
   }
   std::unique_ptr<LaunchProcess> launch_dtexec(const std::string& name, std::vector<std::string> options,
-                                               int checkpoint_every = kCheckpointEvery) {
+                                               int checkpoint_every = kCheckpointEvery, bool resume = true) {
     options.push_back("--run-dir");
     options.push_back(dir() + "/" + name + ".run");
-    for (const auto& a : dtexec_command(name, checkpoint_every)) options.push_back(a);
+    for (const auto& a : dtexec_command(name, checkpoint_every, resume)) options.push_back(a);
     return std::make_unique<LaunchProcess>(options, std::map<std::string, std::string>{}, dir() + "/" + name);
   }
   // The metrics lines that parse: rank 0 killed with kill -9 may leave a partial line, which the resumed run's
@@ -155,19 +141,20 @@ class DtexecJobTest : public LaunchTest {
       std::this_thread::sleep_for(2ms);
     }
   }
-  // The pid of the dtexec process with RANK=rank writing checkpoints to name's directory.
-  pid_t dtexec_pid(const std::string& name, int rank) const {
-    const std::string marker = dir() + "/" + name + ".ckpt";
-    for (pid_t pid : processes_with(marker)) {
-      std::string cmdline = read_file("/proc/" + std::to_string(pid) + "/cmdline");
-      if (cmdline.rfind(dtexec_path(), 0) != 0) continue;  // dtlaunch's own command line names the marker too
-      std::stringstream environ_text(read_file("/proc/" + std::to_string(pid) + "/environ"));
-      std::string var;
-      while (std::getline(environ_text, var, '\0')) {
-        if (var == "RANK=" + std::to_string(rank)) return pid;
-      }
+  // The pid of the dtexec process with RANK=rank whose command line names `marker` (default: name's checkpoint
+  // directory).
+  pid_t dtexec_pid(const std::string& name, int rank, std::string marker = "") const {
+    if (marker.empty()) marker = dir() + "/" + name + ".ckpt";
+    return rank_process(marker, dtexec_path(), rank);
+  }
+  // The steps of name's complete checkpoints, oldest first.
+  std::vector<std::string> checkpoint_steps(const std::string& name) const {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(dir() + "/" + name + ".ckpt")) {
+      out.push_back(e.path().filename().string());
     }
-    return -1;
+    std::sort(out.begin(), out.end());
+    return out;
   }
   std::vector<nlohmann::json> events_named_in(const std::string& name, const std::string& event) const {
     std::vector<nlohmann::json> out;
@@ -218,7 +205,8 @@ class DtexecJobTest : public LaunchTest {
   }
 };
 
-TEST_F(DtexecJobTest, KillNineAtARandomStepResumesBitwise) {
+// The command has no --resume: the restart resumes from the checkpoints this job wrote all the same.
+TEST_F(DtexecJobTest, KillNineAtARandomStepResumesBitwiseWithoutResumeFlag) {
   const auto expected = reference();
   ASSERT_EQ(expected.size(), static_cast<std::size_t>(kSteps));
   std::random_device rd;
@@ -228,7 +216,7 @@ TEST_F(DtexecJobTest, KillNineAtARandomStepResumesBitwise) {
   const int victim_rank = std::uniform_int_distribution<int>(0, 3)(rng);
   SCOPED_TRACE("kill -9 of rank " + std::to_string(victim_rank) + " after step " + std::to_string(kill_step) +
                " (random seed " + std::to_string(seed) + ")");
-  auto p = launch_dtexec("faulty", {"--nproc", "4", "--max-restarts", "2"});
+  auto p = launch_dtexec("faulty", {"--nproc", "4", "--max-restarts", "2"}, kCheckpointEvery, /*resume=*/false);
   ASSERT_TRUE(wait_for_step("faulty", kill_step, 120s)) << p->err();
   const pid_t victim = dtexec_pid("faulty", victim_rank);
   ASSERT_GT(victim, 0) << "no dtexec process of rank " << victim_rank;
@@ -236,7 +224,10 @@ TEST_F(DtexecJobTest, KillNineAtARandomStepResumesBitwise) {
   ASSERT_EQ(p->wait(180s), 0) << p->err();
   EXPECT_THAT(p->err(), HasSubstr("rank " + std::to_string(victim_rank) + " on node 0 (pid " + std::to_string(victim) +
                                   ") killed by signal 9 (SIGKILL)"));
+  EXPECT_THAT(p->err(), HasSubstr("a restart resumes from the newest checkpoint this job writes in"));
+  EXPECT_THAT(p->err(), HasSubstr("restarting the job from its newest checkpoint in " + dir() + "/faulty.ckpt"));
   EXPECT_THAT(p->err(), HasSubstr("restart 1 of 2 (DTRAIN_RESTART=1)"));
+  EXPECT_THAT(p->err(), HasSubstr("restart 1 of job "));
   // The restart resumed from a checkpoint (the metrics go on from a checkpointed step, not from step 1) ...
   auto steps = steps_written("faulty");
   auto restart_at = std::adjacent_find(steps.begin(), steps.end(), [](int a, int b) { return b <= a; });
@@ -249,6 +240,51 @@ TEST_F(DtexecJobTest, KillNineAtARandomStepResumesBitwise) {
   EXPECT_EQ(differences(up_to(got, kSteps), expected), "") << read_file(dir() + "/faulty.jsonl");
   EXPECT_EQ(got.at(kSteps), expected.at(kSteps));
   expect_job_ends_at_the_last_step(got);
+
+  // A new job on the same directory without --resume is still refused (exit 7), naming the job that wrote it, and
+  // leaves every checkpoint as it was.
+  const auto before = checkpoint_steps("faulty");
+  ASSERT_FALSE(before.empty());
+  auto again = launch_dtexec("faulty", {"--nproc", "4", "--max-restarts", "2"}, kCheckpointEvery, /*resume=*/false);
+  EXPECT_EQ(again->wait(60s), 7) << again->err();
+  EXPECT_THAT(again->err(), HasSubstr("already holds checkpoints of this model (newest: step " +
+                                      std::to_string(kSteps) + ", written by job "));
+  EXPECT_THAT(again->err(), HasSubstr("pass --resume"));
+  EXPECT_EQ(checkpoint_steps("faulty"), before);
+}
+
+// A dtexec training that may restart but has no checkpoint directory: dtlaunch says at start that a restart trains
+// again from step 0, and the restart does so (its metrics file starts over and ends with every step once).
+TEST_F(DtexecJobTest, RestartWithoutCheckpointDirectoryStartsOverAndSaysSo) {
+  constexpr int kPlainSteps = 30;
+  std::vector<std::string> options{"--nproc",
+                                   "2",
+                                   "--max-restarts",
+                                   "1",
+                                   "--run-dir",
+                                   dir() + "/plain.run",
+                                   "--",
+                                   dtexec_path(),
+                                   "train",
+                                   "--model",
+                                   tiny_model(),
+                                   "--steps",
+                                   std::to_string(kPlainSteps),
+                                   "--seed",
+                                   "7",
+                                   "--metrics",
+                                   dir() + "/plain.jsonl"};
+  auto p = std::make_unique<LaunchProcess>(options, std::map<std::string, std::string>{}, dir() + "/plain");
+  ASSERT_TRUE(wait_for_step("plain", 5, 120s)) << p->err();
+  const pid_t victim = dtexec_pid("plain", 1, dir() + "/plain.jsonl");
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  ASSERT_EQ(p->wait(120s), 0) << p->err();
+  EXPECT_THAT(p->err(), HasSubstr("the command has no --checkpoint-dir: a restart trains again from step 0"));
+  EXPECT_THAT(p->err(), HasSubstr("restarting the job from step 0 (the command has no --checkpoint-dir)"));
+  std::vector<int> every_step(kPlainSteps);
+  std::iota(every_step.begin(), every_step.end(), 1);
+  EXPECT_EQ(steps_written("plain"), every_step);
 }
 
 TEST_F(DtexecJobTest, StoppedRankIsDetectedByItsHeartbeatsAndRestarted) {

@@ -119,6 +119,7 @@ TEST(RankEnvironment, Contract) {
   c.store_port = 12345;
   c.comm_host = "10.0.0.2";
   c.run_id = "abc-2";
+  c.job_id = "abc";
   c.heartbeat_interval_s = 0.25;
   c.token = "secret";
   c.binding_env = {{"CUDA_VISIBLE_DEVICES", "1"}, {"OMP_NUM_THREADS", "6"}};
@@ -136,6 +137,7 @@ TEST(RankEnvironment, Contract) {
   EXPECT_EQ(m["DTRAIN_STORE"], "10.0.0.1:12345");
   EXPECT_EQ(m["DTRAIN_STORE_TOKEN"], "secret");
   EXPECT_EQ(m["DTRAIN_RUN_ID"], "abc-2");
+  EXPECT_EQ(m["DTRAIN_JOB_ID"], "abc");
   EXPECT_EQ(m["DTRAIN_COMM_HOST"], "10.0.0.2");
   EXPECT_EQ(m["DTRAIN_NODE_RANK"], "1");
   EXPECT_EQ(m["DTRAIN_NNODES"], "2");

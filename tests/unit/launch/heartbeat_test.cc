@@ -73,6 +73,39 @@ TEST(HeartbeatLine, TimingLinesRoundTripAndRejectNegativeOrNonFiniteTimes) {
   EXPECT_FALSE(parse_heartbeat_line("timing x 0.5 0.1"));
 }
 
+TEST(HeartbeatLine, WhereLinesCarryThePositionAndTheInstructionWithItsSpaces) {
+  std::string line = format_where_line(12, 23, -1, Activity::kComm, 4.5, "ALLREDUCE on=tp what=replicated_grads");
+  EXPECT_EQ(line, "where 12 23 -1 comm 4.500 ALLREDUCE on=tp what=replicated_grads\n");
+  line.pop_back();
+  auto m = parse_heartbeat_line(line);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->kind, HeartbeatMessage::Kind::kWhere);
+  EXPECT_EQ(m->step, 12);
+  EXPECT_EQ(m->pc, 23);
+  EXPECT_EQ(m->body_pc, -1);
+  EXPECT_EQ(m->activity, Activity::kComm);
+  EXPECT_DOUBLE_EQ(m->seconds, 4.5);
+  EXPECT_EQ(m->instruction, "ALLREDUCE on=tp what=replicated_grads");
+  // No instruction (outside the program), and every activity word.
+  for (Activity a :
+       {Activity::kSetup, Activity::kCompute, Activity::kComm, Activity::kStepEnd, Activity::kCheckpoint}) {
+    std::string l = format_where_line(0, -1, -1, a, 0, "");
+    l.pop_back();
+    auto w = parse_heartbeat_line(l);
+    ASSERT_TRUE(w) << l;
+    EXPECT_EQ(w->activity, a);
+    EXPECT_EQ(w->instruction, "");
+  }
+  // A long instruction is cut so that the line fits.
+  std::string long_line = format_where_line(1, 2, 3, Activity::kCompute, 1, std::string(1000, 'x'));
+  EXPECT_EQ(long_line.size(), kMaxHeartbeatLineBytes);
+  EXPECT_EQ(long_line.back(), '\n');
+  EXPECT_FALSE(parse_heartbeat_line("where 1 2 -1 dancing 0.5 X"));
+  EXPECT_FALSE(parse_heartbeat_line("where 1 2 -1 comm"));
+  EXPECT_FALSE(parse_heartbeat_line("where 1 -2 -1 comm 0.5"));
+  EXPECT_FALSE(parse_heartbeat_line("where 1 2 -1 comm -1"));
+}
+
 TEST(HeartbeatLine, UnknownKindsAreAcceptedMalformedKnownOnesAreNot) {
   auto u = parse_heartbeat_line("memory 123 456");
   ASSERT_TRUE(u);
@@ -173,6 +206,26 @@ TEST_F(HeartbeatSocket, AnAgentThatDoesNotReadDoesNotBlockTraining) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int step = 0; step < 200'000; ++step) hb.progress(step, 0, 1, 1);  // far more than the socket buffer holds
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
+TEST_F(HeartbeatSocket, AWatchedBoardAddsAWhereLineAfterEveryBeat) {
+  PositionBoard board;
+  board.set(3, 7, -1, Activity::kCompute, "FWD chunk=0 mb=1");
+  Heartbeat hb(rank_end(), 10ms);
+  hb.watch(&board);
+  auto lines = read_lines(agent_end(), 6, 2s);
+  hb.watch(nullptr);
+  bool seen = false;
+  for (const auto& l : lines) {
+    if (l.rfind("where ", 0) != 0) continue;
+    auto m = parse_heartbeat_line(l);
+    ASSERT_TRUE(m) << l;
+    EXPECT_EQ(m->step, 3);
+    EXPECT_EQ(m->pc, 7);
+    EXPECT_EQ(m->instruction, "FWD chunk=0 mb=1");
+    seen = true;
+  }
+  EXPECT_TRUE(seen) << "no where line among " << lines.size() << " lines";
 }
 
 TEST(Heartbeat, WorksOverAPipeToo) {

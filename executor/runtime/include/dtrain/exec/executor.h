@@ -39,6 +39,8 @@ struct StepMetrics {
   std::vector<std::int64_t> rank_peak_bytes;
 };
 
+class PositionBoard;
+
 struct ExecutorOptions {
   std::uint64_t seed = 1;
   std::int64_t global_batch = 0;  // sequences per step (the plan's)
@@ -49,6 +51,13 @@ struct ExecutorOptions {
   // weights, gradients and Adam moments; the weights rounded to bf16 at the start of each step). The backend must
   // have kernels for it (backend.h), else the constructor throws dtrain::Error (input).
   DType activations = DType::kFp32;
+  // Where the rank is (position.h), updated at every schedule instruction and around every communication call, for
+  // the heartbeat's where lines; nullptr: not reported. Must outlive the executor.
+  PositionBoard* position = nullptr;
+  // Test only (dtexec's DTRAIN_TEST_HOLD): on reaching schedule pc hold_pc of step hold_step (1-based), the rank
+  // stays there as in a computation that never ends (the hang report's tests).
+  std::int64_t hold_step = -1;
+  std::int32_t hold_pc = -1;
 };
 
 // The communicators of one rank: the world and the groups its program names (split from the world).

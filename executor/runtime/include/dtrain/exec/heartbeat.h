@@ -2,11 +2,12 @@
 // is, over the descriptor and in the line format of dtrain/common/heartbeat_wire.h.
 //
 // A background thread writes a beat line every interval, and the training loop calls progress() after every step.
-// The agent starts watching a rank's heartbeats when its first line arrives (a program that never heartbeats is
-// watched only for its exit) and declares it dead when nothing arrives for --heartbeat-timeout seconds. A process
-// stopped with SIGSTOP stops its heartbeat thread too, so it is detected as well as one that died. The heartbeat
-// thread proves the process is scheduled, not that training moves: for hangs, dtlaunch's --progress-timeout watches
-// the progress lines instead.
+// With a position board (watch), every beat is followed by a where line: where in its program the rank is, for
+// dtlaunch's hang report. The agent starts watching a rank's heartbeats when its first line arrives (a program that
+// never heartbeats is watched only for its exit) and declares it dead when nothing arrives for --heartbeat-timeout
+// seconds. A process stopped with SIGSTOP stops its heartbeat thread too, so it is detected as well as one that died.
+// The heartbeat thread proves the process is scheduled, not that training moves: for hangs, dtlaunch's
+// --progress-timeout watches the progress lines instead.
 //
 // Built as its own small target (dtrain::exec_heartbeat) so that programs other than dtexec can heartbeat without
 // the interpreter, and the executor without the launcher.
@@ -21,6 +22,7 @@
 #include <thread>
 
 #include "dtrain/common/heartbeat_wire.h"
+#include "dtrain/exec/position.h"
 
 namespace dtrain::exec {
 
@@ -46,6 +48,10 @@ class Heartbeat {
   // them to find a straggler).
   void timing(std::int64_t step, double step_s, double busy_s);
 
+  // From now on, a where line of `board` after every beat (nullptr: none). The board must outlive the heartbeat or
+  // be unset first.
+  void watch(const PositionBoard* board);
+
   std::chrono::duration<double> interval() const { return interval_; }
   // Beats written so far (dropped ones not counted).
   std::uint64_t beats_sent() const;
@@ -64,6 +70,7 @@ class Heartbeat {
   bool use_write_ = false;  // fd is not a socket (a pipe given by someone else): write(2) instead of send(2)
   std::uint64_t seq_ = 0;
   std::uint64_t sent_ = 0;
+  const PositionBoard* board_ = nullptr;
   std::thread thread_;
 };
 

@@ -11,7 +11,8 @@
 //   4. the data must hold (first step + steps) x global batch samples, else exit 6 before any step;
 //   5. with a checkpoint directory: a directory holding another model's checkpoints stops with exit 7 (nothing is
 //      touched); one holding this model's checkpoints needs --resume (which continues from the newest complete
-//      one whose checksums match);
+//      one whose checksums match), except in a restart of the job that wrote them (job_id, restart), which
+//      resumes from them by itself;
 //   6. each step: run the program, global rank 0 appends a JSON line to the metrics file, every K steps a
 //      checkpoint; SIGTERM/SIGINT (set_stop_requested) finishes the step, writes a checkpoint and returns kPreempted.
 #pragma once
@@ -48,6 +49,13 @@ struct TrainOptions {
   std::int64_t checkpoint_every = 0;  // 0: only at preemption and at the end (when a directory is given)
   int keep_checkpoints = 2;
   bool resume = false;
+  // The launcher's job (dtexec: DTRAIN_JOB_ID, DTRAIN_RESTART): every checkpoint records the job that wrote it, and
+  // a restart (restart > 0) of that job resumes from it without `resume`. Empty: not started by dtlaunch.
+  std::string job_id;
+  int restart = 0;
+  // Called on global rank 0 once every rank agreed on the plan (dtexec puts it into the launcher's store, where
+  // dtlaunch's hang report finds the programs); null: nothing.
+  std::function<void(const plan::Plan&)> on_plan;
   std::string metrics_path;
   std::string trace_path;
   bool deterministic = false;

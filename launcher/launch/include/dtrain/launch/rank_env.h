@@ -5,6 +5,8 @@
 //   MASTER_ADDR, MASTER_PORT                         the store's address and port (PyTorch convention)
 //   DTRAIN_STORE, DTRAIN_STORE_TOKEN                 the store as host:port, and the job's secret
 //   DTRAIN_RUN_ID                                    unique per job attempt ("<job nonce>-<attempt>")
+//   DTRAIN_JOB_ID                                    the job (its nonce), the same in every attempt: checkpoints
+//                                                    record it, and a restart resumes from its own job's
 //   DTRAIN_COMM_HOST                                 the address this node's ranks listen on (Gloo)
 //   DTRAIN_NODE_RANK, DTRAIN_NNODES                  this node's index and the node count
 //   DTRAIN_HEARTBEAT_FD, DTRAIN_HEARTBEAT_INTERVAL   the heartbeat socket (3) and the beat interval in seconds
@@ -36,6 +38,7 @@ struct RankContext {
   std::uint16_t store_port = 0;
   std::string comm_host;
   std::string run_id;
+  std::string job_id;
   double heartbeat_interval_s = 1;
   std::string token;  // the job's secret; only ever placed in the environment
   std::map<std::string, std::string> binding_env;
