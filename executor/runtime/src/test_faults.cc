@@ -63,7 +63,7 @@ void TestFaults::edit(ir::Program& program) const {
                                   b, program.rank, program.schedule.size()));
   }
   std::swap(program.schedule[a], program.schedule[b]);
-  log::warn("exec", "DTRAIN_TEST_SWAP: rank {} runs an edited program, schedule pcs {} and {} swapped", program.rank,
+  log::warn("exec", "DTRAIN_TEST_SWAP: rank {} runs an edited program (schedule pcs {} and {} swapped)", program.rank,
             a, b);
 }
 

@@ -79,7 +79,8 @@ void Agent::Impl::report_hang(const std::string& why, bool on_demand) {
   const std::string file_name = on_demand ? fmt::format("status-report-attempt{}-{}.json", attempt, std::time(nullptr))
                                           : fmt::format("hang-report-attempt{}.json", attempt);
   try {
-    // Every node's positions (this one's too, as published before its ranks were stopped): the other agents publish theirs when they learn of the failure (or every few seconds).
+    // Every node's positions (this one's too, as published before its ranks were stopped): the other agents publish
+    // theirs when they learn of the failure (or every few seconds).
     std::vector<std::string> keys;
     for (int node : joined_nodes) {
       if (lost_nodes.count(node) == 0) keys.push_back(where_key(attempt, node));
@@ -118,8 +119,8 @@ void Agent::Impl::report_hang(const std::string& why, bool on_demand) {
       report.json["notes"].push_back(note);
     }
     if (!silent_nodes.empty()) {
-      std::string line = fmt::format("nodes {} published no positions within {} ms", join(silent_nodes, ", "),
-                                     wait.count());
+      std::string line =
+          fmt::format("nodes {} published no positions within {} ms", join(silent_nodes, ", "), wait.count());
       report.text += fmt::format("  note: {}\n", line);
       report.json["notes"].push_back(line);
     }

@@ -70,14 +70,15 @@ std::vector<ir::Program> programs_of_plan(const std::string& plan_text, std::str
   }
 }
 
-HangReport make_hang_report(const std::vector<ir::ReportedPosition>& positions, const std::vector<ir::Program>& programs,
-                            std::string_view why, int attempt, bool on_demand) {
+HangReport make_hang_report(const std::vector<ir::ReportedPosition>& positions,
+                            const std::vector<ir::Program>& programs, std::string_view why, int attempt,
+                            bool on_demand) {
   HangReport r;
   r.analysis = ir::analyze_waits(programs, positions);
-  r.text = fmt::format("{} (attempt {}, after: {})\n{}",
-                       on_demand ? "where every rank is, on demand (a running job: short waits are normal)"
-                                 : "hang report",
-                       attempt, why, ir::wait_report_text(r.analysis));
+  r.text =
+      fmt::format("{} (attempt {}, after: {})\n{}",
+                  on_demand ? "where every rank is, on demand (a running job: short waits are normal)" : "hang report",
+                  attempt, why, ir::wait_report_text(r.analysis));
   r.json = ir::wait_report_json(r.analysis);
   r.json["attempt"] = attempt;
   r.json["why"] = std::string(why);

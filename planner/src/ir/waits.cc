@@ -31,7 +31,7 @@ std::string expected_text(const Program& p, std::int32_t pc, std::int32_t body_p
 // "in ALLREDUCE on=tp ... (step 12 pc 23, body pc 4) for 6.1 s" from the rank's own report.
 std::string where_text(const ReportedPosition& p) {
   if (!p.known) return "sent no position (not started, or not a dtrain executor)";
-  std::string at = p.pc < 0 ? fmt::format("step {}", p.step)
+  std::string at = p.pc < 0         ? fmt::format("step {}", p.step)
                    : p.body_pc >= 0 ? fmt::format("step {} pc {} body pc {}", p.step, p.pc, p.body_pc)
                                     : fmt::format("step {} pc {}", p.step, p.pc);
   std::string what = p.instruction.empty() ? "" : fmt::format(" `{}`", p.instruction);
@@ -85,9 +85,10 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
       std::string expected = expected_text(programs[r], p.pc, p.body_pc);
       if (!expected.empty() && expected != p.instruction) {
         f.other_program = true;
-        f.doing = fmt::format("runs another program than the plan's: at step {} pc {} it is in `{}` for {}, where "
-                              "the plan has `{}`",
-                              p.step, p.pc, p.instruction, seconds_text(p.seconds), expected);
+        f.doing = fmt::format(
+            "runs another program than the plan's: at step {} pc {} it is in `{}` for {}, where "
+            "the plan has `{}`",
+            p.step, p.pc, p.instruction, seconds_text(p.seconds), expected);
         if (!p.process.empty()) f.doing = p.process + "; " + f.doing;
       }
     }
@@ -123,7 +124,8 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
     detail::EngineResult res = detail::run_engine(ptrs, all, eo);
     for (const auto& problem : res.problems) a.notes.push_back(problem.message);
     for (const auto& w : res.waits) {
-      if (w.state == detail::RankWait::State::kWaiting) a.ranks[static_cast<std::size_t>(w.rank)].waits_for = w.waits_for;
+      if (w.state == detail::RankWait::State::kWaiting)
+        a.ranks[static_cast<std::size_t>(w.rank)].waits_for = w.waits_for;
     }
   }
 
@@ -164,8 +166,9 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
     for (;;) {
       const auto& next_list = a.ranks[static_cast<std::size_t>(cur)].waits_for;
       if (next_list.empty()) break;
-      auto next_it = std::find_if(next_list.begin(), next_list.end(),
-                                  [&](std::int32_t q) { return a.ranks[static_cast<std::size_t>(q)].waits_for.empty(); });
+      auto next_it = std::find_if(next_list.begin(), next_list.end(), [&](std::int32_t q) {
+        return a.ranks[static_cast<std::size_t>(q)].waits_for.empty();
+      });
       std::int32_t next = next_it != next_list.end() ? *next_it : next_list.front();
       chain.push_back(next);
       if (!seen.insert(next).second) break;  // a cycle
@@ -219,7 +222,8 @@ std::string wait_report_text(const WaitAnalysis& a, std::size_t max_ranks) {
     out += fmt::format("the root{} at step {}: rank{} {}\n", a.roots.size() > 1 ? "s" : "", a.step,
                        a.roots.size() > 1 ? "s" : "", join(names, ", "));
   }
-  for (auto r : a.roots) out += fmt::format("  {} (root): {}\n", rank_name(r), a.ranks[static_cast<std::size_t>(r)].doing);
+  for (auto r : a.roots)
+    out += fmt::format("  {} (root): {}\n", rank_name(r), a.ranks[static_cast<std::size_t>(r)].doing);
   std::size_t shown = 0, waiting = 0;
   for (const auto& f : a.ranks) {
     if (f.root || f.chain.empty()) continue;
@@ -230,7 +234,8 @@ std::string wait_report_text(const WaitAnalysis& a, std::size_t max_ranks) {
     for (std::size_t i = 1; i < f.chain.size(); ++i) hops.push_back(rank_name(f.chain[i]));
     out += fmt::format("  {} waits for {}: {}\n", rank_name(f.rank), join(hops, " -> "), f.doing);
   }
-  if (waiting > shown) out += fmt::format("  ... and {} more waiting ranks (the JSON report lists them all)\n", waiting - shown);
+  if (waiting > shown)
+    out += fmt::format("  ... and {} more waiting ranks (the JSON report lists them all)\n", waiting - shown);
   for (const auto& f : a.ranks) {
     if (!f.root && f.chain.empty() && shown < max_ranks) {
       ++shown;

@@ -42,14 +42,15 @@ class HangReportTest : public LaunchTest {
   std::unique_ptr<LaunchProcess> start(std::vector<std::string> options, std::map<std::string, std::string> env,
                                        std::vector<std::string> extra = {}, int steps = 400) {
     options.insert(options.end(), {"--nproc", "4", "--max-restarts", "0", "--run-dir", dir() + "/run", "--",
-                                   dtexec_path(), "train", "--model", tiny_model(), "--plan", plan_, "--steps", std::to_string(steps),
-                                   "--metrics", dir() + "/metrics.jsonl", "--threads", "1"});
+                                   dtexec_path(), "train", "--model", tiny_model(), "--plan", plan_, "--steps",
+                                   std::to_string(steps), "--metrics", dir() + "/metrics.jsonl", "--threads", "1"});
     options.insert(options.end(), extra.begin(), extra.end());
     return std::make_unique<LaunchProcess>(options, env, dir() + "/job");
   }
   int steps_done() const {
     int n = 0;
-    for (const auto& line : lines_of(read_file(dir() + "/metrics.jsonl"))) n += line.find("\"step\"") != std::string::npos;
+    for (const auto& line : lines_of(read_file(dir() + "/metrics.jsonl")))
+      n += line.find("\"step\"") != std::string::npos;
     return n;
   }
   bool wait_for_steps(int steps, std::chrono::seconds timeout) const {
@@ -132,8 +133,9 @@ TEST_F(HangReportTest, ARankRunningAnEditedProgramIsTheRootNamingBothInstruction
   ASSERT_GT(norm, 0u);
   const auto& before = programs_[1].schedule[norm - 1];
   ASSERT_EQ(before.what, ir::What::kReplicatedGrads) << ir::to_text(before);
-  auto p = start({"--heartbeat-timeout", "2"}, {{"DTRAIN_TEST_SWAP", "1:" + std::to_string(norm - 1) + ":" + std::to_string(norm)}},
-                 {"--timeout-s", "4"});
+  auto p =
+      start({"--heartbeat-timeout", "2"},
+            {{"DTRAIN_TEST_SWAP", "1:" + std::to_string(norm - 1) + ":" + std::to_string(norm)}}, {"--timeout-s", "4"});
   nlohmann::json report = wait_for_report(120s);
   ASSERT_FALSE(report.is_null()) << p->err();
   EXPECT_NE(p->wait(60s), 0);

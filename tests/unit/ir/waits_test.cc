@@ -92,7 +92,8 @@ TEST(Waits, AStoppedRankIsTheRootWhateverItLastReported) {
   pos.push_back(at(programs[0], 5, fwd, Activity::kComm));
   pos[0].body_pc = first_collective(programs[0], fwd);
   ASSERT_GE(pos[0].body_pc, 0);
-  pos[0].instruction = to_text(programs[0].body(0, BodyKind::kForward)->instrs[static_cast<std::size_t>(pos[0].body_pc)]);
+  pos[0].instruction =
+      to_text(programs[0].body(0, BodyKind::kForward)->instrs[static_cast<std::size_t>(pos[0].body_pc)]);
   pos.push_back(at(programs[1], 5, fwd, Activity::kCompute, 12));
   pos[1].process = "stopped (SIGSTOP)";
   const std::size_t recv2 = find(programs[2], Opcode::kRecv, What::kActivation);

@@ -33,14 +33,15 @@ std::vector<ir::Program> programs_of_plan(const std::string& plan_text, std::str
 
 struct HangReport {
   ir::WaitAnalysis analysis;
-  std::string text;   // for the log: a headline and one line per rank
+  std::string text;  // for the log: a headline and one line per rank
   nlohmann::json json;
 };
 
 // The report over every rank's position (`positions`, one per rank of the world in rank order; ranks whose node did
 // not answer are unknown), with `why` (what made it: "rank 2 on node 0 (pid 123) sent no heartbeat ...", "SIGUSR1")
 // in its headline and JSON; `on_demand` for a report on a job that runs (SIGUSR1), whose waits may be short ones.
-HangReport make_hang_report(const std::vector<ir::ReportedPosition>& positions, const std::vector<ir::Program>& programs,
-                            std::string_view why, int attempt, bool on_demand = false);
+HangReport make_hang_report(const std::vector<ir::ReportedPosition>& positions,
+                            const std::vector<ir::Program>& programs, std::string_view why, int attempt,
+                            bool on_demand = false);
 
 }  // namespace dtrain::launch
