@@ -179,6 +179,7 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
   }
   if (!ends.empty()) {
     std::vector<std::pair<int, std::int32_t>> order;
+    order.reserve(ends.size());
     for (auto [r, count] : ends) order.emplace_back(-count, r);
     std::sort(order.begin(), order.end());
     for (auto [count, r] : order) a.roots.push_back(r);
