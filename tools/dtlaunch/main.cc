@@ -26,12 +26,12 @@ int run(int argc, char** argv) {
       "dtlaunch: starts the ranks of one node, watches them, and restarts the whole job from its newest checkpoint "
       "when a rank fails.\nUsage: dtlaunch [options] -- COMMAND [ARGS...]   (docs/launcher.md)"};
   app.set_version_flag("--version", std::string("dtlaunch ") + kVersion);
-  int nnodes = 0;
+  std::string nnodes;
   int node_rank = -1;
   std::string rdzv;
   auto* nnodes_opt = app.add_option("--nnodes", nnodes,
-                                    "Number of nodes, each running one dtlaunch (default: from "
-                                    "Slurm, else 1)");
+                                    "Number of nodes, each running one dtlaunch (default: from Slurm, else 1); "
+                                    "MIN:MAX: start with MAX and go on with fewer after losing nodes, down to MIN");
   auto* node_rank_opt = app.add_option("--node-rank", node_rank,
                                        "This node's index, 0 to nnodes-1 (node 0 hosts the "
                                        "store)");
@@ -88,7 +88,11 @@ int run(int argc, char** argv) {
         app.parse(own_argc, argv);
         o.command = app.remaining();
         for (int i = own_argc + 1; i < argc; ++i) o.command.emplace_back(argv[i]);
-        if (*nnodes_opt) o.nnodes = nnodes;
+        if (*nnodes_opt) {
+          auto [lo, hi] = parse_nnodes(nnodes);
+          o.nnodes = hi;
+          if (lo < hi) o.min_nnodes = lo;
+        }
         if (*node_rank_opt) o.node_rank = node_rank;
         if (*rdzv_opt) o.rdzv = rdzv;
         o.bind = !no_bind;

@@ -80,6 +80,7 @@ void Agent::Impl::setup() {
 
   facts.node_rank = job.node_rank;
   facts.nnodes = job.nnodes;
+  facts.min_nnodes = job.min_nnodes;
   facts.nproc_per_node = job.nproc_per_node;
   facts.max_restarts = job.options.max_restarts;
   facts.version = kVersion;
@@ -168,6 +169,7 @@ void Agent::Impl::rendezvous() {
   all.reserve(keys.size());
   for (const auto& k : keys) all.push_back(NodeFacts::from_json(client->get(k), k));
   for (int node = 0; node < job.nnodes; ++node) joined_nodes.push_back(node);
+  members = Membership(job.nnodes, job.min_nnodes, job.nproc_per_node);
   if (auto m = check_facts(all)) fail_job(m->message, m->exit_code);
   job_nonce = all.front().job_nonce;
   rendezvous_done = true;
@@ -241,6 +243,15 @@ int Agent::run() {
     code = static_cast<int>(e.exit_code());
     if (e.category() == ErrorCategory::kComm && e.exit_code() == ExitCode::kFailure && impl_->rendezvous_done) {
       code = Impl::code_of(ExitCode::kPeerFailure);
+    }
+    if (e.category() == ErrorCategory::kComm && impl_->rendezvous_done && impl_->job.elastic() &&
+        impl_->job.node_rank != 0) {
+      // The store is gone: node 0, which hosts it, is lost.
+      log::error(Impl::kSubsys,
+                 "node 0 hosts the job's store and rendezvous, which are not replicated: the job cannot go on without "
+                 "it (--nnodes {}:{})",
+                 impl_->job.min_nnodes, impl_->job.nnodes);
+      code = Impl::code_of(ExitCode::kTooFewNodes);
     }
     // Let the other nodes know at once rather than through the node timeout.
     if (impl_->client && !impl_->end) {

@@ -32,6 +32,7 @@ std::optional<int> Agent::Impl::run_attempt() {
   local_done = 0;
   progress.reset();
   progress_unprinted = false;
+  plan_logged = false;
   monitor->watch(end_key(attempt));
   if (preempt_requested) {
     publish_end(end_here(EndKind::kPreempted, -1,
@@ -41,21 +42,28 @@ std::optional<int> Agent::Impl::run_attempt() {
   }
   client->set(fmt::format("attempt/{}/ready/{}", attempt, job.node_rank), "1");
   std::vector<std::string> ready;
-  ready.reserve(job.nnodes);
-  for (int node = 0; node < job.nnodes; ++node) ready.push_back(fmt::format("attempt/{}/ready/{}", attempt, node));
-  wait_keys(ready, job.nnodes > 1 ? fmt::format("all nodes to be ready for attempt {}", attempt) : "the store");
+  ready.reserve(members.nodes().size());
+  for (int node : members.nodes()) ready.push_back(fmt::format("attempt/{}/ready/{}", attempt, node));
+  try {
+    wait_keys(ready, members.size() > 1 ? fmt::format("all nodes to be ready for attempt {}", attempt) : "the store");
+  } catch (const JobEnd& e) {
+    // A node lost (or a failure) before this attempt's ranks started: an elastic job may go on without it.
+    if (!job.elastic()) throw;
+    if (auto code = attempt_ended_before_start(e)) return code;
+    return std::nullopt;
+  }
 
   std::vector<int> local_ranks;
   local_ranks.reserve(static_cast<std::size_t>(job.nproc_per_node));
-  for (int i = 0; i < job.nproc_per_node; ++i) local_ranks.push_back(job.node_rank * job.nproc_per_node + i);
+  const int first_rank = members.first_rank_of(job.node_rank);
+  for (int i = 0; i < job.nproc_per_node; ++i) local_ranks.push_back(first_rank + i);
   stragglers.emplace(local_ranks, job.node_rank,
                      StragglerOptions{job.options.straggler_threshold, job.options.straggler_steps});
   const auto t0 = Clock::now();
   spawn_ranks();
   const double spawn_s = seconds_since(t0);
-  log::info(kSubsys, "attempt {}: started ranks {}-{} of {} in {} (run id {}-{})", attempt,
-            job.node_rank * job.nproc_per_node, (job.node_rank + 1) * job.nproc_per_node - 1, job.world_size,
-            format_seconds(spawn_s), job_nonce, attempt);
+  log::info(kSubsys, "attempt {}: started ranks {}-{} of {} in {} (run id {}-{})", attempt, first_rank,
+            first_rank + job.nproc_per_node - 1, members.world(), format_seconds(spawn_s), job_nonce, attempt);
   json pids = json::array();
   for (const auto& r : ranks.ranks()) pids.push_back(static_cast<std::int64_t>(r.pid));
   events.write("attempt", {{"attempt", attempt},
@@ -100,13 +108,14 @@ std::optional<int> Agent::Impl::run_attempt() {
       if (dead) publish_end(end_here(EndKind::kFailure, dead->rank, dead->reason));
     }
     ranks.kill_after_grace();
+    decide_when_due();
     if (!end) publish_positions(true);
     if (hosts_rank0()) print_progress(false);
   }
   if (hosts_rank0()) print_progress(true);
   ranks.close_descriptors();
 
-  if (store_lost) return code_of(ExitCode::kPeerFailure);
+  if (store_lost) return code_of(job.elastic() ? ExitCode::kTooFewNodes : ExitCode::kPeerFailure);
   switch (end->kind) {
     case EndKind::kSuccess:
       return code_of(ExitCode::kOk);
@@ -122,6 +131,7 @@ std::optional<int> Agent::Impl::run_attempt() {
       break;
   }
   if (decision->verdict == Verdict::kRestart) return std::nullopt;
+  if (decision->verdict == Verdict::kShrink) return after_shrink(*decision);
   return exit_code_of(*decision);
 }
 
@@ -135,16 +145,16 @@ bool Agent::Impl::attempt_over() const {
 
 void Agent::Impl::spawn_ranks() {
   const std::string run_id = fmt::format("{}-{}", job_nonce, attempt);
-  const int first_rank = job.node_rank * job.nproc_per_node;
+  const int first_rank = members.first_rank_of(job.node_rank);
   std::vector<SpawnSpec> specs(job.nproc_per_node);
   for (int local = 0; local < job.nproc_per_node; ++local) {
     RankContext ctx;
     ctx.rank = first_rank + local;
     ctx.local_rank = local;
-    ctx.world_size = job.world_size;
+    ctx.world_size = members.world();
     ctx.local_world_size = job.nproc_per_node;
-    ctx.node_rank = job.node_rank;
-    ctx.nnodes = job.nnodes;
+    ctx.node_rank = members.index_of(job.node_rank);
+    ctx.nnodes = members.size();
     ctx.restart = attempt;
     ctx.store_host = store_address;
     ctx.store_port = store_port;
@@ -185,7 +195,7 @@ void Agent::Impl::on_rank_exit(RankProcess& r) {
   }
   if (exit.exited_with(ExitCode::kOk)) {
     log::debug(kSubsys, "rank {} finished", r.rank);
-    if (++local_done == job.nproc_per_node && records().node_finished(job.nnodes)) {
+    if (++local_done == job.nproc_per_node && records().node_finished(members.size())) {
       publish_end(end_here(EndKind::kSuccess, -1, "every rank exited 0"));
     }
     return;
@@ -195,6 +205,7 @@ void Agent::Impl::on_rank_exit(RankProcess& r) {
 
 void Agent::Impl::on_progress(const RankProcess& r, const HeartbeatMessage& msg, Clock::time_point now) {
   if (r.rank != 0) return;
+  if (!plan_logged) log_plan();
   progress.record(msg, now);
   progress_unprinted = true;
 }

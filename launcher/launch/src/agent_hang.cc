@@ -50,7 +50,7 @@ std::vector<ir::ReportedPosition> Agent::Impl::local_positions() const {
     }
     if (r.exit) {
       p.process = "exited: " + r.exit_text;
-      p.gave_up = r.exit->exited_with(ExitCode::kPeerFailure) && p.activity == Activity::kComm;
+      p.gave_up = r.exit->exited_with(ExitCode::kPeerFailure);  // a peer died or its communication timed out
     } else if (!r.running) {
       p.process = r.exit_text.empty() ? "not running" : "could not start: " + r.exit_text;
     } else {
@@ -82,29 +82,32 @@ void Agent::Impl::report_hang(const std::string& why, bool on_demand) {
     // Every node's positions (this one's too, as published before its ranks were stopped): the other agents publish
     // theirs when they learn of the failure (or every few seconds).
     std::vector<std::string> keys;
-    for (int node : joined_nodes) {
+    for (int node : members.nodes()) {
       if (lost_nodes.count(node) == 0) keys.push_back(where_key(attempt, node));
     }
     const auto wait = std::min(to_ms(job.options.node_timeout_s), std::chrono::milliseconds(3'000));
     client->wait_for(keys, wait);
-    std::vector<ir::ReportedPosition> all(static_cast<std::size_t>(job.world_size));
-    for (int r = 0; r < job.world_size; ++r) {
-      all[static_cast<std::size_t>(r)].rank = r;
-      all[static_cast<std::size_t>(r)].node = r / job.nproc_per_node;
-      if (lost_nodes.count(r / job.nproc_per_node) != 0) {
-        all[static_cast<std::size_t>(r)].process = fmt::format("lost with node {}", r / job.nproc_per_node);
-      }
+    const int world = members.world();
+    std::vector<ir::ReportedPosition> all(static_cast<std::size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      auto& p = all[static_cast<std::size_t>(r)];
+      p.rank = r;
+      p.node = members.node_of_rank(r);
+      if (lost_nodes.count(p.node) != 0) p.process = fmt::format("lost with node {}", p.node);
     }
     std::vector<std::string> silent_nodes;
-    for (int node = 0; node < job.nnodes; ++node) {
+    for (int node : members.nodes()) {
       std::optional<std::string> text = client->try_get(where_key(attempt, node));
       if (!text) {
         if (lost_nodes.count(node) == 0) silent_nodes.push_back(std::to_string(node));
         continue;
       }
       for (auto& p : positions_from_json(*text, where_key(attempt, node))) {
-        if (p.rank >= 0 && p.rank < job.world_size) all[static_cast<std::size_t>(p.rank)] = std::move(p);
+        if (p.rank >= 0 && p.rank < world) all[static_cast<std::size_t>(p.rank)] = std::move(p);
       }
+    }
+    for (auto& p : all) {
+      if (lost_nodes.count(p.node) != 0) p.process = fmt::format("lost with node {}", p.node);
     }
     std::string note;
     std::vector<ir::Program> programs;

@@ -20,6 +20,7 @@
 #include "dtrain/launch/agent.h"
 #include "dtrain/launch/hang_report.h"
 #include "dtrain/launch/job_config.h"
+#include "dtrain/launch/membership.h"
 #include "dtrain/launch/node_monitor.h"
 #include "dtrain/launch/outcome.h"
 #include "dtrain/launch/progress.h"
@@ -81,6 +82,7 @@ struct Agent::Impl {
   std::string job_nonce;
   std::vector<int> joined_nodes;  // nodes whose facts were seen (they say goodbye at the end)
   std::set<int> lost_nodes;
+  Membership members;  // the nodes the job runs on now (all of them, unless an elastic job lost some)
   double heartbeat_interval_s = 1;
   bool rendezvous_done = false;
 
@@ -97,6 +99,12 @@ struct Agent::Impl {
   bool progress_unprinted = false;
   std::optional<StragglerDetector> stragglers;
   Clock::time_point positions_published;
+  bool plan_logged = false;                    // the attempt's plan, once rank 0 published it
+  std::optional<Clock::time_point> decide_at;  // defer_decision
+
+  // Across attempts: the last plan the ranks ran, to say what changed with the nodes.
+  std::string last_layout;
+  double last_predicted_s = 0;
 
   // Across attempts.
   bool preempt_requested = false;
@@ -152,6 +160,26 @@ struct Agent::Impl {
   // into the run directory (hang-report-attempt<n>.json; on demand: status-report-attempt<n>-<time>.json). Never
   // throws: a report that cannot be made is logged as such.
   void report_hang(const std::string& why, bool on_demand);
+
+  // --- Going on with fewer nodes (membership.h): agent_elastic.cc.
+  // The decision after `failure`, recorded: going on without a lost node (or ending with kTooFewNodes), else the
+  // restart policy, which may drop a node that used up the restarts.
+  Decision decide_after(const EndRecord& failure);
+  // After a shrink decision, once every rank stopped: nullopt to go on with the decision's nodes, or this node's exit
+  // code when it is not one of them.
+  std::optional<int> after_shrink(const Decision& d);
+  // Whether the decision after `failure` waits (until decide_at): in an elastic job a rank usually fails because a
+  // node died, before node 0 notices the node's silence; deciding at once would restart with the dead node, or drop
+  // the wrong one. Node 0 records the shrink meanwhile when it is so.
+  bool defer_decision(const EndRecord& failure);
+  // The deferred decision when its time has come (the attempt's event loop), or `now` (a decision arrived meanwhile):
+  // the hang report, then the decision unless another agent recorded one.
+  void decide_when_due(bool now = false);
+  // The ready wait of an attempt ended (JobEnd): nullopt to start the next attempt (a restart, or going on with fewer
+  // nodes, decided meanwhile), else rethrows.
+  std::optional<int> attempt_ended_before_start(const JobEnd& e);
+  // Node 0, on rank 0's first progress of an attempt: the plan the ranks made, and what changed since the last one.
+  void log_plan();
 
   // --- Attempts and this node's ranks in them (rank_supervisor.h): agent_attempt.cc.
   int run_attempts();

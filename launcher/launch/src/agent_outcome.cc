@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "agent_impl.h"
@@ -96,7 +97,7 @@ void Agent::Impl::apply_end(const EndRecord& record, bool won) {
                        {"recorded_here", won}});
   switch (record.kind) {
     case EndKind::kSuccess:
-      log::info(kSubsys, "all {} ranks finished", job.world_size);
+      log::info(kSubsys, "all {} ranks finished", members.world());
       return;
     case EndKind::kPreempted:
       log::warn(kSubsys, "preempted ({}): SIGTERM to every rank, which may checkpoint and exit within {}",
@@ -110,9 +111,9 @@ void Agent::Impl::apply_end(const EndRecord& record, bool won) {
       ranks.stop(SIGTERM, job.options.stop_grace_s);
       // The agent that recorded the failure reports on the hang (not after an exit code that says what went wrong)
       // and decides for the job; the others wait for its decision.
-      if (won && !record.permanent) report_hang(record.reason, /*on_demand=*/false);
-      if (won) {
-        apply_decision(records().decide_after_failure(record, preempt_requested, job.options.max_restarts));
+      if (won && !defer_decision(record)) {
+        if (!record.permanent) report_hang(record.reason, /*on_demand=*/false);
+        apply_decision(decide_after(record));
       } else {
         monitor->watch(decision_key(attempt));
       }
@@ -127,6 +128,12 @@ void Agent::Impl::apply_end(const EndRecord& record, bool won) {
 void Agent::Impl::apply_decision(const Decision& d) {
   if (decision) return;
   decision = d;
+  if (d.verdict == Verdict::kShrink) {
+    for (int n : members.nodes()) {
+      if (std::find(d.nodes.begin(), d.nodes.end(), n) == d.nodes.end()) lost_nodes.insert(n);
+    }
+  }
+  if (decide_at) decide_when_due(/*now=*/true);  // this agent deferred its decision: its hang report is due
   events.write("decision", {{"attempt", attempt},
                             {"verdict", std::string(to_string(d.verdict))},
                             {"restarts", d.restarts},
@@ -147,22 +154,20 @@ void Agent::Impl::apply_decision(const Decision& d) {
       return;
     case Verdict::kPreempted:
       return;
+    case Verdict::kShrink: {
+      std::vector<std::string> nodes;
+      for (int n : d.nodes) nodes.push_back(std::to_string(n));
+      log::warn(kSubsys, "{}: the job goes on with {} of its {} nodes ({}), world size {}, once every rank has stopped",
+                d.reason, d.nodes.size(), job.nnodes, join(nodes, ", "),
+                static_cast<int>(d.nodes.size()) * job.nproc_per_node);
+      events.write("shrink", {{"attempt", attempt},
+                              {"nodes", d.nodes},
+                              {"world_size", static_cast<int>(d.nodes.size()) * job.nproc_per_node},
+                              {"was_world_size", members.world()},
+                              {"reason", d.reason}});
+      return;
+    }
   }
-}
-
-void Agent::Impl::on_node_lost(const MonitorEvent& ev) {
-  lost_nodes.insert(ev.node);
-  monitor->forget_node(ev.node);
-  if (!end) {
-    publish_end(EndRecord{EndKind::kFatal, ev.node, -1, ev.message, code_of(ExitCode::kPeerFailure), false});
-    return;
-  }
-  if (end->kind == EndKind::kFailure && !decision) {
-    apply_decision(
-        records().record_decision(Decision{Verdict::kFatal, 0, code_of(ExitCode::kPeerFailure), ev.message}));
-    return;
-  }
-  log::warn(kSubsys, "{}", ev.message);
 }
 
 void Agent::Impl::on_termination_signal(int sig) {
@@ -181,7 +186,7 @@ void Agent::Impl::on_termination_signal(int sig) {
   }
   if (end->kind == EndKind::kFailure && !decision && end_won) return;  // decided already, seeing preempt_requested
   if (end->kind == EndKind::kFailure && !decision) {
-    apply_decision(records().record_decision(Decision{Verdict::kPreempted, 0, 0, reason}));
+    apply_decision(records().record_decision(Decision{Verdict::kPreempted, 0, 0, reason, {}}));
     return;
   }
   log::warn(kSubsys, "received {} while the job is ending: forwarding it", signal_name(sig));
@@ -203,7 +208,14 @@ void Agent::Impl::on_monitor_event(const MonitorEvent& ev) {
     case MonitorEvent::Kind::kStoreLost:
       // The outcome is known: the store is not needed.
       if (end && (end->kind != EndKind::kFailure || decision)) return;
-      log::error(kSubsys, "{}", ev.message);
+      if (job.elastic()) {
+        log::error(kSubsys,
+                   "{}; node 0 hosts the job's store and rendezvous, which are not replicated: the job "
+                   "cannot go on without it (--nnodes {}:{})",
+                   ev.message, job.min_nnodes, job.nnodes);
+      } else {
+        log::error(kSubsys, "{}", ev.message);
+      }
       store_lost = true;
       events.write("store_lost", {{"attempt", attempt}, {"reason", ev.message}});
       ranks.stop(SIGTERM, job.options.stop_grace_s);

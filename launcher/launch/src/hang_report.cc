@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
+
 #include "dtrain/common/error.h"
 #include "dtrain/ir/lower.h"
 #include "dtrain/plan/plan_file.h"
@@ -13,8 +16,13 @@ using nlohmann::json;
 std::string where_key(int attempt, int node) { return fmt::format("attempt/{}/where/{}", attempt, node); }
 std::string plan_key(std::string_view run_id) { return fmt::format("dtrain/{}/plan", run_id); }
 
+namespace {
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+}  // namespace
+
 std::string positions_to_json(const std::vector<ir::ReportedPosition>& positions) {
   json out = json::array();
+  const double now = unix_now();
   for (const auto& p : positions) {
     out.push_back({{"rank", p.rank},
                    {"node", p.node},
@@ -27,7 +35,8 @@ std::string positions_to_json(const std::vector<ir::ReportedPosition>& positions
                    {"age_s", p.age_s},
                    {"instruction", p.instruction},
                    {"process", p.process},
-                   {"gave_up", p.gave_up}});
+                   {"gave_up", p.gave_up},
+                   {"published_unix", now}});
   }
   return out.dump();
 }
@@ -48,7 +57,8 @@ std::vector<ir::ReportedPosition> positions_from_json(std::string_view text, std
       if (!activity) throw std::runtime_error("unknown activity " + e.at("activity").get<std::string>());
       p.activity = *activity;
       p.seconds = e.at("seconds").get<double>();
-      p.age_s = e.value("age_s", 0.0);
+      // Older by the time since it was published (a lost node's last positions; clocks of nodes agree well enough).
+      p.age_s = e.value("age_s", 0.0) + std::max(0.0, unix_now() - e.value("published_unix", unix_now()));
       p.instruction = e.at("instruction").get<std::string>();
       p.process = e.at("process").get<std::string>();
       p.gave_up = e.value("gave_up", false);

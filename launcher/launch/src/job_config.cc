@@ -116,8 +116,9 @@ std::pair<std::string, std::uint16_t> parse_rdzv(std::string_view text, std::str
 std::string JobConfig::describe() const {
   std::string where =
       local ? "one machine, store on loopback" : fmt::format("store at {} ({})", rdzv_host, rdzv_host_origin);
-  return fmt::format("node {} of {}, {} ranks per node, world size {}, {}{}", node_rank, nnodes, nproc_per_node,
-                     world_size, where, slurm ? ", job " + job_id : "");
+  return fmt::format("node {} of {}, {} ranks per node, world size {}, {}{}{}", node_rank, nnodes, nproc_per_node,
+                     world_size, where, slurm ? ", job " + job_id : "",
+                     elastic() ? fmt::format(", going on with down to {} nodes after losing some", min_nnodes) : "");
 }
 
 JobConfig resolve_job(const LaunchOptions& options, const Environment& env) {
@@ -151,7 +152,9 @@ JobConfig resolve_job(const LaunchOptions& options, const Environment& env) {
   std::optional<std::pair<std::string, std::uint16_t>> rdzv;
   if (options.rdzv) rdzv = parse_rdzv(*options.rdzv);
 
-  const bool explicit_layout = options.nnodes.has_value() || options.node_rank.has_value();
+  // --nnodes MIN:MAX alone under Slurm keeps Slurm's layout (its node count must be MAX).
+  const bool explicit_layout =
+      (options.nnodes.has_value() && !options.min_nnodes.has_value()) || options.node_rank.has_value();
   const auto slurm_job = get(env, "SLURM_JOB_ID");
   if (slurm_job && !explicit_layout) {
     job.slurm = true;
@@ -166,6 +169,13 @@ JobConfig resolve_job(const LaunchOptions& options, const Environment& env) {
           *slurm_job, !nodelist ? "SLURM_JOB_NODELIST" : (!nnodes ? "SLURM_NNODES" : "SLURM_NODEID")));
     }
     job.nnodes = env_int(*nnodes, 1);
+    if (options.nnodes && *options.nnodes != job.nnodes) {
+      throw input_error(
+          fmt::format("--nnodes {}:{}: the job step has {}={} nodes; an elastic job starts with MAX "
+                      "nodes (srun -N{} --no-kill)",
+                      options.min_nnodes.value_or(*options.nnodes), *options.nnodes, nnodes->first, nnodes->second,
+                      *options.nnodes));
+    }
     job.node_rank = env_int(*node_id, 0);
     if (job.node_rank >= job.nnodes) {
       throw input_error(
@@ -249,7 +259,22 @@ JobConfig resolve_job(const LaunchOptions& options, const Environment& env) {
     job.ports = {0};
   }
   job.world_size = job.nnodes * job.nproc_per_node;
+  job.min_nnodes = options.min_nnodes.value_or(job.nnodes);
+  if (job.min_nnodes < 1 || job.min_nnodes > job.nnodes) {
+    throw input_error(fmt::format("--nnodes {}:{}: MIN must be 1 to MAX", job.min_nnodes, job.nnodes));
+  }
   return job;
+}
+
+std::pair<int, int> parse_nnodes(std::string_view text) {
+  const auto colon = text.find(':');
+  const auto lo = parse_int(text.substr(0, colon));
+  const auto hi = colon == std::string_view::npos ? lo : parse_int(text.substr(colon + 1));
+  if (!lo || !hi || *lo < 1 || *hi < *lo || *hi > 100000) {
+    throw input_error(
+        fmt::format("--nnodes {}: expected N or MIN:MAX with 1 <= MIN <= MAX (for example 4 or 3:4)", text));
+  }
+  return {static_cast<int>(*lo), static_cast<int>(*hi)};
 }
 
 }  // namespace dtrain::launch

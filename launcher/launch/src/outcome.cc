@@ -49,6 +49,8 @@ std::string_view to_string(Verdict verdict) {
       return "fatal";
     case Verdict::kPreempted:
       return "preempted";
+    case Verdict::kShrink:
+      return "shrink";
   }
   return "?";
 }
@@ -64,13 +66,14 @@ EndKind parse_end_kind(std::string_view word) {
 }
 
 Verdict parse_verdict(std::string_view word) {
-  for (Verdict v : {Verdict::kRestart, Verdict::kExhausted, Verdict::kFatal, Verdict::kPreempted}) {
+  for (Verdict v : {Verdict::kRestart, Verdict::kExhausted, Verdict::kFatal, Verdict::kPreempted, Verdict::kShrink}) {
     if (word == to_string(v)) return v;
   }
-  throw Error(ErrorCategory::kComm,
-              fmt::format("unknown verdict '{}' (expected restart, exhausted, fatal or preempted: is every node "
-                          "running the same dtlaunch?)",
-                          word));
+  throw Error(
+      ErrorCategory::kComm,
+      fmt::format("unknown verdict '{}' (expected restart, exhausted, fatal, preempted or shrink: is every node "
+                  "running the same dtlaunch?)",
+                  word));
 }
 
 std::string EndRecord::to_json() const {
@@ -102,7 +105,11 @@ EndRecord EndRecord::from_json(std::string_view text) {
 }
 
 std::string Decision::to_json() const {
-  return json{{"verdict", to_string(verdict)}, {"restarts", restarts}, {"exit_code", exit_code}, {"reason", reason}}
+  return json{{"verdict", to_string(verdict)},
+              {"restarts", restarts},
+              {"exit_code", exit_code},
+              {"reason", reason},
+              {"nodes", nodes}}
       .dump();
 }
 
@@ -115,6 +122,7 @@ Decision Decision::from_json(std::string_view text) {
     d.restarts = j.at("restarts").get<int>();
     d.exit_code = j.at("exit_code").get<int>();
     d.reason = j.at("reason").get<std::string>();
+    if (j.contains("nodes")) d.nodes = j.at("nodes").get<std::vector<int>>();
   } catch (const json::exception& e) {
     throw unreadable("decision", e.what());
   }
@@ -164,6 +172,7 @@ bool is_permanent_exit_code(int code) {
     case ExitCode::kPeerFailure:
     case ExitCode::kRestartsExhausted:
     case ExitCode::kPreempted:
+    case ExitCode::kTooFewNodes:
       return false;
   }
   return false;  // a code dtrain does not define (a rank's own, 42 say)
@@ -195,6 +204,7 @@ int exit_code_of(const Decision& decision) {
     case Verdict::kFatal:
       return decision.exit_code;
     case Verdict::kRestart:
+    case Verdict::kShrink:
       break;
   }
   return kExitFailure;
@@ -222,7 +232,8 @@ Decision AttemptRecords::record_decision(const Decision& decision) {
   return cs.swapped ? decision : read_decision(cs.current.value_or(""));
 }
 
-Decision AttemptRecords::decide_after_failure(const EndRecord& failure, bool preempt_requested, int max_restarts) {
+Decision AttemptRecords::decide_after_failure(const EndRecord& failure, bool preempt_requested, int max_restarts,
+                                              const std::optional<std::vector<int>>& shrink_to) {
   Decision d;
   if (failure.permanent) {
     d.verdict = Verdict::kFatal;
@@ -235,8 +246,17 @@ Decision AttemptRecords::decide_after_failure(const EndRecord& failure, bool pre
   } else {
     d.restarts = static_cast<int>(client_.add("restarts", 1));
     d.verdict = d.restarts <= max_restarts ? Verdict::kRestart : Verdict::kExhausted;
+    if (d.verdict == Verdict::kExhausted && shrink_to) {
+      d.verdict = Verdict::kShrink;
+      d.nodes = *shrink_to;
+      d.reason =
+          fmt::format("node {} used up the job's {} restarts: the job goes on without it", failure.node, max_restarts);
+    }
   }
-  return record_decision(d);
+  Decision held = record_decision(d);
+  // A smaller job starts with the whole restart budget.
+  if (held.verdict == Verdict::kShrink && d.verdict == Verdict::kShrink) client_.add("restarts", -d.restarts);
+  return held;
 }
 
 bool AttemptRecords::node_finished(int nnodes) {

@@ -67,7 +67,8 @@ std::string NodeFacts::to_json() const {
   nlohmann::json j{{"node_rank", node_rank},       {"nnodes", nnodes},     {"nproc_per_node", nproc_per_node},
                    {"max_restarts", max_restarts}, {"version", version},   {"plan_digest", plan_digest},
                    {"plan_source", plan_source},   {"hostname", hostname}, {"address", address},
-                   {"agent_id", agent_id},         {"pid", pid},           {"job_nonce", job_nonce}};
+                   {"agent_id", agent_id},         {"pid", pid},           {"job_nonce", job_nonce},
+                   {"min_nnodes", min_nnodes}};
   return j.dump();
 }
 
@@ -87,6 +88,7 @@ NodeFacts NodeFacts::from_json(std::string_view text, const std::string& what) {
     f.agent_id = j.at("agent_id").get<std::string>();
     f.pid = j.at("pid").get<std::int64_t>();
     f.job_nonce = j.at("job_nonce").get<std::string>();
+    f.min_nnodes = j.value("min_nnodes", f.nnodes);
     return f;
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorCategory::kComm, fmt::format("{}: not a dtlaunch node record ({}); is another program using this "
@@ -107,6 +109,11 @@ std::optional<FactsMismatch> compare_facts(const NodeFacts& f, const NodeFacts& 
         fmt::format("{} was started for {} nodes but {} for {}: the world size would differ; give "
                     "every node the same --nnodes",
                     node_name(f), f.nnodes, node_name(ref), ref.nnodes)};
+  }
+  if (f.min_nnodes != ref.min_nnodes) {
+    return FactsMismatch{
+        fmt::format("{} may go on with {} nodes but {} with {}: give every node the same --nnodes MIN:MAX",
+                    node_name(f), f.min_nnodes, node_name(ref), ref.min_nnodes)};
   }
   if (f.nproc_per_node != ref.nproc_per_node) {
     return FactsMismatch{fmt::format(

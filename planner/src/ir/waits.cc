@@ -150,6 +150,20 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
     }
     if (finished_program(p, a.step, have_programs ? programs[r].schedule.size() : SIZE_MAX)) {
       f.waits_for = still_in_step;
+    } else if (p.known && p.step < a.step &&
+               (p.activity == Activity::kStepEnd || p.activity == Activity::kCheckpoint)) {
+      // Past an earlier step's program, in its world collectives: it waits for the ranks not past that step.
+      for (std::size_t q = 0; q < n; ++q) {
+        const ReportedPosition& o = positions[q];
+        const bool past = o.known && (o.step > p.step || (o.step == p.step && (o.activity == Activity::kStepEnd ||
+                                                                               o.activity == Activity::kCheckpoint)));
+        if (!past) f.waits_for.push_back(static_cast<std::int32_t>(q));
+      }
+    } else if (p.known && p.step < a.step && p.activity == Activity::kComm) {
+      // In a communication of an earlier step than the others': it waits for the ranks further behind.
+      for (std::size_t q = 0; q < n; ++q) {
+        if (!positions[q].known || positions[q].step < p.step) f.waits_for.push_back(static_cast<std::int32_t>(q));
+      }
     } else if (!have_programs && p.known && p.activity == Activity::kComm) {
       f.waits_for = not_communicating;
     }
@@ -166,9 +180,15 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
     for (;;) {
       const auto& next_list = a.ranks[static_cast<std::size_t>(cur)].waits_for;
       if (next_list.empty()) break;
-      auto next_it = std::find_if(next_list.begin(), next_list.end(), [&](std::int32_t q) {
-        return a.ranks[static_cast<std::size_t>(q)].waits_for.empty();
-      });
+      // The next hop: a rank that is not running as it should (stopped, dead, lost, another program) first, then one
+      // that waits for nobody, then the first.
+      auto broken = [&](std::int32_t q) {
+        const auto& pq = positions[static_cast<std::size_t>(q)];
+        return (!pq.process.empty() && !pq.gave_up) || a.ranks[static_cast<std::size_t>(q)].other_program;
+      };
+      auto idle = [&](std::int32_t q) { return a.ranks[static_cast<std::size_t>(q)].waits_for.empty(); };
+      auto next_it = std::find_if(next_list.begin(), next_list.end(), broken);
+      if (next_it == next_list.end()) next_it = std::find_if(next_list.begin(), next_list.end(), idle);
       std::int32_t next = next_it != next_list.end() ? *next_it : next_list.front();
       chain.push_back(next);
       if (!seen.insert(next).second) break;  // a cycle

@@ -71,7 +71,7 @@ TEST(OutcomeRecords, JsonRoundTrip) {
   EXPECT_EQ(f.kind, EndKind::kFailure);
   EXPECT_EQ(f.to_json(), e.to_json());
   EXPECT_THAT(e.to_json(), HasSubstr(R"("kind":"failure")"));
-  Decision d{Verdict::kExhausted, 4, 0, ""};
+  Decision d{Verdict::kExhausted, 4, 0, "", {}};
   EXPECT_EQ(Decision::from_json(d.to_json()).verdict, Verdict::kExhausted);
   EXPECT_EQ(Decision::from_json(d.to_json()).restarts, 4);
 }
@@ -119,9 +119,9 @@ TEST(OutcomeExitCodes, BeforeStartAndAfterDecisions) {
   EXPECT_EQ(exit_code_before_start(EndRecord{EndKind::kPreempted, 0, -1, "", 10, false}, std::nullopt), 10);
   EXPECT_EQ(exit_code_before_start(EndRecord{EndKind::kFatal, 0, -1, "", 5, false}, std::nullopt), 5);
   EXPECT_EQ(exit_code_before_start(EndRecord{EndKind::kFailure, 0, 1, "", 0, false}, std::nullopt), 1);
-  EXPECT_EQ(exit_code_of(Decision{Verdict::kExhausted, 3, 0, ""}), 9);
-  EXPECT_EQ(exit_code_of(Decision{Verdict::kPreempted, 0, 0, ""}), 10);
-  EXPECT_EQ(exit_code_of(Decision{Verdict::kFatal, 0, 8, ""}), 8);
+  EXPECT_EQ(exit_code_of(Decision{Verdict::kExhausted, 3, 0, "", {}}), 9);
+  EXPECT_EQ(exit_code_of(Decision{Verdict::kPreempted, 0, 0, "", {}}), 10);
+  EXPECT_EQ(exit_code_of(Decision{Verdict::kFatal, 0, 8, "", {}}), 8);
 }
 
 TEST_F(OutcomeStore, FirstEndWinsForEveryNode) {
@@ -177,7 +177,7 @@ TEST_F(OutcomeStore, OneNodeFailsAndDecidesForTheJob) {
     EXPECT_FALSE(end.won);
     EXPECT_EQ(end.end.kind, EndKind::kFailure);
     EXPECT_EQ(end.end.reason, "rank 5 on node 1 (pid 77) exited with code 1");
-    Decision late = records.record_decision(Decision{Verdict::kPreempted, 0, 0, "late"});
+    Decision late = records.record_decision(Decision{Verdict::kPreempted, 0, 0, "late", {}});
     EXPECT_EQ(late.to_json(), decided[1]->to_json());
   }
   EXPECT_EQ(exit_code_of(Decision::from_json(node_client()->try_get(decision_key(1)).value_or(""))), 9);
@@ -194,6 +194,25 @@ TEST_F(OutcomeStore, PermanentExitCodeEndsTheJobWithoutSpendingARestart) {
             "rank 3 on node 0 (pid 50) exited with code 5: not restarting, since exit code 5 means a restart cannot "
             "fix it");
   EXPECT_FALSE(client->try_get("restarts"));
+}
+
+TEST_F(OutcomeStore, AnElasticJobGoesOnWithoutANodeThatUsedUpTheRestartsWithAFreshBudget) {
+  auto client = node_client();
+  AttemptRecords first(*client, 0);
+  auto e0 = first.record_end(end_of_rank_exit(2, 5, 77, exited(1)));
+  EXPECT_EQ(first.decide_after_failure(e0.end, false, 1, std::vector<int>{0, 1, 3}).verdict, Verdict::kRestart);
+  AttemptRecords second(*client, 1);
+  auto e1 = second.record_end(end_of_rank_exit(2, 5, 78, exited(1)));
+  Decision d = second.decide_after_failure(e1.end, false, 1, std::vector<int>{0, 1, 3});
+  EXPECT_EQ(d.verdict, Verdict::kShrink);
+  EXPECT_EQ(d.nodes, (std::vector<int>{0, 1, 3}));
+  EXPECT_THAT(d.reason, HasSubstr("node 2 used up the job's 1 restarts: the job goes on without it"));
+  EXPECT_EQ(Decision::from_json(d.to_json()).nodes, d.nodes);
+  EXPECT_EQ(client->add("restarts", 0), 0);  // the smaller job starts with the whole budget
+  // Without a node to drop (not elastic, or too few nodes left), the restarts are exhausted as before.
+  AttemptRecords third(*client, 2);
+  auto e2 = third.record_end(end_of_rank_exit(1, 3, 79, exited(1)));
+  EXPECT_EQ(third.decide_after_failure(e2.end, false, 0).verdict, Verdict::kExhausted);
 }
 
 TEST_F(OutcomeStore, SignalDuringAFailureMakesItAPreemption) {

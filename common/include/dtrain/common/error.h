@@ -24,6 +24,7 @@ enum class ExitCode : int {
   kPeerFailure = 8,         // a peer rank or node died, or communication timed out
   kRestartsExhausted = 9,   // dtlaunch: the job failed after using all its restarts
   kPreempted = 10,          // stopped by SIGTERM/SIGINT after a clean checkpoint (Slurm preemption)
+  kTooFewNodes = 11,        // dtlaunch --nnodes MIN:MAX: losing a node left fewer than MIN (or lost node 0)
 };
 
 enum class ErrorCategory { kInput, kTopology, kPlan, kComm, kIo, kInternal };

@@ -8,8 +8,10 @@
 // engine's matching (collective sequence numbers per group, point-to-point messages by key) then says, for each
 // waiting rank, which members or peers have not arrived. A rank whose reported instruction is not the plan's at that
 // pc runs another program (an edited or corrupted one, a different build): it is treated as never arriving where its
-// peers wait, and named as such. Roots are the ranks where the chains of waits end; a cycle of waiting ranks with no
-// such rank is reported as a deadlock among them.
+// peers wait, and named as such. Ranks in an earlier step's communication or world collectives (the all-gather after
+// a step, a checkpoint's barriers) wait for the ranks further behind; a rank that is stopped, dead or lost waits for
+// nobody, and chains go to such a rank first. Roots are the ranks where the chains of waits end; a cycle of waiting
+// ranks with no such rank is reported as a deadlock among them.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +37,7 @@ struct ReportedPosition {
   // How the process is, when not simply running: "stopped (SIGSTOP or a debugger)", "exited: killed by signal 9
   // (SIGKILL)", "lost with node 2"; "" while it runs.
   std::string process;
-  // It exited because a communication timed out (dtexec's exit 8) while it waited: a victim of the hang, not its
+  // It exited because a peer died or a communication timed out (dtexec's exit 8): a victim of the hang, not its
   // cause, so its waits still count.
   bool gave_up = false;
   std::int32_t node = -1;  // for the report

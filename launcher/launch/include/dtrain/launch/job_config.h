@@ -23,6 +23,9 @@ Environment current_environment();
 
 struct LaunchOptions {
   std::optional<int> nnodes;
+  // --nnodes MIN:MAX: the job may go on with as few as MIN nodes after losing some (docs/launcher.md, "Fewer
+  // nodes"); nnodes is MAX. Unset: a fixed node count.
+  std::optional<int> min_nnodes;
   std::optional<int> node_rank;
   std::optional<std::string> rdzv;  // "HOST:PORT", "[v6]:PORT", or "HOST" (port derived under Slurm)
   int nproc_per_node = 0;
@@ -53,7 +56,8 @@ std::vector<std::uint16_t> derived_ports(std::string_view job_id, std::string_vi
 
 struct JobConfig {
   LaunchOptions options;
-  int nnodes = 1;
+  int nnodes = 1;      // at the start (MAX of --nnodes MIN:MAX)
+  int min_nnodes = 1;  // the fewest nodes the job goes on with (= nnodes unless elastic)
   int node_rank = 0;
   int nproc_per_node = 1;
   int world_size = 1;
@@ -66,9 +70,14 @@ struct JobConfig {
   bool slurm = false;
   std::string job_id;  // "slurm-<job>.<step>" or "local"
 
+  bool elastic() const { return min_nnodes < nnodes; }
   // "node 1 of 4" style summary for the log.
   std::string describe() const;
 };
+
+// "--nnodes" text: "N" or "MIN:MAX" (1 <= MIN <= MAX) into (MIN, MAX), MIN = MAX for "N". Throws dtrain::Error (input)
+// naming the flag for anything else.
+std::pair<int, int> parse_nnodes(std::string_view text);
 
 // Checks the options and resolves the layout. Throws dtrain::Error (input, exit 2) naming the flag or variable and
 // saying what to do: no command, --nproc-per-node missing or < 1, --node-rank outside 0..nnodes-1, several nodes

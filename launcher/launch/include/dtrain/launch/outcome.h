@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dtrain/common/error.h"
 #include "dtrain/launch/process.h"
@@ -29,7 +30,8 @@
 namespace dtrain::launch {
 
 enum class EndKind { kSuccess, kFailure, kPreempted, kFatal };
-enum class Verdict { kRestart, kExhausted, kFatal, kPreempted };
+// kShrink (--nnodes MIN:MAX): the job goes on without a lost node, on the nodes the decision names.
+enum class Verdict { kRestart, kExhausted, kFatal, kPreempted, kShrink };
 
 // The word on the wire: "success", "failure", "preempted", "fatal"; "restart", "exhausted", "fatal", "preempted".
 std::string_view to_string(EndKind kind);
@@ -58,6 +60,7 @@ struct Decision {
   int restarts = 0;   // restarts used by the job, this one included
   int exit_code = 0;  // fatal
   std::string reason;
+  std::vector<int> nodes;  // shrink: the nodes (their first node ranks) that go on, ascending
 
   std::string to_json() const;
   // Throws dtrain::Error (comm) when `text` is not a decision (not JSON, a field missing, an unknown verdict).
@@ -105,9 +108,12 @@ class AttemptRecords {
   Decision record_decision(const Decision& decision);
   // The restart policy, applied by the agent that recorded `failure` (a kFailure end): a permanent exit code ends
   // the job with that code; a termination signal received meanwhile (`preempt_requested`) makes it a preemption;
-  // otherwise one more restart is counted for the job and allowed while the count is within `max_restarts`.
+  // otherwise one more restart is counted for the job and allowed while the count is within `max_restarts`. When
+  // the count is past it and `shrink_to` is given (an elastic job that may drop the failing node), the job goes on
+  // on those nodes instead (kShrink), with its restart count back at 0.
   // Records the verdict (record_decision) and returns the one that holds.
-  Decision decide_after_failure(const EndRecord& failure, bool preempt_requested, int max_restarts);
+  Decision decide_after_failure(const EndRecord& failure, bool preempt_requested, int max_restarts,
+                                const std::optional<std::vector<int>>& shrink_to = std::nullopt);
   // Counts one node whose ranks all exited 0; true when this was the last of `nnodes` (the attempt succeeded).
   bool node_finished(int nnodes);
 

@@ -27,6 +27,7 @@ struct NodeFacts {
   int nnodes = 1;
   int nproc_per_node = 1;
   int max_restarts = 0;
+  int min_nnodes = 1;       // --nnodes MIN:MAX (MIN = nnodes when not elastic)
   std::string version;      // dtrain version of the agent (dtrain::kVersion)
   std::string plan_digest;  // "" without a plan, "auto" for --plan auto, else the plan file's digest
   std::string plan_source;  // where the plan came from ("--plan p.toml", "DTRAIN_PLAN=p.toml"), for messages
