@@ -31,42 +31,43 @@ class ElasticTest : public LaunchTest {
   // One node's dtlaunch of a `nnodes`-node job (--nnodes MIN:MAX when min < nnodes) training into `name`.
   std::unique_ptr<LaunchProcess> node(const std::string& name, int node_rank, int nnodes, int min, std::uint16_t port,
                                       const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> o{"--nnodes",
-                               min < nnodes ? std::to_string(min) + ":" + std::to_string(nnodes) : std::to_string(nnodes),
-                               "--node-rank",
-                               std::to_string(node_rank),
-                               "--rdzv",
-                               "127.0.0.1:" + std::to_string(port),
-                               "--nproc",
-                               "1",
-                               "--node-timeout",
-                               "2",
-                               "--max-restarts",
-                               "1",
-                               "--run-dir",
-                               dir() + "/" + name + ".run",
-                               "--",
-                               dtexec_path(),
-                               "train",
-                               "--model",
-                               model(),
-                               "--plan",
-                               "auto",
-                               "--steps",
-                               std::to_string(kSteps),
-                               "--seed",
-                               "3",
-                               "--threads",
-                               "1",
-                               "--deterministic",
-                               "--checkpoint-dir",
-                               dir() + "/" + name + ".ckpt",
-                               "--checkpoint-every",
-                               std::to_string(kCheckpointEvery),
-                               "--keep-checkpoints",
-                               "100",
-                               "--metrics",
-                               dir() + "/" + name + ".jsonl"};
+    std::vector<std::string> o{
+        "--nnodes",
+        min < nnodes ? std::to_string(min) + ":" + std::to_string(nnodes) : std::to_string(nnodes),
+        "--node-rank",
+        std::to_string(node_rank),
+        "--rdzv",
+        "127.0.0.1:" + std::to_string(port),
+        "--nproc",
+        "1",
+        "--node-timeout",
+        "2",
+        "--max-restarts",
+        "1",
+        "--run-dir",
+        dir() + "/" + name + ".run",
+        "--",
+        dtexec_path(),
+        "train",
+        "--model",
+        model(),
+        "--plan",
+        "auto",
+        "--steps",
+        std::to_string(kSteps),
+        "--seed",
+        "3",
+        "--threads",
+        "1",
+        "--deterministic",
+        "--checkpoint-dir",
+        dir() + "/" + name + ".ckpt",
+        "--checkpoint-every",
+        std::to_string(kCheckpointEvery),
+        "--keep-checkpoints",
+        "100",
+        "--metrics",
+        dir() + "/" + name + ".jsonl"};
     o.insert(o.end(), extra.begin(), extra.end());
     return std::make_unique<LaunchProcess>(o, std::map<std::string, std::string>{{"DTRAIN_STORE_TOKEN", "el-" + tag()}},
                                            dir() + "/" + name + ".node" + std::to_string(node_rank));
@@ -105,7 +106,8 @@ TEST_F(ElasticTest, LosingANodeGoesOnWithThreeAndEqualsAResumeOnThree) {
   const unsigned seed = rd();
   std::mt19937 rng(seed);
   const int kill_after = std::uniform_int_distribution<int>(kCheckpointEvery + 1, kSteps - 12)(rng);
-  SCOPED_TRACE("node 3 killed after step " + std::to_string(kill_after) + " (random seed " + std::to_string(seed) + ")");
+  SCOPED_TRACE("node 3 killed after step " + std::to_string(kill_after) + " (random seed " + std::to_string(seed) +
+               ")");
   const auto port = free_port();
   std::vector<std::unique_ptr<LaunchProcess>> nodes;
   for (int n = 0; n < 4; ++n) nodes.push_back(node("job", n, 4, 3, port));
@@ -162,8 +164,8 @@ TEST_F(ElasticTest, LosingMoreThanAllowedEndsWithItsOwnExitCode) {
   ASSERT_TRUE(wait_until([&] { return steps("few2").size() >= 2; }, 120s)) << nodes[0]->err();
   nodes[2]->signal(SIGKILL);
   // Losing node 2 leaves 2 = MIN: the job goes on; losing node 1 as well leaves 1 < MIN: exit 11.
-  ASSERT_TRUE(wait_until([&] { return nodes[0]->err().find("the job goes on with 2 of its 3 nodes") != std::string::npos; },
-                         60s))
+  ASSERT_TRUE(wait_until(
+      [&] { return nodes[0]->err().find("the job goes on with 2 of its 3 nodes") != std::string::npos; }, 60s))
       << nodes[0]->err();
   ASSERT_TRUE(wait_until([&] { return steps("few2").size() >= 6; }, 120s)) << nodes[0]->err();
   nodes[1]->signal(SIGKILL);

@@ -1,6 +1,8 @@
 // Running training on several ranks as threads of one process (in-process communicators).
 #pragma once
 
+#include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -14,6 +16,14 @@ namespace dtrain::exec::testing {
 inline const std::string kTiny = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny.toml";
 
 // The tiny model for `steps` steps from `seed` under the pinned layout `fix`, with activations of `activations`.
+// Steps of a loss-curve test: `steps`, or at most 4 in the sanitizer builds (scripts/sanitizer-tests.sh sets
+// DTRAIN_TEST_SHORT_CURVES=1), where the interest is the ranks' threads and communicators, which every step exercises
+// alike, and 20 steps of every layout under ThreadSanitizer took most of CI's time.
+inline int curve_steps(int steps) {
+  const char* short_curves = std::getenv("DTRAIN_TEST_SHORT_CURVES");
+  return short_curves != nullptr && std::string(short_curves) == "1" ? std::min(steps, 4) : steps;
+}
+
 inline TrainOptions tiny_options(int steps, const std::string& fix, DType activations, std::uint64_t seed = 7) {
   TrainOptions o;
   o.model_path = kTiny;

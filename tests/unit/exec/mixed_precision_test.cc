@@ -19,15 +19,16 @@ using namespace exec::testing;
 const std::string kSingle = "dp=1,tp=1,pp=1,vpp=1,micro_batch=4";
 
 std::vector<double> bf16_reference() {
-  static std::vector<double> curve = losses(train_threads(1, tiny_options(20, kSingle, DType::kBf16)));
+  static std::vector<double> curve = losses(train_threads(1, tiny_options(curve_steps(20), kSingle, DType::kBf16)));
   return curve;
 }
 
 TEST(MixedPrecision, Bf16CurveFollowsFp32WithinBf16Tolerance) {
-  std::vector<double> fp32 = losses(train_threads(1, tiny_options(20, kSingle, DType::kFp32)));
+  const auto steps = static_cast<std::size_t>(curve_steps(20));
+  std::vector<double> fp32 = losses(train_threads(1, tiny_options(curve_steps(20), kSingle, DType::kFp32)));
   std::vector<double> bf16 = bf16_reference();
-  ASSERT_EQ(fp32.size(), 20u);
-  ASSERT_EQ(bf16.size(), 20u);
+  ASSERT_EQ(fp32.size(), steps);
+  ASSERT_EQ(bf16.size(), steps);
   double largest = 0;
   for (std::size_t i = 0; i < fp32.size(); ++i) {
     double rel = std::fabs(bf16[i] - fp32[i]) / fp32[i];
@@ -37,7 +38,9 @@ TEST(MixedPrecision, Bf16CurveFollowsFp32WithinBf16Tolerance) {
   }
   // Not the fp32 run under another name: rounding to bf16 moves the curve.
   EXPECT_GT(largest, 1e-7);
-  EXPECT_LT(bf16.back(), bf16.front() - 0.5);  // and it learns
+  if (steps == 20) {
+    EXPECT_LT(bf16.back(), bf16.front() - 0.5);  // and it learns (in 20 steps)
+  }
 }
 
 struct Layout {
@@ -51,7 +54,7 @@ class Bf16Layouts : public ::testing::TestWithParam<Layout> {};
 // other points, so they agree with the single rank within bf16 tolerance, not bit for bit as in fp32.
 TEST_P(Bf16Layouts, FollowTheSingleRankCurve) {
   const Layout& l = GetParam();
-  std::vector<double> curve = losses(train_threads(l.world, tiny_options(20, l.fix, DType::kBf16)));
+  std::vector<double> curve = losses(train_threads(l.world, tiny_options(curve_steps(20), l.fix, DType::kBf16)));
   std::vector<double> ref = bf16_reference();
   ASSERT_EQ(curve.size(), ref.size());
   for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(curve[i], ref[i], 2e-3 * ref[i]) << "step " << i + 1;
@@ -71,18 +74,19 @@ INSTANTIATE_TEST_SUITE_P(
 // the uninterrupted one bit for bit.
 TEST(MixedPrecision, ResumeIsBitwiseTheUninterruptedRun) {
   const std::string fix = "dp=1,tp=2,pp=2,sequence_parallel=true";
-  std::vector<double> full = losses(train_threads(4, tiny_options(10, fix, DType::kBf16)));
+  const int total = curve_steps(10), half = total / 2;
+  std::vector<double> full = losses(train_threads(4, tiny_options(total, fix, DType::kBf16)));
   std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("dtrain-mp-{}", ::getpid());
   std::filesystem::remove_all(dir);
-  TrainOptions first = tiny_options(5, fix, DType::kBf16);
+  TrainOptions first = tiny_options(half, fix, DType::kBf16);
   first.checkpoint_dir = dir.string();
   std::vector<double> a = losses(train_threads(4, first));
   TrainOptions second = first;
-  second.steps = 10;
+  second.steps = total;
   second.resume = true;
   TrainResult resumed = train_threads(4, second);
   std::filesystem::remove_all(dir);
-  EXPECT_EQ(resumed.first_step, 5);
+  EXPECT_EQ(resumed.first_step, half);
   std::vector<double> b = losses(resumed);
   a.insert(a.end(), b.begin(), b.end());
   ASSERT_EQ(a.size(), full.size());

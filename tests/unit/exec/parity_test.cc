@@ -30,7 +30,7 @@ std::vector<double> reference_curve() {
   static std::vector<double> curve = [] {
     TrainOptions o;
     o.model_path = kTiny;
-    o.steps = 20;
+    o.steps = curve_steps(20);
     o.seed = 7;
     o.fixed = {"dp=1,tp=1,pp=1,vpp=1,micro_batch=4"};
     return losses(train_threads(1, o));
@@ -42,7 +42,7 @@ TEST_P(Parity, LossCurveEqualsSingleRank) {
   const Layout& l = GetParam();
   TrainOptions o;
   o.model_path = kTiny;
-  o.steps = 20;
+  o.steps = curve_steps(20);
   o.seed = 7;
   o.fixed = {fix_of(l)};
   std::vector<double> curve = losses(train_threads(l.dp * l.tp * l.pp, o));
@@ -51,7 +51,9 @@ TEST_P(Parity, LossCurveEqualsSingleRank) {
   for (std::size_t i = 0; i < ref.size(); ++i) {
     EXPECT_NEAR(curve[i], ref[i], 1e-5 * std::fabs(ref[i])) << "step " << i + 1;
   }
-  EXPECT_LT(ref.back(), ref.front() - 0.5);  // the model learns
+  if (ref.size() == 20) {
+    EXPECT_LT(ref.back(), ref.front() - 0.5);  // the model learns (in 20 steps)
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

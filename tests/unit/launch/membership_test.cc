@@ -74,9 +74,14 @@ TEST(Membership, ElasticJobByHandAndUnderSlurm) {
   s.command = {"dtexec", "train"};
   s.nnodes = 4;
   s.min_nnodes = 2;
-  Environment env{{"SLURM_JOB_ID", "77"},          {"SLURM_STEP_ID", "0"},    {"SLURM_JOB_NODELIST", "n[1-4]"},
-                  {"SLURM_STEP_NODELIST", "n[1-4]"}, {"SLURM_NNODES", "4"},     {"SLURM_STEP_NUM_NODES", "4"},
-                  {"SLURM_NODEID", "2"},           {"SLURM_STEP_NUM_TASKS", "4"}};
+  Environment env{{"SLURM_JOB_ID", "77"},
+                  {"SLURM_STEP_ID", "0"},
+                  {"SLURM_JOB_NODELIST", "n[1-4]"},
+                  {"SLURM_STEP_NODELIST", "n[1-4]"},
+                  {"SLURM_NNODES", "4"},
+                  {"SLURM_STEP_NUM_NODES", "4"},
+                  {"SLURM_NODEID", "2"},
+                  {"SLURM_STEP_NUM_TASKS", "4"}};
   JobConfig sj = resolve_job(s, env);
   EXPECT_TRUE(sj.slurm);
   EXPECT_EQ(sj.node_rank, 2);
