@@ -11,6 +11,7 @@
 #include <regex>
 
 #include "dtrain/common/error.h"
+#include "dtrain/common/host.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/spank/plugin_args.h"
 #include "dtrain/spank/slurm_conf.h"
@@ -255,9 +256,7 @@ DoctorReport run_doctor(const DoctorOptions& o) {
   // topology
   std::string xml = o.topology_xml;
   if (xml.empty() && args && !args->topology_xml.empty()) {
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);
-    xml = expand_node_pattern(args->topology_xml, host);
+    xml = expand_node_pattern(args->topology_xml, host_name(""));
   }
   try {
     topology::NodeTopology node = topology::load_node_topology(xml);

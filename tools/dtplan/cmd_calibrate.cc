@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/files.h"
+#include "dtrain/common/host.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/common/toml_reader.h"
 #include "dtrain/topology/cluster_spec.h"
@@ -52,12 +53,6 @@ struct CalibrateCommand {
   bool quick = false;
   bool json = false;
 };
-
-std::string hostname() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
-  return name;
-}
 
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
@@ -102,7 +97,7 @@ microbatch_overhead_s = 0.0005
 memory_fragmentation = 0.05
 runtime_reserved_gib = 0
 )",
-                                       toml_string(hostname()), cores, cores, memory_gib / cores);
+                                       toml_string(host_name()), cores, cores, memory_gib / cores);
   return topology::parse_cluster(TomlDocument::parse_string(text, "dtplan calibrate's default base"));
 }
 
@@ -132,7 +127,7 @@ void run_calibrate(const CalibrateCommand& o) {
         co, [&](const std::string& line) { std::cerr << "dtplan calibrate: " << line << std::endl; },
         [] { return g_interrupted.load(); });
   }
-  const std::string text = calibrated_cluster_toml(base, r, hostname(), utc_now());
+  const std::string text = calibrated_cluster_toml(base, r, host_name(), utc_now());
   // The result must load like any cluster.toml before it is put in place (whole or not at all).
   topology::parse_cluster(TomlDocument::parse_string(text, o.output));
   write_file_whole(o.output, text);

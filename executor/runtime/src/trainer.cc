@@ -22,6 +22,7 @@
 
 #include "dtrain/common/digest.h"
 #include "dtrain/common/error.h"
+#include "dtrain/common/host.h"
 #include "dtrain/common/log.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/common/version.h"
@@ -109,9 +110,7 @@ namespace {
 std::string node_name() {
   const char* slurm = std::getenv("SLURMD_NODENAME");
   if (slurm != nullptr && *slurm != '\0') return slurm;
-  char buf[256] = {};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
-  return buf;
+  return host_name("?");
 }
 
 // What a rank shows the others at rendezvous: its plan digest, its node, and the node's topology fingerprint and

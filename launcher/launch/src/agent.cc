@@ -9,6 +9,7 @@
 
 #include "agent_impl.h"
 #include "dtrain/common/error.h"
+#include "dtrain/common/host.h"
 #include "dtrain/common/log.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/common/version.h"
@@ -28,17 +29,11 @@ std::string random_hex(std::size_t bytes) {
   return out;
 }
 
-std::string this_hostname() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "";
-  return name;
-}
-
 }  // namespace
 
 void Agent::Impl::setup() {
   install_signal_pipe();
-  hostname = this_hostname();
+  hostname = host_name("");
   events.open(job.options.run_dir, job.node_rank, start);
   events.write("start", {{"node_rank", job.node_rank},
                          {"nnodes", job.nnodes},
