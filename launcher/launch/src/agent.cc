@@ -52,6 +52,7 @@ void Agent::Impl::setup() {
   executable = resolve_executable(job.options.command.front(), path);
   auto [digest, plan_source] =
       plan_digest_of(job.options.command, env.count("DTRAIN_PLAN") ? env.at("DTRAIN_PLAN") : "");
+  check_elastic_plan(digest, plan_source);
   bindings = bind_ranks(job, env);
   restart_source = restart_source_of(job.options.command);
   if (job.options.max_restarts > 0 && job.node_rank == 0) {

@@ -11,6 +11,14 @@
 
 namespace dtrain::launch {
 
+void Agent::Impl::check_elastic_plan(const std::string& digest, const std::string& source) const {
+  if (!job.elastic() || digest.empty() || digest == "auto") return;
+  throw input_error(fmt::format(
+      "--nnodes {}:{}: after losing a node the ranks must plan again for the ranks left, but the command runs the plan "
+      "file of {} (made for {} nodes): give the rank's program --plan auto (dtexec train --plan auto)",
+      job.min_nnodes, job.nnodes, source, job.nnodes));
+}
+
 Decision Agent::Impl::decide_after(const EndRecord& failure) {
   const std::vector<int> lost(lost_nodes.begin(), lost_nodes.end());
   if (failure.rank < 0 && lost_nodes.count(failure.node) != 0) {

@@ -162,6 +162,9 @@ struct Agent::Impl {
   void report_hang(const std::string& why, bool on_demand);
 
   // --- Going on with fewer nodes (membership.h): agent_elastic.cc.
+  // An elastic job's ranks plan again after losing a node: a command that names a plan file (`source`: --plan FILE or
+  // DTRAIN_PLAN) cannot, and is refused at start (dtrain::Error, input).
+  void check_elastic_plan(const std::string& digest, const std::string& source) const;
   // The decision after `failure`, recorded: going on without a lost node (or ending with kTooFewNodes), else the
   // restart policy, which may drop a node that used up the restarts.
   Decision decide_after(const EndRecord& failure);

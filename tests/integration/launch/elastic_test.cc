@@ -185,5 +185,22 @@ TEST_F(ElasticTest, LosingNodeZeroEndsTheJobSayingWhy) {
   }
 }
 
+// An elastic job whose ranks would run a plan file (made for MAX nodes) cannot go on with fewer: refused at start.
+TEST_F(ElasticTest, APlanFileIsRefusedAtStart) {
+  const std::string plan = dir() + "/p.toml";
+  const std::string cluster = std::string(DTRAIN_SOURCE_DIR) + "/examples/clusters/local-cpu.toml";
+  ASSERT_EQ(run_command({std::string(DTRAIN_BINARY_DIR) + "/bin/dtplan", "plan", "--model", model(), "--cluster",
+                         cluster, "--gpus", "2", "-o", plan},
+                        dir() + "/plan.log"),
+            0)
+      << read_file(dir() + "/plan.log");
+  LaunchProcess p({"--nnodes", "1:2", "--node-rank", "0", "--rdzv", "127.0.0.1:" + std::to_string(free_port()),
+                   "--nproc", "1", "--", dtexec_path(), "train", "--model", model(), "--plan", plan},
+                  {{"DTRAIN_STORE_TOKEN", "el-" + tag()}}, dir() + "/planfile");
+  EXPECT_EQ(p.wait(30s), 2) << p.err();
+  EXPECT_THAT(p.err(), HasSubstr("--nnodes 1:2: after losing a node the ranks must plan again"));
+  EXPECT_THAT(p.err(), HasSubstr("give the rank's program --plan auto"));
+}
+
 }  // namespace
 }  // namespace dtrain::launch::testing
