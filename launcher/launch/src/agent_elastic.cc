@@ -46,7 +46,9 @@ void Agent::Impl::on_node_lost(const MonitorEvent& ev) {
   monitor->forget_node(ev.node);
   const std::vector<int> lost(lost_nodes.begin(), lost_nodes.end());
   std::string why;
-  const bool goes_on = job.elastic() && members.contains(ev.node) && members.without(lost, why).has_value();
+  const std::optional<std::vector<int>> left =
+      job.elastic() && members.contains(ev.node) ? members.without(lost, why) : std::nullopt;
+  const bool goes_on = left.has_value();
   const int code = job.elastic() ? code_of(ExitCode::kTooFewNodes) : code_of(ExitCode::kPeerFailure);
   const std::string message = job.elastic() && !goes_on ? fmt::format("{}; {}", ev.message, why) : ev.message;
   if (!end) {
@@ -60,8 +62,8 @@ void Agent::Impl::on_node_lost(const MonitorEvent& ev) {
   }
   if (end->kind == EndKind::kFailure && !decision) {
     if (goes_on) {
-      apply_decision(records().record_decision(
-          Decision{Verdict::kShrink, 0, 0, fmt::format("node {} was lost", ev.node), *members.without(lost, why)}));
+      apply_decision(
+          records().record_decision(Decision{Verdict::kShrink, 0, 0, fmt::format("node {} was lost", ev.node), *left}));
     } else {
       apply_decision(records().record_decision(Decision{Verdict::kFatal, 0, code, message, {}}));
     }

@@ -18,9 +18,9 @@ std::string plan_key(std::string_view run_id) { return fmt::format("dtrain/{}/pl
 
 namespace {
 double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
-}  // namespace
 
-std::string positions_to_json(const std::vector<ir::ReportedPosition>& positions) {
+// The positions as published (positions_to_json) and as the report's JSON carries them.
+json positions_array(const std::vector<ir::ReportedPosition>& positions) {
   json out = json::array();
   const double now = unix_now();
   for (const auto& p : positions) {
@@ -38,7 +38,12 @@ std::string positions_to_json(const std::vector<ir::ReportedPosition>& positions
                    {"gave_up", p.gave_up},
                    {"published_unix", now}});
   }
-  return out.dump();
+  return out;
+}
+}  // namespace
+
+std::string positions_to_json(const std::vector<ir::ReportedPosition>& positions) {
+  return positions_array(positions).dump();
 }
 
 std::vector<ir::ReportedPosition> positions_from_json(std::string_view text, std::string_view what) {
@@ -93,8 +98,7 @@ HangReport make_hang_report(const std::vector<ir::ReportedPosition>& positions,
   r.json["attempt"] = attempt;
   r.json["why"] = std::string(why);
   r.json["on_demand"] = on_demand;
-  json raw = json::parse(positions_to_json(positions));
-  r.json["positions"] = raw;
+  r.json["positions"] = positions_array(positions);
   for (std::size_t i = 0; i < r.json["ranks"].size() && i < positions.size(); ++i) {
     r.json["ranks"][i]["node"] = positions[i].node;
   }

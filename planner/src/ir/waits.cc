@@ -70,6 +70,11 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
   a.ranks.resize(n);
   const bool have_programs = programs.size() == n && n > 0;
   if (!have_programs) a.notes.push_back("the plan's programs are not known: the waits come from the reports alone");
+  // Which ranks ran the whole program of the step analysed (finished_program).
+  std::vector<bool> finished(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    finished[r] = finished_program(positions[r], a.step, have_programs ? programs[r].schedule.size() : SIZE_MAX);
+  }
 
   // Who is where, and which ranks run another program than the plan's.
   for (std::size_t r = 0; r < n; ++r) {
@@ -103,7 +108,7 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
       const ReportedPosition& p = positions[r];
       auto& stop = eo.stop_at[r];
       const std::size_t length = programs[r].schedule.size();
-      if (finished_program(p, a.step, length)) continue;  // it ran the whole program: no stop
+      if (finished[r]) continue;  // it ran the whole program: no stop
       stop.active = true;
       if (!p.known || p.step < a.step || p.activity == Activity::kSetup || a.ranks[r].other_program || p.pc < 0) {
         // Behind, not started, or running another program: it joins nothing its peers wait in.
@@ -134,8 +139,7 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
   std::vector<std::int32_t> still_in_step, not_communicating;
   for (std::size_t r = 0; r < n; ++r) {
     const ReportedPosition& p = positions[r];
-    const std::size_t length = have_programs ? programs[r].schedule.size() : SIZE_MAX;
-    if (!finished_program(p, a.step, length)) still_in_step.push_back(static_cast<std::int32_t>(r));
+    if (!finished[r]) still_in_step.push_back(static_cast<std::int32_t>(r));
     if (!(p.known && (p.process.empty() || p.gave_up) && p.activity != Activity::kCompute &&
           p.activity != Activity::kSetup)) {
       not_communicating.push_back(static_cast<std::int32_t>(r));
@@ -148,7 +152,7 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
       f.waits_for.clear();  // a stopped, dead or diverged rank waits for nobody: the others wait for it
       continue;
     }
-    if (finished_program(p, a.step, have_programs ? programs[r].schedule.size() : SIZE_MAX)) {
+    if (finished[r]) {
       f.waits_for = still_in_step;
     } else if (p.known && p.step < a.step &&
                (p.activity == Activity::kStepEnd || p.activity == Activity::kCheckpoint)) {

@@ -17,7 +17,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string dtexec_path() { return std::string(DTRAIN_BINARY_DIR) + "/bin/dtexec"; }
 std::string model() { return std::string(DTRAIN_SOURCE_DIR) + "/tests/data/models/tiny-elastic.toml"; }
 constexpr int kSteps = 40;
 constexpr int kCheckpointEvery = 4;
@@ -72,25 +71,8 @@ class ElasticTest : public LaunchTest {
     return std::make_unique<LaunchProcess>(o, std::map<std::string, std::string>{{"DTRAIN_STORE_TOKEN", "el-" + tag()}},
                                            dir() + "/" + name + ".node" + std::to_string(node_rank));
   }
-  // step -> the loss as written, the last line of each step winning (a resumed run appends the steps it repeats).
-  std::map<int, std::string> losses(const std::string& name) const {
-    std::map<int, std::string> out;
-    for (const auto& line : lines_of(read_file(dir() + "/" + name + ".jsonl"))) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.contains("loss")) continue;
-      auto at = line.find("\"loss\":");
-      out[j["step"].get<int>()] = line.substr(at + 7, line.find_first_of(",}", at) - at - 7);
-    }
-    return out;
-  }
-  std::vector<int> steps(const std::string& name) const {
-    std::vector<int> out;
-    for (const auto& line : lines_of(read_file(dir() + "/" + name + ".jsonl"))) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.contains("loss")) out.push_back(j["step"].get<int>());
-    }
-    return out;
-  }
+  std::map<int, std::string> losses(const std::string& name) const { return loss_texts(dir() + "/" + name + ".jsonl"); }
+  std::vector<int> steps(const std::string& name) const { return steps_in(dir() + "/" + name + ".jsonl"); }
   bool wait_until(const std::function<bool()>& done, std::chrono::seconds timeout) const {
     const auto deadline = Clock::now() + timeout;
     while (!done()) {
@@ -189,8 +171,7 @@ TEST_F(ElasticTest, LosingNodeZeroEndsTheJobSayingWhy) {
 TEST_F(ElasticTest, APlanFileIsRefusedAtStart) {
   const std::string plan = dir() + "/p.toml";
   const std::string cluster = std::string(DTRAIN_SOURCE_DIR) + "/examples/clusters/local-cpu.toml";
-  ASSERT_EQ(run_command({std::string(DTRAIN_BINARY_DIR) + "/bin/dtplan", "plan", "--model", model(), "--cluster",
-                         cluster, "--gpus", "2", "-o", plan},
+  ASSERT_EQ(run_command({dtplan_path(), "plan", "--model", model(), "--cluster", cluster, "--gpus", "2", "-o", plan},
                         dir() + "/plan.log"),
             0)
       << read_file(dir() + "/plan.log");

@@ -20,10 +20,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string dtexec_path() { return std::string(DTRAIN_BINARY_DIR) + "/bin/dtexec"; }
-std::string dtplan_bin() { return std::string(DTRAIN_BINARY_DIR) + "/bin/dtplan"; }
-std::string tiny_model() { return std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny.toml"; }
-
 class HangReportTest : public LaunchTest {
  protected:
   void SetUp() override {
@@ -31,7 +27,7 @@ class HangReportTest : public LaunchTest {
     if (!std::filesystem::exists(dtexec_path())) GTEST_SKIP() << "dtexec is not built";
     plan_ = dir() + "/plan.toml";
     const std::string cluster = std::string(DTRAIN_SOURCE_DIR) + "/examples/clusters/local-cpu.toml";
-    ASSERT_EQ(run_command({dtplan_bin(), "plan", "--model", tiny_model(), "--cluster", cluster, "--gpus", "4", "--fix",
+    ASSERT_EQ(run_command({dtplan_path(), "plan", "--model", tiny_model(), "--cluster", cluster, "--gpus", "4", "--fix",
                            "tp=2,pp=2,dp=1,vpp=1,schedule=1f1b", "-o", plan_},
                           dir() + "/plan.log"),
               0)
@@ -47,12 +43,7 @@ class HangReportTest : public LaunchTest {
     options.insert(options.end(), extra.begin(), extra.end());
     return std::make_unique<LaunchProcess>(options, env, dir() + "/job");
   }
-  int steps_done() const {
-    int n = 0;
-    for (const auto& line : lines_of(read_file(dir() + "/metrics.jsonl")))
-      n += line.find("\"step\"") != std::string::npos;
-    return n;
-  }
+  int steps_done() const { return static_cast<int>(steps_in(dir() + "/metrics.jsonl").size()); }
   bool wait_for_steps(int steps, std::chrono::seconds timeout) const {
     const auto deadline = Clock::now() + timeout;
     while (steps_done() < steps) {

@@ -36,6 +36,9 @@ using namespace std::chrono_literals;
 
 inline std::string dtlaunch_path() { return std::string(DTRAIN_BINARY_DIR) + "/bin/dtlaunch"; }
 inline std::string fake_rank_path() { return std::string(DTRAIN_BINARY_DIR) + "/tests/fake_rank"; }
+inline std::string dtexec_path() { return std::string(DTRAIN_BINARY_DIR) + "/bin/dtexec"; }
+inline std::string dtplan_path() { return std::string(DTRAIN_BINARY_DIR) + "/bin/dtplan"; }
+inline std::string tiny_model() { return std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny.toml"; }
 
 // Runs a command to completion, its output (both streams) into `log`; its exit code.
 inline int run_command(const std::vector<std::string>& args, const std::string& log) {
@@ -69,6 +72,36 @@ inline std::vector<std::string> lines_of(const std::string& text) {
   std::string line;
   while (std::getline(ss, line)) lines.push_back(line);
   return lines;
+}
+
+// The step lines of a dtexec metrics file that parse, with their text: a rank 0 killed with kill -9 may leave a
+// partial line, which the resumed run's first line then continues.
+inline std::vector<std::pair<std::string, nlohmann::json>> metrics_lines(const std::string& path) {
+  std::vector<std::pair<std::string, nlohmann::json>> out;
+  for (const auto& line : lines_of(read_file(path))) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("step") && j.contains("loss")) out.emplace_back(line, j);
+  }
+  return out;
+}
+
+// step -> the loss as written (the text after "loss": up to the next ',' or '}', for bitwise comparisons), the last
+// line of each step winning (a resumed run appends the steps it repeats).
+inline std::map<int, std::string> loss_texts(const std::string& path) {
+  std::map<int, std::string> out;
+  for (const auto& [line, j] : metrics_lines(path)) {
+    auto at = line.find("\"loss\":");
+    auto end = line.find_first_of(",}", at);
+    out[j["step"].get<int>()] = line.substr(at + 7, end - at - 7);
+  }
+  return out;
+}
+
+// The steps of a metrics file's lines, in file order.
+inline std::vector<int> steps_in(const std::string& path) {
+  std::vector<int> steps;
+  for (const auto& entry : metrics_lines(path)) steps.push_back(entry.second["step"].get<int>());
+  return steps;
 }
 
 // Processes whose command line contains `tag` (fake ranks and the dtlaunch agents that run them), this one excluded.

@@ -16,10 +16,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string dtplan_path() { return std::string(DTRAIN_BINARY_DIR) + "/bin/dtplan"; }
-std::string dtexec_path() { return std::string(DTRAIN_BINARY_DIR) + "/bin/dtexec"; }
-std::string tiny_model() { return std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny.toml"; }
-
 TEST_F(LaunchTest, NodesWithDifferentPlansFailWithBothDigests) {
   const std::string p2 = dir() + "/p2.toml", p4 = dir() + "/p4.toml";
   const std::string cluster = std::string(DTRAIN_SOURCE_DIR) + "/examples/clusters/local-cpu.toml";
@@ -106,32 +102,11 @@ class DtexecJobTest : public LaunchTest {
     for (const auto& a : dtexec_command(name, checkpoint_every, resume)) options.push_back(a);
     return std::make_unique<LaunchProcess>(options, std::map<std::string, std::string>{}, dir() + "/" + name);
   }
-  // The metrics lines that parse: rank 0 killed with kill -9 may leave a partial line, which the resumed run's
-  // first line then continues.
   std::vector<std::pair<std::string, nlohmann::json>> metrics(const std::string& name) const {
-    std::vector<std::pair<std::string, nlohmann::json>> out;
-    for (const auto& line : lines_of(read_file(dir() + "/" + name + ".jsonl"))) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.contains("step") && j.contains("loss")) out.emplace_back(line, j);
-    }
-    return out;
+    return metrics_lines(dir() + "/" + name + ".jsonl");
   }
-  // step -> loss text, the last line of each step winning (a resumed run appends the steps it repeats).
-  std::map<int, std::string> losses(const std::string& name) const {
-    std::map<int, std::string> out;
-    for (const auto& [line, j] : metrics(name)) {
-      // The loss as written: the text after "loss": up to the next ',' or '}' (bitwise comparison).
-      auto at = line.find("\"loss\":");
-      auto end = line.find_first_of(",}", at);
-      out[j["step"].get<int>()] = line.substr(at + 7, end - at - 7);
-    }
-    return out;
-  }
-  std::vector<int> steps_written(const std::string& name) const {
-    std::vector<int> steps;
-    for (const auto& entry : metrics(name)) steps.push_back(entry.second["step"].get<int>());
-    return steps;
-  }
+  std::map<int, std::string> losses(const std::string& name) const { return loss_texts(dir() + "/" + name + ".jsonl"); }
+  std::vector<int> steps_written(const std::string& name) const { return steps_in(dir() + "/" + name + ".jsonl"); }
   bool wait_for_step(const std::string& name, int step, std::chrono::milliseconds timeout) const {
     const auto deadline = Clock::now() + timeout;
     for (;;) {
