@@ -82,24 +82,9 @@ for entry in "${layouts[@]}"; do
   err=$(awk -v p="$predicted" -v m="$measured" 'BEGIN { printf "%+.1f%%", 100 * (p - m) / m }')
   serr=$(awk -v p="$shipped" -v m="$measured" 'BEGIN { printf "%+.1f%%", 100 * (p - m) / m }')
   printf '%-58s %10.4f %10s %10.4f %8s %8s\n' "$n: $fix" "$predicted" "$shipped" "$measured" "$err" "$serr"
-  echo "$n $predicted $measured $shipped" >>"$out/rows"
+  echo "$n $measured $predicted $shipped" >>"$out/rows"
 done
-python3 - "$out/rows" <<'EOF'
-import sys
-rows = [list(map(float, l.split())) for l in open(sys.argv[1])]
-def ranks(v):
-    order = sorted(range(len(v)), key=lambda i: v[i]); r = [0.0] * len(v)
-    for k, i in enumerate(order): r[i] = k
-    return r
-def spearman(a, b):
-    ra, rb = ranks(a), ranks(b); n = len(a)
-    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb)) / (n * (n * n - 1))
-for label, col in (("calibrated", 1), ("shipped local-cpu.toml", 3)):
-    rows_ok = [r for r in rows if r[col] == r[col]]
-    errs = [abs(r[col] - r[2]) / r[2] for r in rows_ok]
-    print(f"{label:24s} mean |error| {100 * sum(errs) / len(errs):5.1f}%  worst {100 * max(errs):5.1f}%  "
-          f"within 15%: {sum(e <= 0.15 for e in errs)}/{len(errs)}  Spearman {spearman([r[col] for r in rows_ok], [r[2] for r in rows_ok]):.3f}")
-EOF
+python3 bench/prediction_summary.py "$out/rows" --labels "calibrated,shipped local-cpu.toml"
 
 echo
 echo "== the planner's own choice for 4 ranks (calibrated cluster) against the best measured 4-rank layout"
@@ -107,7 +92,7 @@ $bin/dtplan plan --model "$model" --cluster "$out/cal4.toml" --gpus 4 -o "$out/c
 $bin/dtlaunch --nproc 4 -- $bin/dtexec train --model "$model" --plan "$out/choice.toml" --data synthetic \
   --steps "$steps" --metrics "$out/choice.jsonl" >"$out/choice.log" 2>&1
 choice=$(median_step "$out/choice.jsonl")
-best=$(awk '$1 == 4 { print $3 }' "$out/rows" | sort -g | head -1)
+best=$(awk '$1 == 4 { print $2 }' "$out/rows" | sort -g | head -1)
 awk -v c="$choice" -v b="$best" 'BEGIN { printf "chosen layout measured %.4f s, best listed layout %.4f s: %+.1f%%\n", c, b, 100 * (c - b) / b }'
 
 echo

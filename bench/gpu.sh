@@ -15,7 +15,13 @@
 #   dtrain    for each model (bench/models/llama-8x4096.toml and llama-1b.toml): dtplan's predicted single-GPU step,
 #             then dtexec --device cuda --dtype bf16 with the same plan, synthetic data (bench/dtrain_step_report.py:
 #             median step after 3 warm-up steps, MFU, first and last loss) and the prediction's error;
-#   torch     PyTorch eager and torch.compile on the same models at the plan's micro-batch (bench/torch_gpu_train.py).
+#   torch     PyTorch eager and torch.compile on the same models at the plan's micro-batch (bench/torch_gpu_train.py);
+#   calibrate dtplan calibrate --device cuda, twice (both runs' figures side by side), then predicted beside measured:
+#             for each model of DTRAIN_GPU_CAL_MODELS and single-GPU layouts (the planner's choice, other
+#             micro-batches, recomputation), the step dtplan predicts from the calibrated cluster and from the
+#             catalog's (one-gpu.toml, below), the median step dtexec --trace measures, the summary
+#             (prediction_summary.py), and dtplan compare's report (time per instruction kind, memory predicted
+#             against measured). Everything it wrote is packed into gpu-check/calibrate.tar.xz.
 #
 #   bench/gpu.sh [--prebuilt PACK] [--phases LIST] [--deadline SECONDS] [BUILD_DIR]
 #
@@ -32,7 +38,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-prebuilt="" phases="tests,memcheck,topo,kernels,nccl,dtrain,torch" deadline=0 build=build-gpu
+prebuilt="" phases="tests,memcheck,topo,kernels,nccl,dtrain,torch,calibrate" deadline=0 build=build-gpu
 while (($#)); do
   case $1 in
     --prebuilt) prebuilt=$2; shift 2 ;;
@@ -214,6 +220,64 @@ for model in ${DTRAIN_GPU_MODELS:-llama-8x4096 llama-1b}; do
     fi
   fi
 done
+
+if want calibrate && (($(time_left) > 120)); then
+  cal=$logs/calibrate
+  mkdir -p "$cal"
+  echo "== dtplan calibrate --device cuda (twice)"
+  for run in 1 2; do
+    "$build/bin/dtplan" calibrate --device cuda -o "$cal/cal$run.toml" --json >"$cal/cal$run.json" 2>"$cal/cal$run.log" ||
+      { put "calibrate" "FAIL: $(tail -1 "$cal/cal$run.log")"; status=1; break; }
+    tail -3 "$cal/cal$run.log"
+  done
+  if [[ -s $cal/cal2.toml ]]; then
+    for key in gemm_efficiency_max gemm_half_gflop attention_efficiency hbm_efficiency kernel_launch_us duration_s; do
+      printf '   %-22s %12s %12s\n' "$key" "$(grep -m1 "^$key = " "$cal/cal1.toml" | cut -d' ' -f3)" \
+        "$(grep -m1 "^$key = " "$cal/cal2.toml" | cut -d' ' -f3)"
+    done | tee "$cal/figures.txt"
+    put "calibrate" "$(grep -m1 duration_s "$cal/figures.txt" | awk '{print $2 " s and " $3 " s"}'); figures in $cal/figures.txt"
+    sed 's/^dtype = .*/dtype = "bf16"/' bench/models/small-llama.toml >"$cal/small-llama.toml"
+    : >"$cal/rows"
+    printf '%-44s %11s %11s %11s %8s %8s\n' layout calibrated catalog measured error catalog | tee "$cal/table.txt"
+    i=0
+    for model in ${DTRAIN_GPU_CAL_MODELS:-llama-1b llama-8x4096 small-llama}; do
+      model_file=bench/models/$model.toml
+      [[ $model == small-llama ]] && model_file=$cal/small-llama.toml
+      for fix in "" micro_batch=1 micro_batch=2 micro_batch=2,recompute=full micro_batch=4,recompute=selective; do
+        (($(time_left) > 60)) || break
+        i=$((i + 1))
+        fix_args=()
+        [[ -n $fix ]] && fix_args=(--fix "$fix")
+        "$build/bin/dtplan" plan --model "$model_file" --cluster "$cal/cal1.toml" --gpus 1 "${fix_args[@]}" \
+          -o "$cal/plan$i.toml" >"$cal/plan$i.txt" 2>&1 || { echo "$model ${fix:-choice}: $(tail -1 "$cal/plan$i.txt")"; continue; }
+        predicted=$(sed -n 's/^ *predicted \([0-9.]*\) ms per step.*/\1/p' "$cal/plan$i.txt")
+        catalog=$("$build/bin/dtplan" plan --model "$model_file" --cluster "$cluster" --gpus 1 "${fix_args[@]}" \
+          2>/dev/null | sed -n 's/^ *predicted \([0-9.]*\) ms per step.*/\1/p')
+        if ! timeout "$(within 240)" "$build/bin/dtexec" train --model "$model_file" --plan "$cal/plan$i.toml" \
+          --device cuda --data synthetic --steps "${DTRAIN_GPU_STEPS:-12}" --metrics "$cal/m$i.jsonl" \
+          --trace "$cal/t$i.json" >"$cal/run$i.log" 2>&1; then
+          echo "$model ${fix:-choice}: the run failed: $(tail -1 "$cal/run$i.log")" | tee -a "$cal/table.txt"
+          status=1
+          continue
+        fi
+        measured=$(python3 -c "import json,sys,statistics; t=[json.loads(l)['step_s'] for l in open(sys.argv[1])][3:]; print(1000 * statistics.median(t))" "$cal/m$i.jsonl")
+        line=$(head -1 "$cal/plan$i.txt")
+        printf '%-44s %11.2f %11s %11.2f %8s %8s\n' "$model $(echo "$line" | awk '{print $5, $7}')" "$predicted" \
+          "${catalog:-nan}" "$measured" "$(awk -v p="$predicted" -v m="$measured" 'BEGIN { printf "%+.1f%%", 100 * (p - m) / m }')" \
+          "$(awk -v p="${catalog:-0}" -v m="$measured" 'BEGIN { if (p > 0) printf "%+.1f%%", 100 * (p - m) / m; else print "-" }')" |
+          tee -a "$cal/table.txt"
+        awk -v m="$measured" -v p="$predicted" -v c="${catalog:-nan}" \
+          'BEGIN { print 1, m / 1000, p / 1000, (c == "nan") ? "nan" : c / 1000 }' >>"$cal/rows"
+        "$build/bin/dtplan" compare --plan "$cal/plan$i.toml" --measured "$cal/t$i.json" --metrics "$cal/m$i.jsonl" \
+          >"$cal/compare$i.txt" 2>&1
+        sed -n '/^memory per stage/,$p' "$cal/compare$i.txt" | tail -n +2 | sed "s/^/   memory /"
+      done
+    done
+    python3 bench/prediction_summary.py "$cal/rows" --labels "calibrated,catalog" | tee -a "$cal/table.txt"
+    put "predicted vs measured" "$(tail -2 "$cal/table.txt" | head -1)"
+  fi
+  tar -cJf "$logs/calibrate.tar.xz" -C "$logs" calibrate
+fi
 
 echo
 echo "GPU check summary ($(date -u +%Y-%m-%dT%H:%MZ), $((SECONDS - t0)) s, logs in $logs)"

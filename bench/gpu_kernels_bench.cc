@@ -23,7 +23,6 @@
 #include <exception>
 #include <functional>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -33,6 +32,7 @@
 #include "dtrain/kernels/cuda/elementwise.h"
 #include "dtrain/kernels/cuda/linear.h"
 #include "dtrain/kernels/cuda/optimizer.h"
+#include "dtrain/kernels/cuda/random.h"
 #include "dtrain/kernels/linear.h"
 #include "dtrain/kernels/optimizer.h"
 
@@ -67,31 +67,6 @@ double time_ms(Context& ctx, const Config& c, const std::function<void()>& fn) {
   return best;
 }
 
-// A device buffer of n values N(0, stddev^2): one block of 2^22 random floats generated on the host and uploaded as
-// many times as needed (generating hundreds of millions of normals on the host would take longer than the benchmark).
-DeviceBuffer<float> random_fp32(Context& ctx, std::int64_t n, float stddev, std::uint64_t seed) {
-  constexpr std::int64_t kChunk = std::int64_t{1} << 22;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<float> host(static_cast<std::size_t>(std::min(n, kChunk)));
-  for (float& x : host) x = dist(rng);
-  DeviceBuffer<float> d = cuda::allocate<float>(ctx, static_cast<std::size_t>(n));
-  for (std::int64_t first = 0; first < n; first += kChunk) {
-    const std::int64_t count = std::min(kChunk, n - first);
-    cuda::copy_to_device(ctx, d.data() + first, host.data(), static_cast<std::size_t>(count) * sizeof(float));
-  }
-  ctx.synchronize();
-  return d;
-}
-
-DeviceBuffer<bf16> random_bf16(Context& ctx, std::int64_t n, float stddev, std::uint64_t seed) {
-  const DeviceBuffer<float> f = random_fp32(ctx, n, stddev, seed);
-  DeviceBuffer<bf16> b = cuda::allocate<bf16>(ctx, static_cast<std::size_t>(n));
-  cuda::cast_fp32_to_bf16(ctx, n, f.data(), b.data());
-  ctx.synchronize();
-  return b;
-}
-
 // "MxNxK" (tokens x out_features x in_features): y [M, N] = x [M, K] W^T.
 bool parse_gemm(const std::string& text, LinearShape* s) {
   long long m = 0, n = 0, k = 0;
@@ -113,9 +88,9 @@ void bench_gemms(Context& ctx, const Config& c) {
       std::fprintf(stderr, "gpu_kernels_bench: --gemm %s: expected MxNxK with positive sizes\n", text.c_str());
       continue;
     }
-    const auto x = random_bf16(ctx, s.tokens * s.in_features, 1.0f, 1);
-    const auto w = random_bf16(ctx, s.out_features * s.in_features, 0.02f, 2);
-    const auto dy = random_bf16(ctx, s.tokens * s.out_features, 1.0f, 3);
+    const auto x = cuda::random_normal_bf16(ctx, s.tokens * s.in_features, 1.0f, 1);
+    const auto w = cuda::random_normal_bf16(ctx, s.out_features * s.in_features, 0.02f, 2);
+    const auto dy = cuda::random_normal_bf16(ctx, s.tokens * s.out_features, 1.0f, 3);
     auto y = cuda::allocate<bf16>(ctx, static_cast<std::size_t>(s.tokens * s.out_features));
     auto dx = cuda::allocate<bf16>(ctx, static_cast<std::size_t>(s.tokens * s.in_features));
     auto dw = cuda::allocate<float>(ctx, static_cast<std::size_t>(s.out_features * s.in_features));
@@ -146,8 +121,8 @@ void bench_attention(Context& ctx, const Config& c) {
   }
   const std::int64_t stride = (h + 2 * kv) * d;  // the fused QKV activation
   const AttentionShape shape{b, s, h, kv, d, stride, stride};
-  const auto qkv = random_bf16(ctx, b * s * stride, 1.0f, 4);
-  const auto dout = random_bf16(ctx, b * s * h * d, 1.0f, 5);
+  const auto qkv = cuda::random_normal_bf16(ctx, b * s * stride, 1.0f, 4);
+  const auto dout = cuda::random_normal_bf16(ctx, b * s * h * d, 1.0f, 5);
   auto o = cuda::allocate<bf16>(ctx, static_cast<std::size_t>(b * s * h * d));
   auto lse = cuda::allocate<float>(ctx, static_cast<std::size_t>(b * h * s));
   auto dqkv = cuda::allocate<bf16>(ctx, static_cast<std::size_t>(b * s * stride));
@@ -178,8 +153,8 @@ void bench_adamw(Context& ctx, const Config& c) {
   const std::int64_t n = c.adamw_params;
   std::printf("\nAdamW (fp32 master weights, moments and gradients)     %lld parameters in one buffer\n",
               static_cast<long long>(n));
-  auto param = random_fp32(ctx, n, 0.02f, 6);
-  const auto grad = random_fp32(ctx, n, 1e-3f, 7);
+  auto param = cuda::random_normal_fp32(ctx, n, 0.02f, 6);
+  const auto grad = cuda::random_normal_fp32(ctx, n, 1e-3f, 7);
   auto m = cuda::allocate<float>(ctx, static_cast<std::size_t>(n));
   auto v = cuda::allocate<float>(ctx, static_cast<std::size_t>(n));
   cuda::fill(ctx, n, 0.0f, m.data());

@@ -12,8 +12,10 @@
 
 #include "dtrain/comm/gloo.h"
 #include "dtrain/common/error.h"
+#include "dtrain/common/host.h"
 #include "dtrain/common/stats.h"
 #include "dtrain/common/strings.h"
+#include "dtrain/common/toml_reader.h"
 #include "dtrain/common/version.h"
 #include "dtrain/kernels/attention.h"
 #include "dtrain/kernels/linear.h"
@@ -62,11 +64,10 @@ double concurrent_seconds(int ranks, int reps, const std::function<void(int)>& w
   return median(all);
 }
 
-// y = slope x + intercept by least squares on relative error (weights 1 / y^2); through the origin when that fit
-// gives a negative intercept.
-struct Line {
-  double slope = 0, intercept = 0;
-};
+}  // namespace
+
+namespace calibrate_detail {
+
 Line fit_line(const std::vector<std::pair<double, double>>& xy) {
   double sw = 0, sx = 0, sxx = 0, sy = 0, sxy = 0;
   for (const auto& [x, y] : xy) {
@@ -87,7 +88,18 @@ Line fit_line(const std::vector<std::pair<double, double>>& xy) {
   return l;
 }
 
-// Repetitions for about `target_s` of timed work given one call's time (at least 3, at most 50).
+void fit_gemms(CalibrationResult& r) {
+  // time = F / P + h / P: a line in the flops F.
+  std::vector<std::pair<double, double>> points;
+  for (const auto& p : r.gemms) points.emplace_back(2.0 * static_cast<double>(p.m * p.n * p.k), p.seconds);
+  const Line line = fit_line(points);
+  r.peak_flops = 1.0 / line.slope;
+  r.half_flops = line.intercept / line.slope;
+  double err = 0;
+  for (const auto& [f, seconds] : points) err += std::abs((line.slope * f + line.intercept) - seconds) / seconds;
+  r.gemm_fit_error = err / static_cast<double>(points.size());
+}
+
 int reps_for(double call_s, double target_s) {
   return std::clamp(static_cast<int>(target_s / std::max(call_s, 1e-6)), 3, 50);
 }
@@ -98,7 +110,14 @@ void check_stop(const std::function<bool()>& stop) {
   }
 }
 
-}  // namespace
+double attention_flops(const AttentionPoint& p) {
+  const double s = static_cast<double>(p.seq);
+  return 3.5 * 2.0 * static_cast<double>(p.batch * p.heads) * s * s * static_cast<double>(p.head_dim);
+}
+
+}  // namespace calibrate_detail
+
+using namespace calibrate_detail;
 
 CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<void(const std::string&)>& progress,
                                 const std::function<bool()>& stop) {
@@ -137,19 +156,7 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
     progress(fmt::format("GEMM {}x{}x{}: {} per call, {:.1f} GFLOP/s per rank", m, n, k, format_seconds(p.seconds),
                          2.0 * m * n * k / p.seconds / 1e9));
   }
-  // time = F / P + h / P: a line in the flops F.
-  std::vector<std::pair<double, double>> gemm_points;
-  for (const auto& p : r.gemms) gemm_points.emplace_back(2.0 * static_cast<double>(p.m * p.n * p.k), p.seconds);
-  const Line gemm_line = fit_line(gemm_points);
-  const double slope = gemm_line.slope, intercept = gemm_line.intercept;
-  r.peak_flops = 1.0 / slope;
-  r.half_flops = intercept / slope;
-  double err = 0;
-  for (const auto& p : r.gemms) {
-    const double f = 2.0 * static_cast<double>(p.m * p.n * p.k);
-    err += std::abs((slope * f + intercept) - p.seconds) / p.seconds;
-  }
-  r.gemm_fit_error = err / static_cast<double>(r.gemms.size());
+  fit_gemms(r);
   progress(fmt::format("GEMM fit: peak {:.1f} GFLOP/s per rank, half-size {:.3g} GFLOP, mean fit error {:.1f}%",
                        r.peak_flops / 1e9, r.half_flops / 1e9, 100 * r.gemm_fit_error));
 
@@ -221,11 +228,15 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
       bwd(0);
     });
     const int reps = reps_for(first, 0.3 * budget / static_cast<double>(seqs.size()) / r.ranks);
-    AttentionPoint p{seq, concurrent_seconds(r.ranks, reps, fwd), concurrent_seconds(r.ranks, reps, bwd)};
+    AttentionPoint p{seq,
+                     concurrent_seconds(r.ranks, reps, fwd),
+                     concurrent_seconds(r.ranks, reps, bwd),
+                     sh.n_heads,
+                     sh.n_kv_heads,
+                     sh.head_dim,
+                     sh.batch};
     r.attention.push_back(p);
-    // The cost model's count (layer_graph.cc): 2 b h s^2 d forward (the causal half), backward 2.5 times that.
-    const double f = 2.0 * static_cast<double>(sh.batch * sh.n_heads * seq * seq * sh.head_dim);
-    flops_total += 3.5 * f;
+    flops_total += attention_flops(p);
     seconds_total += p.forward_s + p.backward_s;
     progress(fmt::format("attention seq {}: forward {}, backward {}", seq, format_seconds(p.forward_s),
                          format_seconds(p.backward_s)));
@@ -297,12 +308,43 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
   return r;
 }
 
-std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const CalibrationResult& r,
-                                    const std::string& host, const std::string& date) {
-  topology::ClusterSpec c = base;
-  c.node.gpus = r.ranks;
-  c.node.nvlink_domain = std::min(c.node.nvlink_domain, r.ranks);
-  c.node.nic_of_gpu.clear();
+topology::ClusterSpec default_cuda_base(const CalibrationResult& r) {
+  const std::optional<topology::GpuSpec> known = topology::find_gpu(r.device_name);
+  std::string gpu_table;
+  if (!known) {
+    // Unknown to the catalog: the measured peak and bandwidth stand for the datasheet's (efficiencies of 1 follow).
+    gpu_table = fmt::format(
+        "[gpu]\nname = {}\ntflops_bf16 = {:.1f}\ntflops_fp32 = {:.1f}\nmemory_gib = {:.1f}\n"
+        "hbm_gbps = {:.0f}\n",
+        toml_string(r.device_name), r.peak_flops / 1e12, r.peak_flops / 1e12 / 2, r.device_memory_gib,
+        r.memory_bytes_per_s / 1e9);
+  }
+  const std::string text = fmt::format(R"(format = 1
+[cluster]
+name = {}
+nodes = 1
+[node]
+gpus = {}
+gpu = {}
+nvlink_domain = {}
+nvlink_gbps = 450
+nics = 0
+nic_gbps = 50
+pcie_gbps = 55
+{}[network]
+nvlink_latency_us = 5
+network_latency_us = 8
+p2p_latency_us = 15
+)",
+                                       toml_string(host_name()), r.ranks,
+                                       toml_string(known ? known->name : r.device_name), r.ranks, gpu_table);
+  return topology::parse_cluster(TomlDocument::parse_string(text, "dtplan calibrate's default GPU base"));
+}
+
+namespace {
+
+// CPU: the measured per-rank peak, bandwidth and loopback all-reduce stand for the "GPU" figures.
+void apply_cpu(topology::ClusterSpec& c, const CalibrationResult& r) {
   topology::GpuSpec& g = c.node.gpu;
   g.tflops_fp32 = r.peak_flops / 1e12;
   g.hbm_gbps = r.memory_bytes_per_s / 1e9;
@@ -311,35 +353,86 @@ std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const Cal
   cal.gemm_half_gflop = std::max(r.half_flops / 1e9, 1e-6);  // the format wants it positive; 1 kFLOP is none
   cal.attention_efficiency = r.attention_efficiency;
   cal.hbm_efficiency = 1.0;
-  if (!r.all_reduce.empty()) {
-    c.node.nvlink_gbps = r.bus_bytes_per_s / 1e9;
-    c.node.nvlink_domain = r.ranks;
-    c.network.nvlink_latency_us = r.latency_s * 1e6;
-    std::erase_if(c.network.efficiency, [](const topology::EfficiencyCurve& e) { return e.scope == "nvlink"; });
-    topology::EfficiencyCurve curve;
-    curve.scope = "nvlink";
-    curve.participants = 0;
-    for (std::size_t i = 0; i < r.all_reduce.size(); ++i) {
-      curve.bytes.push_back(static_cast<double>(r.all_reduce[i].bytes));
-      curve.efficiency.push_back(r.comm_efficiency[i]);
-    }
-    c.network.efficiency.insert(c.network.efficiency.begin(), curve);
+  if (r.all_reduce.empty()) return;
+  c.node.nvlink_gbps = r.bus_bytes_per_s / 1e9;
+  c.node.nvlink_domain = r.ranks;
+  c.network.nvlink_latency_us = r.latency_s * 1e6;
+  std::erase_if(c.network.efficiency, [](const topology::EfficiencyCurve& e) { return e.scope == "nvlink"; });
+  topology::EfficiencyCurve curve;
+  curve.scope = "nvlink";
+  curve.participants = 0;
+  for (std::size_t i = 0; i < r.all_reduce.size(); ++i) {
+    curve.bytes.push_back(static_cast<double>(r.all_reduce[i].bytes));
+    curve.efficiency.push_back(r.comm_efficiency[i]);
   }
-  std::string out = fmt::format(
-      "# Measured by `dtplan calibrate` on {} ({}): dtrain's CPU kernels, {} rank(s) at once with {} thread(s) each.\n"
-      "# [gpu] tflops_fp32 is the fitted GEMM peak per rank and hbm_gbps the measured bandwidth per rank (so both\n"
-      "# efficiencies are 1); [node] nvlink_gbps, [network] nvlink_latency_us and the nvlink efficiency curve come "
-      "from\n"
-      "# all-reduces between the ranks; point-to-point latency and the links between nodes are the base cluster's.\n"
-      "format = 1\n\n",
-      host, date, r.ranks, r.threads_per_rank);
+  c.network.efficiency.insert(c.network.efficiency.begin(), curve);
+}
+
+// GPU: the datasheet figures stay, the efficiencies become the measured fractions of them (bf16, what the CUDA
+// backend trains in).
+void apply_cuda(topology::ClusterSpec& c, const CalibrationResult& r) {
+  topology::GpuSpec& g = c.node.gpu;
+  const double peak = g.tflops_bf16 > 0 ? g.tflops_bf16 * 1e12 : r.peak_flops;
+  topology::Calibration& cal = g.calibration;
+  cal.gemm_efficiency_max = std::min(1.0, r.peak_flops / peak);
+  cal.gemm_half_gflop = std::max(r.half_flops / 1e9, 1e-6);
+  cal.attention_efficiency = std::min(1.0, r.attention_efficiency * r.peak_flops / peak);
+  cal.hbm_efficiency = std::min(1.0, r.memory_bytes_per_s / (g.hbm_gbps * 1e9));
+  if (r.device_memory_gib > 0) g.memory_gib = r.device_memory_gib;
+}
+
+}  // namespace
+
+std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const CalibrationResult& r,
+                                    const std::string& host, const std::string& date) {
+  topology::ClusterSpec c = base;
+  c.node.gpus = r.ranks;
+  c.node.nvlink_domain = std::min(c.node.nvlink_domain, r.ranks);
+  c.node.nic_of_gpu.clear();
+  const bool gpu = r.device == "cuda";
+  if (gpu) {
+    apply_cuda(c, r);
+  } else {
+    apply_cpu(c, r);
+  }
+  std::string out =
+      gpu ? fmt::format(
+                "# Measured by `dtplan calibrate --device cuda` on {} ({}): dtrain's CUDA kernels on one {}.\n"
+                "# [gpu] keeps the datasheet peaks; [calibration] gemm_efficiency_max, gemm_half_gflop, "
+                "attention_efficiency and\n"
+                "# hbm_efficiency are the measured fractions of them. Links, latencies and overheads are the base "
+                "cluster's.\n"
+                "format = 1\n\n",
+                host, date, r.device_name)
+          : fmt::format(
+                "# Measured by `dtplan calibrate` on {} ({}): dtrain's CPU kernels, {} rank(s) at once with {} "
+                "thread(s) each.\n"
+                "# [gpu] tflops_fp32 is the fitted GEMM peak per rank and hbm_gbps the measured bandwidth per rank (so "
+                "both\n"
+                "# efficiencies are 1); [node] nvlink_gbps, [network] nvlink_latency_us and the nvlink efficiency "
+                "curve "
+                "come from\n"
+                "# all-reduces between the ranks; point-to-point latency and the links between nodes are the base "
+                "cluster's.\n"
+                "format = 1\n\n",
+                host, date, r.ranks, r.threads_per_rank);
   out += topology::cluster_toml(c, "");
   out += fmt::format(
-      "\n[provenance]\nhost = {}\ndevice = \"cpu\"\ndate = {}\ndtrain_version = {}\nduration_s = {:.2f}\n"
+      "\n[provenance]\nhost = {}\ndevice = {}\ndate = {}\ndtrain_version = {}\nduration_s = {:.2f}\n"
       "ranks_per_node = {}\nthreads_per_rank = {}\ngemm_fit_error = {:.4f}\n",
-      toml_string(host), toml_string(date), toml_string(kVersion), r.seconds, r.ranks, r.threads_per_rank,
-      r.gemm_fit_error);
+      toml_string(host), toml_string(gpu ? r.device_name : std::string("cpu")), toml_string(date),
+      toml_string(kVersion), r.seconds, r.ranks, r.threads_per_rank, r.gemm_fit_error);
+  if (gpu) out += fmt::format("kernel_launch_us = {:.2f}\n", r.launch_s * 1e6);
   return out;
 }
+
+#ifndef DTRAIN_HAVE_CUDA
+CalibrationResult calibrate_cuda(const CalibrateOptions&, const std::function<void(const std::string&)>&,
+                                 const std::function<bool()>&) {
+  throw input_error(
+      "dtplan calibrate --device cuda: this dtplan was built without CUDA (DTRAIN_ENABLE_CUDA=OFF); build with CUDA "
+      "to calibrate a GPU");
+}
+#endif
 
 }  // namespace dtrain::dtplan

@@ -1,11 +1,11 @@
-// dtplan calibrate (CPU): measures dtrain's own CPU kernels on this machine, as the ranks of a job would run them, and
-// fits the figures of the cost model (docs/cost-model.md, "Calibrating a machine").
+// dtplan calibrate: measures dtrain's own kernels on this machine, as the ranks of a job would run them, and fits the
+// figures of the cost model (docs/cost-model.md, "Calibrating a machine"). Two devices:
 //
-// What runs: `ranks` worker threads at once, each with its own buffers, each the kernels a rank of that many per node
-// would run, with the thread count dtexec gives a rank (cores / ranks, at least 1). So the figures are per rank and
-// include the sharing of cores and memory bandwidth between the ranks of a node (exact when each rank has one thread,
-// the usual case of several CPU ranks on one machine; with more, OpenBLAS's one process-wide pool is shared by the
-// workers, which ranks in separate processes would not do).
+// CPU (calibrate_cpu, this file's calibrate.cc). What runs: `ranks` worker threads at once, each with its own buffers,
+// each the kernels a rank of that many per node would run, with the thread count dtexec gives a rank (cores / ranks, at
+// least 1). So the figures are per rank and include the sharing of cores and memory bandwidth between the ranks of a
+// node (exact when each rank has one thread, the usual case of several CPU ranks on one machine; with more, OpenBLAS's
+// one process-wide pool is shared by the workers, which ranks in separate processes would not do).
 //
 //   GEMM       kernels::cpu::linear_forward over (tokens, out, in) shapes: time = (flops + h) / P fitted by least
 //              squares on relative error, giving the peak P (tflops_fp32, gemm_efficiency_max = 1) and the half-size h
@@ -19,6 +19,20 @@
 //              largest (node nvlink_gbps: the "NVLink domain" of a CPU node is its shared memory and loopback), and the
 //              efficiency at each size (the [[network.efficiency]] curve of scope "nvlink" for n participants).
 // Point-to-point latency, links between nodes and the per-step overheads are the base cluster's.
+//
+// GPU (calibrate_cuda, calibrate_cuda.cc): dtrain's CUDA kernels on GPU 0, one kernel at a time on one stream, timed
+// by the wall clock around back-to-back calls with the stream synchronised before and after (the median of the
+// repetitions):
+//   GEMM       cuda::linear_forward, linear_backward_input and linear_backward_weight (cuBLASLt, bf16) over the shapes
+//              of the layers dtrain trains and their tensor-parallel shards: the same fit as on the CPU, over all
+//              three passes (the cost model prices each pass by its FLOPs alone).
+//   memory     the memory-bound kernels of a layer (RMSNorm forward and backward, SwiGLU forward and backward, the
+//              residual add, RoPE, AdamW), each by the bytes it must read and write: the bandwidth is their summed
+//              bytes over their summed time.
+//   attention  cuda::attention_forward and backward (the kernel kAuto picks: tensor cores where they apply) at head
+//              sizes 64 and 128 across sequence lengths.
+//   launch     one tiny kernel launched back to back: the cost of a launch.
+// Communication between GPUs (NCCL) is the base cluster's: measuring it needs two or more GPUs in one machine.
 #pragma once
 
 #include <cstdint>
@@ -37,13 +51,22 @@ struct CalibrateOptions {
 };
 
 struct GemmPoint {
-  std::int64_t m = 0, n = 0, k = 0;
-  double seconds = 0;  // median per call, per rank
+  std::int64_t m = 0, n = 0, k = 0;  // tokens, out features, in features
+  double seconds = 0;                // median per call, per rank
+  std::string pass = "forward";      // forward, backward_input, backward_weight
 };
 
 struct AttentionPoint {
   std::int64_t seq = 0;
   double forward_s = 0, backward_s = 0;
+  std::int64_t heads = 0, kv_heads = 0, head_dim = 0, batch = 1;
+};
+
+// One memory-bound kernel: the bytes it must move (reads and writes) and its median time.
+struct MemoryPoint {
+  std::string op;
+  double bytes = 0;
+  double seconds = 0;
 };
 
 struct CollectivePoint {
@@ -52,6 +75,9 @@ struct CollectivePoint {
 };
 
 struct CalibrationResult {
+  std::string device = "cpu";    // "cpu" or "cuda"
+  std::string device_name;       // cuda: the GPU as the driver names it
+  double device_memory_gib = 0;  // cuda: the GPU's memory as the driver reports it
   int ranks = 1;
   int threads_per_rank = 1;
   std::vector<GemmPoint> gemms;
@@ -59,6 +85,8 @@ struct CalibrationResult {
   double half_flops = 0;      // fitted h
   double gemm_fit_error = 0;  // mean relative error of the fit over the shapes
   double memory_bytes_per_s = 0;
+  std::vector<MemoryPoint> memory_ops;  // cuda: every memory-bound kernel measured
+  double launch_s = 0;                  // cuda: one kernel launch, back to back
   std::vector<AttentionPoint> attention;
   double attention_efficiency = 0;
   // All-reduce over Gloo between the `ranks` (loopback TCP, as CPU ranks of one node communicate); empty for one rank.
@@ -75,10 +103,50 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& options,
                                 const std::function<void(const std::string&)>& progress,
                                 const std::function<bool()>& stop);
 
-// The cluster description with the measured figures in place of the base's: [gpu] tflops_fp32 and hbm_gbps, the
-// [calibration] constants, `ranks` GPUs (ranks) per node; and a [provenance] table (host, device, date, version,
-// duration) that loads wherever a cluster.toml does.
+// Measures GPU 0 with dtrain's CUDA kernels (see above); `ranks` GPUs per node go into the cluster. Throws
+// dtrain::Error: exit 2 when this dtplan was built without CUDA, when no GPU can be used (naming why) or when the
+// machine has fewer GPUs than `ranks`; exit 10 when interrupted, as calibrate_cpu.
+CalibrationResult calibrate_cuda(const CalibrateOptions& options,
+                                 const std::function<void(const std::string&)>& progress,
+                                 const std::function<bool()>& stop);
+
+// The base cluster a GPU calibration starts from without --base: one node of `r.ranks` GPUs of the catalog entry that
+// matches the GPU's name (datasheet peaks), or, for a GPU the catalog does not know, one whose peak and bandwidth are
+// the measured ones. Its other figures (links, latencies, overheads) are examples/clusters/dgx-h100.toml's.
+topology::ClusterSpec default_cuda_base(const CalibrationResult& r);
+
+// The cluster description with the measured figures in place of the base's, and a [provenance] table (host,
+// device, date, version, duration) that loads wherever a cluster.toml does.
+//   cpu:  [gpu] tflops_fp32 and hbm_gbps are the measured peak and bandwidth per rank (so both efficiencies are 1),
+//         the [calibration] constants, `ranks` GPUs (ranks) per node, the all-reduce figures.
+//   cuda: the [gpu] datasheet figures stay; [calibration] gemm_efficiency_max, gemm_half_gflop,
+//         attention_efficiency and hbm_efficiency are the measured fractions of them.
 std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const CalibrationResult& r,
                                     const std::string& host, const std::string& date);
+
+// What both devices share: the fits and the measuring loop's checks.
+namespace calibrate_detail {
+
+// y = slope x + intercept by least squares on relative error (weights 1 / y^2); through the origin when that fit gives
+// a negative intercept.
+struct Line {
+  double slope = 0, intercept = 0;
+};
+Line fit_line(const std::vector<std::pair<double, double>>& xy);
+
+// Fits r.gemms: time = (F + h) / P over the FLOPs F, giving r.peak_flops (P), r.half_flops (h) and r.gemm_fit_error.
+void fit_gemms(CalibrationResult& r);
+
+// Repetitions for about `target_s` of timed work given one call's time (at least 3, at most 50).
+int reps_for(double call_s, double target_s);
+
+// Throws dtrain::Error (exit 10, "interrupted; nothing was written") when stop() is true.
+void check_stop(const std::function<bool()>& stop);
+
+// The cost model's FLOP count of causal attention (layer_graph.cc): 2 b h s^2 d forward (the causal half), the
+// backward 2.5 times that; per point, forward plus backward.
+double attention_flops(const AttentionPoint& p);
+
+}  // namespace calibrate_detail
 
 }  // namespace dtrain::dtplan

@@ -1,5 +1,5 @@
-// dtplan calibrate: measure this machine with dtrain's own CPU kernels and write a cluster.toml with the figures
-// (calibrate.h says what is measured and how it is fitted).
+// dtplan calibrate: measure this machine with dtrain's own kernels (CPU, or GPU with --device cuda) and write a
+// cluster.toml with the figures (calibrate.h says what is measured and how it is fitted).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "calibrate.h"
@@ -102,19 +103,24 @@ runtime_reserved_gib = 0
 }
 
 void run_calibrate(const CalibrateCommand& o) {
-  if (o.device != "cpu") {
-    throw input_error(
-        fmt::format("--device {}: dtplan calibrate measures CPUs (--device cpu); on a GPU use "
-                    "bench/gpu.sh, whose kernel figures docs/cost-model.md turns into a [calibration] "
-                    "table",
-                    o.device));
+  if (o.device != "cpu" && o.device != "cuda") {
+    throw input_error(fmt::format("--device {}: expected cpu or cuda", o.device));
   }
+  const bool gpu = o.device == "cuda";
   if (o.output.empty()) throw input_error("dtplan calibrate: -o cluster.toml is required");
-  const topology::ClusterSpec base = o.base.empty() ? default_base() : topology::load_cluster(o.base);
+  if (o.ranks < 0) throw input_error(fmt::format("--ranks-per-node {}: expected 1 or more", o.ranks));
+  std::optional<topology::ClusterSpec> base;
+  if (!o.base.empty()) {
+    base = topology::load_cluster(o.base);
+  } else if (!gpu) {
+    base = default_base();
+  }
   CalibrateOptions co;
-  co.ranks = o.ranks > 0 ? o.ranks : base.node.gpus;
+  // A GPU calibration without --base measures one GPU per node unless told more.
+  co.ranks = o.ranks > 0 ? o.ranks : base ? base->node.gpus : 1;
   co.quick = o.quick;
-  if (co.ranks < 1) throw input_error(fmt::format("--ranks-per-node {}: expected 1 or more", o.ranks));
+  // A GPU's kernels take milliseconds: half the CPU's budget measures them as well.
+  if (gpu) co.budget_s = 30;
   // The output's directory must exist before minutes of measuring.
   const fs::path out_dir = fs::path(o.output).parent_path();
   if (!out_dir.empty() && !fs::is_directory(out_dir)) {
@@ -123,16 +129,19 @@ void run_calibrate(const CalibrateCommand& o) {
   CalibrationResult r;
   {
     const InterruptGuard interrupts;
-    r = calibrate_cpu(
-        co, [&](const std::string& line) { std::cerr << "dtplan calibrate: " << line << std::endl; },
-        [] { return g_interrupted.load(); });
+    const auto progress = [&](const std::string& line) { std::cerr << "dtplan calibrate: " << line << std::endl; };
+    const auto stop = [] { return g_interrupted.load(); };
+    r = gpu ? calibrate_cuda(co, progress, stop) : calibrate_cpu(co, progress, stop);
   }
-  const std::string text = calibrated_cluster_toml(base, r, host_name(), utc_now());
+  if (!base) base = default_cuda_base(r);
+  const std::string text = calibrated_cluster_toml(*base, r, host_name(), utc_now());
   // The result must load like any cluster.toml before it is put in place (whole or not at all).
   topology::parse_cluster(TomlDocument::parse_string(text, o.output));
   write_file_whole(o.output, text);
   if (o.json) {
     nlohmann::json j{{"output", o.output},
+                     {"device", r.device},
+                     {"device_name", r.device_name},
                      {"seconds", r.seconds},
                      {"ranks_per_node", r.ranks},
                      {"threads_per_rank", r.threads_per_rank},
@@ -142,7 +151,24 @@ void run_calibrate(const CalibrateCommand& o) {
                      {"memory_bytes_per_s", r.memory_bytes_per_s},
                      {"attention_efficiency", r.attention_efficiency}};
     j["gemms"] = nlohmann::json::array();
-    for (const auto& g : r.gemms) j["gemms"].push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"seconds", g.seconds}});
+    for (const auto& g : r.gemms) {
+      j["gemms"].push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"pass", g.pass}, {"seconds", g.seconds}});
+    }
+    j["attention"] = nlohmann::json::array();
+    for (const auto& a : r.attention) {
+      j["attention"].push_back({{"batch", a.batch},
+                                {"seq", a.seq},
+                                {"heads", a.heads},
+                                {"kv_heads", a.kv_heads},
+                                {"head_dim", a.head_dim},
+                                {"forward_s", a.forward_s},
+                                {"backward_s", a.backward_s}});
+    }
+    j["memory_ops"] = nlohmann::json::array();
+    for (const auto& m : r.memory_ops) {
+      j["memory_ops"].push_back({{"op", m.op}, {"bytes", m.bytes}, {"seconds", m.seconds}});
+    }
+    if (gpu) j["kernel_launch_s"] = r.launch_s;
     j["all_reduce"] = nlohmann::json::array();
     for (std::size_t i = 0; i < r.all_reduce.size(); ++i) {
       j["all_reduce"].push_back({{"bytes", r.all_reduce[i].bytes},
@@ -152,6 +178,15 @@ void run_calibrate(const CalibrateCommand& o) {
     j["all_reduce_bus_bytes_per_s"] = r.bus_bytes_per_s;
     j["all_reduce_latency_s"] = r.latency_s;
     std::cout << j.dump(2) << "\n";
+    return;
+  }
+  if (gpu) {
+    std::cout << fmt::format(
+        "calibrated {} in {:.1f} s: GEMM peak {:.0f} TFLOP/s (half-size {:.3g} GFLOP, fit error {:.1f}%), "
+        "memory-bound kernels {:.0f} GB/s, attention at {:.0f}% of the GEMM peak, kernel launch {}\n"
+        "cluster written to {}\n",
+        r.device_name, r.seconds, r.peak_flops / 1e12, r.half_flops / 1e9, 100 * r.gemm_fit_error,
+        r.memory_bytes_per_s / 1e9, 100 * r.attention_efficiency, format_seconds(r.launch_s), o.output);
     return;
   }
   std::cout << fmt::format(
@@ -165,12 +200,14 @@ void run_calibrate(const CalibrateCommand& o) {
 void setup_calibrate(CLI::App& app) {
   auto o = std::make_shared<CalibrateCommand>();
   auto* sub = app.add_subcommand("calibrate", "Measure this machine with dtrain's kernels and write a cluster.toml");
-  sub->add_option("--device", o->device, "cpu (GPUs: bench/gpu.sh)")->capture_default_str();
+  sub->add_option("--device", o->device, "cpu, or cuda (GPU 0, with dtrain's CUDA kernels)")->capture_default_str();
   sub->add_option("--base", o->base,
-                  "Cluster whose other figures to keep (default: this machine as one node of CPU ranks)");
+                  "Cluster whose other figures to keep (default: this machine as one node of CPU ranks; with --device "
+                  "cuda, one node of this GPU from the catalog)");
   sub->add_option("-o,--output", o->output, "The cluster.toml to write")->required();
   sub->add_option("--ranks-per-node", o->ranks, "Ranks measured together (default: the base's GPUs per node)");
-  sub->add_flag("--quick", o->quick, "Fewer shapes and repetitions (about 15 s instead of 60)");
+  sub->add_flag("--quick", o->quick,
+                "Fewer shapes and repetitions (CPU: about 15 s instead of 60; GPU: 8 s instead of 30)");
   sub->add_flag("--json", o->json, "Print the measurements as JSON");
   sub->callback([o] { run_calibrate(*o); });
 }

@@ -180,13 +180,18 @@ ClusterSpec parse_cluster_tables(TableReader root) {
     measured->get_int("ranks_per_node");
     measured->get_int("threads_per_rank");
     measured->get_number("gemm_fit_error");
+    const bool gpu_measured = measured->get_number("kernel_launch_us").has_value();  // only a GPU calibration has it
     measured->reject_unknown();
     const std::string phrase =
         fmt::format("measured: dtplan calibrate on {} ({}, {}, {:.0f} s)", host, device, date, duration.value_or(0));
-    for (const char* key :
-         {"gpu.tflops_fp32", "gpu.hbm_gbps", "calibration.gemm_half_gflop", "calibration.attention_efficiency"}) {
-      spec.provenance[key] = phrase;
-    }
+    // A CPU calibration measures the "GPU"'s peak and bandwidth themselves; a GPU one keeps the datasheet's and
+    // measures the fractions of them that dtrain's kernels reach.
+    const auto keys = gpu_measured
+                          ? std::vector<const char*>{"calibration.gemm_efficiency_max", "calibration.gemm_half_gflop",
+                                                     "calibration.attention_efficiency", "calibration.hbm_efficiency"}
+                          : std::vector<const char*>{"gpu.tflops_fp32", "gpu.hbm_gbps", "calibration.gemm_half_gflop",
+                                                     "calibration.attention_efficiency"};
+    for (const char* key : keys) spec.provenance[key] = phrase;
   }
   spec.name = cluster->get_string("name").value_or("");
   if (spec.name.empty()) cluster->fail("name", "required key is missing or empty");

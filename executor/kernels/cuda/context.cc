@@ -88,6 +88,24 @@ std::string device_unavailable_reason(int device) {
   return reason;
 }
 
+DeviceInfo device_info(int device) {
+  const std::string reason = device_unavailable_reason(device);
+  if (!reason.empty()) throw internal_error(reason);
+  cudaDeviceProp prop{};
+  DTRAIN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  int previous = 0;
+  DTRAIN_CUDA_CHECK(cudaGetDevice(&previous));
+  DTRAIN_CUDA_CHECK(cudaSetDevice(device));
+  DeviceInfo info;
+  const cudaError_t s = cudaMemGetInfo(&info.free_memory, &info.total_memory);
+  (void)cudaSetDevice(previous);
+  DTRAIN_CUDA_CHECK(s);
+  info.name = prop.name;
+  info.multiprocessors = prop.multiProcessorCount;
+  info.compute_capability = prop.major * 10 + prop.minor;
+  return info;
+}
+
 namespace {
 
 bool env_flag(const char* name, bool fallback) {

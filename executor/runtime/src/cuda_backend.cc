@@ -41,6 +41,7 @@ class CudaBackend final : public Backend, public Kernels<bf16> {
 
   std::string_view name() const override { return "cuda"; }
   bool host_accessible() const override { return false; }
+  void finish() override { ctx_.synchronize(); }
 
   // ---- memory: the context's pool, stream-ordered ----
   void* allocate(std::size_t bytes) override {

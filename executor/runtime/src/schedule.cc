@@ -55,6 +55,7 @@ StepMetrics Interpreter<A>::run(std::int64_t step_index) {
         case Opcode::kBackwardInput:
         case Opcode::kBackwardWeight: {
           run_pass(in);
+          if (opt.record_trace) be.finish();
           std::string_view kname = in.op == Opcode::kForward         ? "F"
                                    : in.op == Opcode::kBackward      ? "B"
                                    : in.op == Opcode::kBackwardInput ? "BI"
@@ -75,6 +76,7 @@ StepMetrics Interpreter<A>::run(std::int64_t step_index) {
           break;
         case Opcode::kOptimizerStep:
           optimizer_step();
+          if (opt.record_trace) be.finish();
           slice(ir::Stream::kCompute, t0, Clock::now(), "optimizer", "optimizer", pc);
           break;
         case Opcode::kCheckpoint:

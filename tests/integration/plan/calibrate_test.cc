@@ -104,9 +104,19 @@ TEST(Calibrate, AnInterruptedRunWritesNothing) {
 TEST(Calibrate, ImpossibleRequestsFailBeforeMeasuring) {
   ScratchDir scratch;
   const fs::path& d = scratch.path();
-  Result gpu = shell(d, fmt::format("{} calibrate --device cuda -o {}", kDtplan, (d / "x.toml").string()));
+  Result device = shell(d, fmt::format("{} calibrate --device tpu -o {}", kDtplan, (d / "x.toml").string()));
+  EXPECT_EQ(device.exit_code, 2) << device.err;
+  EXPECT_NE(device.err.find("--device tpu: expected cpu or cuda"), std::string::npos) << device.err;
+  // More GPUs than any machine has: refused before measuring, on a machine without a GPU (saying why none can be
+  // used), with one (saying how many it has) and in a build without CUDA (saying so).
+  Result gpu =
+      shell(d, fmt::format("{} calibrate --device cuda --ranks-per-node 4096 -o {}", kDtplan, (d / "x.toml").string()));
   EXPECT_EQ(gpu.exit_code, 2) << gpu.err;
-  EXPECT_NE(gpu.err.find("--device cuda: dtplan calibrate measures CPUs"), std::string::npos) << gpu.err;
+  EXPECT_TRUE(gpu.err.find("--device cuda: no CUDA device: ") != std::string::npos ||
+              gpu.err.find("--ranks-per-node 4096: this machine has ") != std::string::npos ||
+              gpu.err.find("this dtplan was built without CUDA") != std::string::npos)
+      << gpu.err;
+  EXPECT_EQ(gpu.err.find("GEMM"), std::string::npos) << "refused before measuring: " << gpu.err;
   Result dir = shell(d, fmt::format("{} calibrate -o {}/no/such/dir/x.toml", kDtplan, d.string()));
   EXPECT_EQ(dir.exit_code, 2) << dir.err;
   EXPECT_NE(dir.err.find("does not exist"), std::string::npos) << dir.err;

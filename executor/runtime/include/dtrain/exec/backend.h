@@ -196,6 +196,10 @@ class Backend {
   // before returning, as do the host communicators: both are no-ops there.
   virtual void order_before(comm::Communicator& comm) { (void)comm; }
   virtual void order_after(comm::Communicator& comm) { (void)comm; }
+  // Blocks until the work queued so far has run. The measured trace (ExecutorOptions::record_trace) calls it after
+  // each compute instruction, so that on a device backend the slice spans its kernels and not only their launches
+  // (the step runs a little slower while traced). A no-op on the CPU backend, whose calls finish before returning.
+  virtual void finish() {}
 };
 
 template <>

@@ -55,6 +55,17 @@ struct ContextOptions {
   static ContextOptions from_environment();
 };
 
+// What the driver says of a device (cudaGetDeviceProperties, cudaMemGetInfo): for reports and calibration.
+struct DeviceInfo {
+  std::string name;              // as the driver names it, e.g. "NVIDIA H100 80GB HBM3"
+  std::size_t total_memory = 0;  // bytes
+  std::size_t free_memory = 0;   // bytes free when asked
+  int multiprocessors = 0;
+  int compute_capability = 0;  // major * 10 + minor
+};
+// Throws dtrain::Error when the device cannot be used (the message starts with device_unavailable_reason()'s text).
+DeviceInfo device_info(int device = 0);
+
 class Context {
  public:
   // Makes options.device current on the calling thread, creates the stream (unless given), the cuBLASLt handle, the
