@@ -395,13 +395,20 @@ std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const Cal
   } else {
     apply_cpu(c, r);
   }
+  if (r.probe) {
+    topology::Calibration& cal = c.node.gpu.calibration;
+    cal.hbm_efficiency = r.probe->hbm_efficiency;
+    cal.step_overhead_s = r.probe->step_overhead_s;
+    cal.microbatch_overhead_s = r.probe->microbatch_overhead_s;
+  }
   std::string out =
       gpu ? fmt::format(
                 "# Measured by `dtplan calibrate --device cuda` on {} ({}): dtrain's CUDA kernels on one {}.\n"
-                "# [gpu] keeps the datasheet peaks; [calibration] gemm_efficiency_max, gemm_half_gflop, "
-                "attention_efficiency and\n"
-                "# hbm_efficiency are the measured fractions of them. Links, latencies and overheads are the base "
-                "cluster's.\n"
+                "# [gpu] keeps the datasheet peaks; [calibration] gemm_efficiency_max, gemm_half_gflop and "
+                "attention_efficiency\n"
+                "# are the measured fractions of them; hbm_efficiency and the overheads come from the executor probe "
+                "(a short\n"
+                "# dtexec run). Links and latencies are the base cluster's.\n"
                 "format = 1\n\n",
                 host, date, r.device_name)
           : fmt::format(
@@ -423,6 +430,10 @@ std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const Cal
       toml_string(host), toml_string(gpu ? r.device_name : std::string("cpu")), toml_string(date),
       toml_string(kVersion), r.seconds, r.ranks, r.threads_per_rank, r.gemm_fit_error);
   if (gpu) out += fmt::format("kernel_launch_us = {:.2f}\n", r.launch_s * 1e6);
+  if (r.probe) {
+    out += fmt::format("probe_step_s = {:.6g}\nprobe_passes_predicted_s = {:.6g}\nprobe_passes_measured_s = {:.6g}\n",
+                       r.probe->step_s, r.probe->predicted_passes_s, r.probe->measured_passes_s);
+  }
   return out;
 }
 

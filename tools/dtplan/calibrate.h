@@ -33,10 +33,18 @@
 //              sizes 64 and 128 across sequence lengths.
 //   launch     one tiny kernel launched back to back: the cost of a launch.
 // Communication between GPUs (NCCL) is the base cluster's: measuring it needs two or more GPUs in one machine.
+//
+// Both devices end with the executor probe (probe_executor, calibrate_probe.cc): dtexec, found beside dtplan, trains
+// a 2-layer Llama for 8 steps on the device (one rank, two micro-batches, --trace), with the figures measured so far.
+// Its measured timeline against the simulator's timeline of the same plan (dtrain/ir/compare.h) gives what kernels
+// alone cannot: the step's time outside the instructions (step_overhead_s), the gaps between instructions per
+// micro-batch (microbatch_overhead_s), and the bandwidth the executor's memory-bound work really reaches, counted in
+// the cost model's bytes (hbm_efficiency: the forward and backward passes' time beyond the GEMMs and attention).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,6 +82,17 @@ struct CollectivePoint {
   double seconds = 0;  // median all-reduce time
 };
 
+// What the executor probe measured (see above).
+struct ProbeFigures {
+  double step_s = 0;              // median step (dtexec metrics)
+  double span_s = 0;              // median span of the step's instructions
+  double predicted_passes_s = 0;  // forward and backward passes per step, by the figures before the probe
+  double measured_passes_s = 0;
+  double hbm_efficiency = 0;
+  double microbatch_overhead_s = 0;
+  double step_overhead_s = 0;
+};
+
 struct CalibrationResult {
   std::string device = "cpu";    // "cpu" or "cuda"
   std::string device_name;       // cuda: the GPU as the driver names it
@@ -94,6 +113,7 @@ struct CalibrationResult {
   double bus_bytes_per_s = 0;           // the ring's bus bandwidth at the largest size
   double latency_s = 0;                 // per ring step, from the smallest size
   std::vector<double> comm_efficiency;  // per all_reduce point: the cost model's efficiency curve
+  std::optional<ProbeFigures> probe;    // absent when no dtexec is beside dtplan
   double seconds = 0;                   // the run's duration
 };
 
@@ -102,6 +122,13 @@ struct CalibrationResult {
 CalibrationResult calibrate_cpu(const CalibrateOptions& options,
                                 const std::function<void(const std::string&)>& progress,
                                 const std::function<bool()>& stop);
+
+// Runs the executor probe on the device of `r` with the cluster `measured` (calibrated_cluster_toml's, loaded).
+// nullopt, saying so through `progress`, when no dtexec is beside this dtplan. Throws dtrain::Error when the probe's
+// run fails (naming its exit and output) or is interrupted (exit 10).
+std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured, const CalibrationResult& r,
+                                           const std::function<void(const std::string&)>& progress,
+                                           const std::function<bool()>& stop);
 
 // Measures GPU 0 with dtrain's CUDA kernels (see above); `ranks` GPUs per node go into the cluster. Throws
 // dtrain::Error: exit 2 when this dtplan was built without CUDA, when no GPU can be used (naming why) or when the

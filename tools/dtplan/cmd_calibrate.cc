@@ -127,14 +127,21 @@ void run_calibrate(const CalibrateCommand& o) {
     throw input_error(fmt::format("-o {}: the directory {} does not exist", o.output, out_dir.string()));
   }
   CalibrationResult r;
+  std::string text;
   {
+    const auto t0 = std::chrono::steady_clock::now();
     const InterruptGuard interrupts;
     const auto progress = [&](const std::string& line) { std::cerr << "dtplan calibrate: " << line << std::endl; };
     const auto stop = [] { return g_interrupted.load(); };
     r = gpu ? calibrate_cuda(co, progress, stop) : calibrate_cpu(co, progress, stop);
+    if (!base) base = default_cuda_base(r);
+    // The executor probe runs with the kernel figures just measured.
+    const std::string kernels_only = calibrated_cluster_toml(*base, r, host_name(), utc_now());
+    r.probe =
+        probe_executor(topology::parse_cluster(TomlDocument::parse_string(kernels_only, o.output)), r, progress, stop);
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    text = calibrated_cluster_toml(*base, r, host_name(), utc_now());
   }
-  if (!base) base = default_cuda_base(r);
-  const std::string text = calibrated_cluster_toml(*base, r, host_name(), utc_now());
   // The result must load like any cluster.toml before it is put in place (whole or not at all).
   topology::parse_cluster(TomlDocument::parse_string(text, o.output));
   write_file_whole(o.output, text);
@@ -169,6 +176,15 @@ void run_calibrate(const CalibrateCommand& o) {
       j["memory_ops"].push_back({{"op", m.op}, {"bytes", m.bytes}, {"seconds", m.seconds}});
     }
     if (gpu) j["kernel_launch_s"] = r.launch_s;
+    if (r.probe) {
+      j["probe"] = {{"step_s", r.probe->step_s},
+                    {"span_s", r.probe->span_s},
+                    {"passes_predicted_s", r.probe->predicted_passes_s},
+                    {"passes_measured_s", r.probe->measured_passes_s},
+                    {"hbm_efficiency", r.probe->hbm_efficiency},
+                    {"microbatch_overhead_s", r.probe->microbatch_overhead_s},
+                    {"step_overhead_s", r.probe->step_overhead_s}};
+    }
     j["all_reduce"] = nlohmann::json::array();
     for (std::size_t i = 0; i < r.all_reduce.size(); ++i) {
       j["all_reduce"].push_back({{"bytes", r.all_reduce[i].bytes},

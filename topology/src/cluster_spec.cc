@@ -181,6 +181,9 @@ ClusterSpec parse_cluster_tables(TableReader root) {
     measured->get_int("threads_per_rank");
     measured->get_number("gemm_fit_error");
     const bool gpu_measured = measured->get_number("kernel_launch_us").has_value();  // only a GPU calibration has it
+    const bool probed = measured->get_number("probe_step_s").has_value();            // the executor probe ran
+    measured->get_number("probe_passes_predicted_s");
+    measured->get_number("probe_passes_measured_s");
     measured->reject_unknown();
     const std::string phrase =
         fmt::format("measured: dtplan calibrate on {} ({}, {}, {:.0f} s)", host, device, date, duration.value_or(0));
@@ -192,6 +195,13 @@ ClusterSpec parse_cluster_tables(TableReader root) {
                           : std::vector<const char*>{"gpu.tflops_fp32", "gpu.hbm_gbps", "calibration.gemm_half_gflop",
                                                      "calibration.attention_efficiency"};
     for (const char* key : keys) spec.provenance[key] = phrase;
+    if (probed) {
+      const std::string probe = phrase + ", executor probe";
+      for (const char* key :
+           {"calibration.hbm_efficiency", "calibration.step_overhead_s", "calibration.microbatch_overhead_s"}) {
+        spec.provenance[key] = probe;
+      }
+    }
   }
   spec.name = cluster->get_string("name").value_or("");
   if (spec.name.empty()) cluster->fail("name", "required key is missing or empty");
