@@ -225,18 +225,24 @@ if want calibrate && (($(time_left) > 120)); then
   cal=$logs/calibrate
   mkdir -p "$cal"
   echo "== dtplan calibrate --device cuda (twice)"
-  for run in 1 2; do
+  for run in $(seq "${DTRAIN_GPU_CAL_REPEAT:-2}"); do
     "$build/bin/dtplan" calibrate --device cuda -o "$cal/cal$run.toml" --json >"$cal/cal$run.json" 2>"$cal/cal$run.log" ||
       { put "calibrate" "FAIL: $(tail -1 "$cal/cal$run.log")"; status=1; break; }
     tail -3 "$cal/cal$run.log"
   done
-  if [[ -s $cal/cal2.toml ]]; then
-    for key in gemm_efficiency_max gemm_half_gflop attention_efficiency hbm_efficiency kernel_launch_us duration_s; do
+  if [[ -s $cal/cal1.toml ]]; then
+    for key in gemm_efficiency_max gemm_half_gflop attention_efficiency hbm_efficiency step_overhead_s \
+      microbatch_overhead_s kernel_launch_us duration_s; do
       printf '   %-22s %12s %12s\n' "$key" "$(grep -m1 "^$key = " "$cal/cal1.toml" | cut -d' ' -f3)" \
-        "$(grep -m1 "^$key = " "$cal/cal2.toml" | cut -d' ' -f3)"
+        "$(grep -m1 "^$key = " "$cal/cal2.toml" 2>/dev/null | cut -d' ' -f3)"
     done | tee "$cal/figures.txt"
     put "calibrate" "$(grep -m1 duration_s "$cal/figures.txt" | awk '{print $2 " s and " $3 " s"}'); figures in $cal/figures.txt"
-    sed 's/^dtype = .*/dtype = "bf16"/' bench/models/small-llama.toml >"$cal/small-llama.toml"
+    # dtplan plan's "predicted 1.23 s per step" (or ms, us) in ms.
+  ms_predicted() {
+    sed -n 's/^ *predicted \([0-9.]*\) \(s\|ms\|us\) per step.*/\1 \2/p' |
+      awk '{ print ($2 == "s") ? $1 * 1000 : ($2 == "us") ? $1 / 1000 : $1 }'
+  }
+  sed 's/^dtype = .*/dtype = "bf16"/' bench/models/small-llama.toml >"$cal/small-llama.toml"
     : >"$cal/rows"
     printf '%-44s %11s %11s %11s %8s %8s\n' layout calibrated catalog measured error catalog | tee "$cal/table.txt"
     i=0
@@ -250,9 +256,9 @@ if want calibrate && (($(time_left) > 120)); then
         [[ -n $fix ]] && fix_args=(--fix "$fix")
         "$build/bin/dtplan" plan --model "$model_file" --cluster "$cal/cal1.toml" --gpus 1 "${fix_args[@]}" \
           -o "$cal/plan$i.toml" >"$cal/plan$i.txt" 2>&1 || { echo "$model ${fix:-choice}: $(tail -1 "$cal/plan$i.txt")"; continue; }
-        predicted=$(sed -n 's/^ *predicted \([0-9.]*\) ms per step.*/\1/p' "$cal/plan$i.txt")
+        predicted=$(ms_predicted <"$cal/plan$i.txt")
         catalog=$("$build/bin/dtplan" plan --model "$model_file" --cluster "$cluster" --gpus 1 "${fix_args[@]}" \
-          2>/dev/null | sed -n 's/^ *predicted \([0-9.]*\) ms per step.*/\1/p')
+          2>/dev/null | ms_predicted)
         if ! timeout "$(within 240)" "$build/bin/dtexec" train --model "$model_file" --plan "$cal/plan$i.toml" \
           --device cuda --data synthetic --steps "${DTRAIN_GPU_STEPS:-12}" --metrics "$cal/m$i.jsonl" \
           --trace "$cal/t$i.json" >"$cal/run$i.log" 2>&1; then

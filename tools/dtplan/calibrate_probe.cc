@@ -38,9 +38,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The probe's model: two Llama layers, large enough that the device, not the host, sets the pace (a GPU runs the
-// hidden-2048 layer in milliseconds), small enough to run in seconds. Two micro-batches of one sequence each, so the
-// gaps between instructions are seen twice per step.
+// The probe's model: two Llama layers, large enough that the device, not the host, sets the pace, small enough to run
+// in seconds. On a GPU its layer is a large model's (hidden 3072, 24 heads of 128 over 8 kv heads, 4096-token
+// sequences: the kernels run for milliseconds, so the host's launches hide behind them as they do in real training);
+// on a CPU a small one. Two micro-batches of one sequence each, so the gaps between instructions are seen twice per
+// step.
 std::string probe_model_text(const std::string& device) {
   const bool gpu = device == "cuda";
   return fmt::format(R"(format = 1
@@ -60,8 +62,8 @@ dtype = "{}"
 optimizer = "adamw"
 lr = 1e-4
 )",
-                     gpu ? 2048 : 256, gpu ? 8192 : 768, gpu ? 16 : 8, gpu ? 4 : 4, gpu ? 32000 : 256,
-                     gpu ? 2048 : 256, gpu ? "bf16" : "fp32");
+                     gpu ? 3072 : 256, gpu ? 8192 : 768, gpu ? 24 : 8, gpu ? 8 : 4, gpu ? 32000 : 256,
+                     gpu ? 4096 : 256, gpu ? "bf16" : "fp32");
 }
 
 // Runs argv with stdout and stderr into `log`; returns the exit status (128 + signal when killed). Stops the child
