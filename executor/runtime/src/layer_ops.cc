@@ -385,6 +385,9 @@ void Interpreter<A>::backward_op(const Instr& in, ChunkState<A>& st, Tensor& cur
       LayerState<A>& ls = layer_state(st, l);
       norm_backward(L(l, "attn.norm"), ls.x, ls.n1a, ls.n1b, cur);
       kern.residual_add(static_cast<std::int64_t>(cur.size()), cur.data(), ls.res_grad.data(), cur.data());
+      // The layer's backward is done: its tensors go now, not with the chunk's state, so that a backward holds the
+      // layers not yet done and not every one it recomputed. (A split backward keeps them for the weight pass.)
+      if (in.pass == ir::Pass::kBackward) ls = LayerState<A>{};
       return;
     }
     case BodyOp::kNone:
@@ -410,15 +413,20 @@ void Interpreter<A>::recompute_op(const Instr& op, ChunkState<A>& st) {
 }
 
 // With full recomputation a layer keeps only its input between forward and backward; selective keeps everything
-// the attention core's backward needs but recomputes it (the CPU kernel keeps no score matrix anyway).
+// the attention core's backward needs but recomputes it (the CPU kernel keeps no score matrix anyway). Each layer's
+// other tensors go as soon as its forward ends (free_recomputed_layer), so that the forward of a chunk holds one
+// layer's intermediates at a time, as the cost model counts; free_recomputed catches any left at the chunk's end.
+template <typename A>
+void Interpreter<A>::free_recomputed_layer(LayerState<A>& ls) {
+  Tensor x = std::move(ls.x);
+  ls = LayerState<A>{};
+  ls.x = std::move(x);
+}
+
 template <typename A>
 void Interpreter<A>::free_recomputed(ChunkState<A>& st) {
   if (!recompute_full) return;
-  for (auto& ls : st.layers) {
-    Tensor x = std::move(ls.x);
-    ls = LayerState<A>{};
-    ls.x = std::move(x);
-  }
+  for (auto& ls : st.layers) free_recomputed_layer(ls);
 }
 
 // A tensor-parallel collective inside a body.
@@ -488,6 +496,7 @@ const typename Interpreter<A>::Tensor& Interpreter<A>::saved_input_for(const Ins
   template void Interpreter<A>::backward_op(const Instr&, ChunkState<A>&, Tensor&);                                  \
   template void Interpreter<A>::recompute_op(const Instr&, ChunkState<A>&);                                          \
   template void Interpreter<A>::free_recomputed(ChunkState<A>&);                                                     \
+  template void Interpreter<A>::free_recomputed_layer(LayerState<A>&);                                               \
   template void Interpreter<A>::body_collective(const Instr&, ChunkState<A>&, Tensor&, Tensor&);                     \
   template const Interpreter<A>::Tensor& Interpreter<A>::saved_input_for(const Instr&, ChunkState<A>&);
 DTRAIN_INSTANTIATE_LAYER_OPS(float)

@@ -155,9 +155,11 @@ void Interpreter<A>::run_pass(const Instr& in) {
     step_.body_pc = i;
     if (op.op != Opcode::kCompute)
       body_collective(op, st, cur, st.rcur);
-    else if (op.pass == ir::Pass::kForward)
+    else if (op.pass == ir::Pass::kForward) {
       forward_op(op, st, cur, false);
-    else if (op.pass == ir::Pass::kRecompute)
+      // The layer's forward ends with its MLP residual: with full recomputation only its input stays.
+      if (recompute_full && op.body_op == ir::BodyOp::kMlpResidual) free_recomputed_layer(layer_state(st, op.layer));
+    } else if (op.pass == ir::Pass::kRecompute)
       recompute_op(op, st);
     else
       backward_op(op, st, cur);
