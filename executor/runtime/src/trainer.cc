@@ -50,6 +50,7 @@ topology::ClusterSpec local_cpu_cluster(int ranks) {
   c.node.gpus = ranks;
   c.node.gpu.name = "cpu";
   c.node.gpu.tflops_fp32 = 0.05;
+  c.node.gpu.tflops_bf16 = 0.05;  // bf16 GEMMs run on the fp32 kernels
   c.node.gpu.memory_gib = 4;
   c.node.gpu.hbm_gbps = 10;
   c.node.gpu.calibration.gemm_efficiency_max = 0.8;
@@ -293,6 +294,7 @@ class Run {
     heartbeat_ = Heartbeat::from_environment();
     if (heartbeat_) heartbeat_->watch(&position_);
     model_ = model::load_model(o_.model_path);
+    activation_type();  // a dtype the executor cannot run is refused before planning for it
     plan_ = make_plan(o_, model_, world_.size());
     if (plan_.inputs.model_digest != model_.digest) {
       throw Error(ErrorCategory::kInput, ExitCode::kPlanMismatch,

@@ -180,15 +180,16 @@ LayerGraph build_layer_graph(const ModelSpec& m, const TrainingSpec& t) {
     g.head.push_back(op);
   }
   {
-    // Logits are upcast to fp32 for a stable softmax; the fp32 softmax is kept for the gradient (Megatron's
-    // vocab-parallel cross entropy).
+    // dtrain's vocab-parallel cross entropy (executor layer_ops.cc) reads the logits in the training dtype, with fp32
+    // statistics per token, and keeps the logits for the gradient (not an fp32 softmax, as Megatron does): what is
+    // saved is the logits, e bytes per vocabulary entry. The time counts the fp32 work of the kernels.
     Op op;
     op.name = "head.cross_entropy";
     op.kind = OpKind::kCrossEntropy;
     op.split = TpSplit::kVocab;
     double v = static_cast<double>(m.vocab);
     op.bytes_per_token = (e + 4.0 + 4.0) * v;
-    op.saved_sharded_per_token = 4.0 * v;
+    op.saved_sharded_per_token = e * v;
     op.flops_per_token = 5.0 * v;
     op.backward_factor = 1.0;
     g.head.push_back(op);

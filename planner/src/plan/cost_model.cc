@@ -39,6 +39,14 @@ CostModel::CostModel(model::ModelDescription model, topology::ClusterSpec cluste
     : model_(std::move(model)),
       cluster_(topology::default_network(std::move(cluster))),
       graph_(model::build_layer_graph(model_.model, model_.training)) {
+  // Without a rate for the training dtype every GEMM would take forever and each time would come out NaN.
+  if (!(cluster_.node.gpu.peak_flops(model_.training.dtype) > 0)) {
+    const std::string dtype(to_string(model_.training.dtype));
+    throw input_error(fmt::format(
+        "cluster \"{}\": its GPU \"{}\" has no {} rate ([gpu] tflops_{} is 0 or not given); give it in the cluster's "
+        "[gpu] table, or train in a dtype the GPU has",
+        cluster_.name, cluster_.node.gpu.name, dtype, dtype));
+  }
   for (const Op& op : graph_.layer) {
     double p = static_cast<double>(op.params);
     if (op.split == TpSplit::kSequence) {
@@ -401,7 +409,10 @@ double CostModel::optimizer_seconds(const ParallelConfig& c, double params) cons
   // gradient norm reads the gradient once more. A memory-bound pass.
   double state = optimizer_bytes_per_param(t);
   double bytes = grad_bytes_per_param(t) * 2.0 + 2.0 * state + weight_bytes_per_param(t.dtype);
-  return memory_seconds(local * bytes);
+  const auto& gpu = cluster_.node.gpu;
+  const double eff = gpu.calibration.optimizer_hbm_efficiency > 0 ? gpu.calibration.optimizer_hbm_efficiency
+                                                                  : gpu.calibration.hbm_efficiency;
+  return local * bytes / (gpu.hbm_gbps * 1e9 * eff);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -482,9 +493,10 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
     double head = 0;
     for (const Op& op : graph_.head) head += op.saved_sequence_per_token / seq_div + op.saved_sharded_per_token / tp;
     mem.boundary_bytes += head * tokens;
-    // The logits in the training dtype and their fp32 copy exist together while the loss is computed.
+    // The gradient of the logits, in the training dtype, while the saved logits are still held (the cross entropy's
+    // backward reads one and writes the other).
     double vocab_shard = std::ceil(static_cast<double>(m.vocab) / tp);
-    transient = std::max(transient, tokens * vocab_shard * (e + 4.0));
+    transient = std::max(transient, tokens * vocab_shard * e);
   }
   mem.transient_bytes = transient;
   mem.reserved_bytes = cal.runtime_reserved_gib * kGiB;

@@ -176,7 +176,11 @@ TEST(OnePlan, DtplanDtexecAndThePluginMakeTheSamePlanFile) {
   int planned = 0, infeasible = 0;
   for (std::size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(cases[i].name());
-    ASSERT_TRUE(dtplan[i].exit_code == 0 || dtplan[i].exit_code == 3) << dtplan[i].log;
+    // Planned, nothing fits, or refused as input: a model in a dtype the cluster's GPU has no rate for (the fp16
+    // models on local-cpu, whose "GPU" has fp32 and bf16 rates) is refused by all three alike.
+    ASSERT_TRUE(dtplan[i].exit_code == 0 || dtplan[i].exit_code == 3 ||
+                (dtplan[i].exit_code == 2 && dtplan[i].log.find(" rate ([gpu] tflops_") != std::string::npos))
+        << dtplan[i].log;
     EXPECT_EQ(dtexec[i].exit_code, dtplan[i].exit_code) << dtexec[i].log;
     EXPECT_EQ(plugin[i].exit_code, dtplan[i].exit_code) << plugin[i].log;
     EXPECT_EQ(dtexec[i].text, dtplan[i].text);
@@ -187,7 +191,7 @@ TEST(OnePlan, DtplanDtexecAndThePluginMakeTheSamePlanFile) {
                 std::string::npos)
           << dtplan[i].text;
       ++planned;
-    } else {
+    } else if (dtplan[i].exit_code == 3) {
       ++infeasible;
     }
   }
