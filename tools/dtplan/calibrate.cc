@@ -20,6 +20,7 @@
 #include "dtrain/kernels/attention.h"
 #include "dtrain/kernels/linear.h"
 #include "dtrain/kernels/norm.h"
+#include "dtrain/kernels/optimizer.h"
 #include "dtrain/kernels/threads.h"
 
 namespace dtrain::dtplan {
@@ -180,6 +181,34 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
     r.memory_bytes_per_s = 8.0 * static_cast<double>(rows * hidden) / s;
     progress(fmt::format("memory: {:.2f} GB/s per rank (RMSNorm of {} rows of {})", r.memory_bytes_per_s / 1e9, rows,
                          hidden));
+  }
+
+  // ---- the optimizer step: AdamW over 4M parameters per rank (64 MB of state, beyond the caches)
+  {
+    check_stop(stop);
+    const std::int64_t n = (o.quick ? 2 : 4) << 20;
+    struct State {
+      std::vector<float> param, grad, m, v;
+    };
+    std::vector<State> states;
+    for (int i = 0; i < r.ranks; ++i) {
+      states.push_back({random_buffer(static_cast<std::size_t>(n), 700 + i),
+                        random_buffer(static_cast<std::size_t>(n), 800 + i), std::vector<float>(n),
+                        std::vector<float>(n)});
+    }
+    std::vector<kernels::AdamWConfig> configs(static_cast<std::size_t>(r.ranks), {1e-4, 0.9, 0.95, 1e-8, 0.1, 1, 1.0});
+    auto call = [&](int i) {
+      auto& s = states[static_cast<std::size_t>(i)];
+      const kernels::AdamWBuffer buffer{s.param.data(), s.grad.data(), s.m.data(), s.v.data(), n, true};
+      kernels::cpu::adamw_step(configs[static_cast<std::size_t>(i)], &buffer, 1);
+      ++configs[static_cast<std::size_t>(i)].step;
+    };
+    const double first = timed([&] { call(0); });
+    const double s = concurrent_seconds(r.ranks, reps_for(first, 0.1 * budget / r.ranks), call);
+    // param, grad, m, v read; param, m, v written: 28 bytes per parameter.
+    r.memory_ops.push_back({"adamw", 28.0 * static_cast<double>(n), s});
+    progress(
+        fmt::format("AdamW: {:.2f} GB/s per rank ({}M parameters)", 28.0 * static_cast<double>(n) / s / 1e9, n >> 20));
   }
 
   // ---- attention: causal, 4 query heads over 2 kv heads, head_dim 64
@@ -343,16 +372,27 @@ p2p_latency_us = 15
 
 namespace {
 
+// The optimizer step's bandwidth as a fraction of `hbm_bytes_per_s` (0 when AdamW was not measured).
+double optimizer_fraction(const CalibrationResult& r, double hbm_bytes_per_s) {
+  for (const auto& p : r.memory_ops) {
+    if (p.op == "adamw") return std::min(1.0, p.bytes / p.seconds / hbm_bytes_per_s);
+  }
+  return 0;
+}
+
 // CPU: the measured per-rank peak, bandwidth and loopback all-reduce stand for the "GPU" figures.
 void apply_cpu(topology::ClusterSpec& c, const CalibrationResult& r) {
   topology::GpuSpec& g = c.node.gpu;
   g.tflops_fp32 = r.peak_flops / 1e12;
+  // The CPU backend computes bf16 GEMMs with its fp32 kernels (dtexec --dtype bf16): the same rate.
+  g.tflops_bf16 = g.tflops_fp32;
   g.hbm_gbps = r.memory_bytes_per_s / 1e9;
   topology::Calibration& cal = g.calibration;
   cal.gemm_efficiency_max = 1.0;
   cal.gemm_half_gflop = std::max(r.half_flops / 1e9, 1e-6);  // the format wants it positive; 1 kFLOP is none
   cal.attention_efficiency = r.attention_efficiency;
   cal.hbm_efficiency = 1.0;
+  cal.optimizer_hbm_efficiency = optimizer_fraction(r, r.memory_bytes_per_s);
   if (r.all_reduce.empty()) return;
   c.node.nvlink_gbps = r.bus_bytes_per_s / 1e9;
   c.node.nvlink_domain = r.ranks;
@@ -378,6 +418,7 @@ void apply_cuda(topology::ClusterSpec& c, const CalibrationResult& r) {
   cal.gemm_half_gflop = std::max(r.half_flops / 1e9, 1e-6);
   cal.attention_efficiency = std::min(1.0, r.attention_efficiency * r.peak_flops / peak);
   cal.hbm_efficiency = std::min(1.0, r.memory_bytes_per_s / (g.hbm_gbps * 1e9));
+  cal.optimizer_hbm_efficiency = optimizer_fraction(r, g.hbm_gbps * 1e9);
   if (r.device_memory_gib > 0) g.memory_gib = r.device_memory_gib;
 }
 

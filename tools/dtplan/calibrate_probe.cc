@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -62,8 +62,8 @@ dtype = "{}"
 optimizer = "adamw"
 lr = 1e-4
 )",
-                     gpu ? 3072 : 256, gpu ? 8192 : 768, gpu ? 24 : 8, gpu ? 8 : 4, gpu ? 32000 : 256,
-                     gpu ? 4096 : 256, gpu ? "bf16" : "fp32");
+                     gpu ? 3072 : 256, gpu ? 8192 : 768, gpu ? 24 : 8, gpu ? 8 : 4, gpu ? 32000 : 256, gpu ? 4096 : 256,
+                     gpu ? "bf16" : "fp32");
 }
 
 // Runs argv with stdout and stderr into `log`; returns the exit status (128 + signal when killed). Stops the child
@@ -165,15 +165,14 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
   write_file_whole(plan_path, plan::render_plan(plan));
 
   const int steps = 8;
-  std::vector<std::string> args{dtexec.string(), "train",     "--model",  model_path, "--plan",    plan_path,
-                                "--device",      r.device,    "--data",   "synthetic", "--steps",  std::to_string(steps),
-                                "--trace",       trace_path,  "--metrics", metrics_path};
+  std::vector<std::string> args{dtexec.string(), "train",    "--model",   model_path,  "--plan",  plan_path,
+                                "--device",      r.device,   "--data",    "synthetic", "--steps", std::to_string(steps),
+                                "--trace",       trace_path, "--metrics", metrics_path};
   if (r.device == "cpu") {
     args.push_back("--threads");
     args.push_back(std::to_string(r.threads_per_rank));
   }
-  progress(fmt::format("executor probe: dtexec trains a 2-layer model for {} steps ({})", steps,
-                       config.summary()));
+  progress(fmt::format("executor probe: dtexec trains a 2-layer model for {} steps ({})", steps, config.summary()));
   const int rc = run_logged(args, log_path, stop);
   if (rc != 0) {
     throw Error(ErrorCategory::kInternal,
@@ -211,7 +210,8 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
                          ? std::clamp(cal.hbm_efficiency * memory_bound / (passes - compute_bound), 0.02, 1.0)
                          : cal.hbm_efficiency;
   const double busy = a.by_stage.empty() ? passes : a.by_stage.front().measured_s;
-  f.microbatch_overhead_s = std::max(0.0, (a.measured_step_s - busy) / static_cast<double>(plan.config.num_microbatches));
+  f.microbatch_overhead_s =
+      std::max(0.0, (a.measured_step_s - busy) / static_cast<double>(plan.config.num_microbatches));
   f.step_overhead_s = std::max(0.0, f.step_s - a.measured_step_s);
   progress(fmt::format(
       "executor probe: step {} (instructions span {}), passes {} measured against {} predicted: memory-bound work at "

@@ -86,6 +86,7 @@ pcie_gbps = 2
 [gpu]
 name = "cpu"
 tflops_fp32 = 0.05
+tflops_bf16 = 0.05
 memory_gib = {:.1f}
 hbm_gbps = 10
 [network]

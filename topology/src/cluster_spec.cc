@@ -104,6 +104,7 @@ void read_calibration(TableReader& c, Calibration& cal) {
   if (auto v = c.get_positive_number("gemm_half_gflop")) cal.gemm_half_gflop = *v;
   frac("attention_efficiency", cal.attention_efficiency);
   frac("hbm_efficiency", cal.hbm_efficiency);
+  frac("optimizer_hbm_efficiency", cal.optimizer_hbm_efficiency);
   nonneg("step_overhead_s", cal.step_overhead_s);
   nonneg("microbatch_overhead_s", cal.microbatch_overhead_s);
   nonneg("memory_fragmentation", cal.memory_fragmentation);
@@ -201,6 +202,7 @@ ClusterSpec parse_cluster_tables(TableReader root) {
            {"calibration.hbm_efficiency", "calibration.step_overhead_s", "calibration.microbatch_overhead_s"}) {
         spec.provenance[key] = probe;
       }
+      spec.provenance["calibration.optimizer_hbm_efficiency"] = phrase;  // AdamW, measured with the kernels
     }
   }
   spec.name = cluster->get_string("name").value_or("");
@@ -312,7 +314,9 @@ std::string cluster_toml(const ClusterSpec& s, const std::string& prefix) {
   out +=
       fmt::format("hbm_efficiency = {}\nstep_overhead_s = {}\nmicrobatch_overhead_s = {}\nmemory_fragmentation = {}\n",
                   c.hbm_efficiency, c.step_overhead_s, c.microbatch_overhead_s, c.memory_fragmentation);
-  out += fmt::format("runtime_reserved_gib = {}\n\n", c.runtime_reserved_gib);
+  out += fmt::format("runtime_reserved_gib = {}\n", c.runtime_reserved_gib);
+  if (c.optimizer_hbm_efficiency > 0) out += fmt::format("optimizer_hbm_efficiency = {}\n", c.optimizer_hbm_efficiency);
+  out += "\n";
   out += fmt::format("[{}network]\nnvlink_latency_us = {}\nnetwork_latency_us = {}\np2p_latency_us = {}\n", p,
                      s.network.nvlink_latency_us, s.network.network_latency_us, s.network.p2p_latency_us);
   for (const auto& e : s.network.efficiency) {
@@ -336,6 +340,8 @@ std::string canonical_text(const ClusterSpec& s) {
   out += fmt::format("calibration = {} {} {} {} {} {} {} {}\n", c.gemm_efficiency_max, c.gemm_half_gflop,
                      c.attention_efficiency, c.hbm_efficiency, c.step_overhead_s, c.microbatch_overhead_s,
                      c.memory_fragmentation, c.runtime_reserved_gib);
+  // Written only when set, so that the digests of clusters without it stay what they were.
+  if (c.optimizer_hbm_efficiency > 0) out += fmt::format("optimizer_hbm_efficiency = {}\n", c.optimizer_hbm_efficiency);
   out += fmt::format("network = {} {} {}\n", s.network.nvlink_latency_us, s.network.network_latency_us,
                      s.network.p2p_latency_us);
   for (const auto& e : s.network.efficiency) {

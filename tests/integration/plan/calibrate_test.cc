@@ -49,6 +49,17 @@ TEST(Calibrate, AQuickRunWritesAClusterThatPlansWithItsProvenance) {
     EXPECT_GT(p["efficiency"].get<double>(), 0) << p.dump();
     EXPECT_LE(p["efficiency"].get<double>(), 1) << p.dump();
   }
+  // The executor probe ran dtexec (beside dtplan) and its figures are in the file.
+  ASSERT_TRUE(j.contains("probe")) << r.err;
+  const auto& probe = j["probe"];
+  EXPECT_GT(probe["step_s"].get<double>(), 0) << probe.dump();
+  EXPECT_GT(probe["passes_measured_s"].get<double>(), 0) << probe.dump();
+  EXPECT_GE(probe["step_s"].get<double>(), probe["span_s"].get<double>()) << probe.dump();
+  EXPECT_GT(probe["hbm_efficiency"].get<double>(), 0) << probe.dump();
+  EXPECT_LE(probe["hbm_efficiency"].get<double>(), 1) << probe.dump();
+  bool adamw = false;
+  for (const auto& m : j["memory_ops"]) adamw = adamw || m["op"] == "adamw";
+  EXPECT_TRUE(adamw) << j["memory_ops"].dump();
   // Progress went to stderr, one line per part.
   EXPECT_NE(r.err.find("GEMM fit: peak"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("attention seq 512"), std::string::npos) << r.err;
@@ -56,12 +67,17 @@ TEST(Calibrate, AQuickRunWritesAClusterThatPlansWithItsProvenance) {
   EXPECT_NE(text.find("[provenance]\nhost = "), std::string::npos) << text;
   EXPECT_NE(text.find("device = \"cpu\""), std::string::npos) << text;
   EXPECT_NE(text.find("gpus = 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nprobe_step_s = "), std::string::npos) << text;
+  EXPECT_NE(text.find("\noptimizer_hbm_efficiency = "), std::string::npos) << text;
+  EXPECT_NE(text.find("\ntflops_bf16 = "), std::string::npos) << "the CPU backend's bf16 rate: " << text;
   EXPECT_NE(text.find("scope = \"nvlink\"\nbytes = [4096, 262144, 4194304]"), std::string::npos) << text;
   // It loads as any cluster.toml, and explain says where its figures came from.
   Result e = shell(
       d, fmt::format("{} explain --model {}/examples/models/tiny.toml --cluster {} --gpus 2", kDtplan, kRoot, out));
   ASSERT_EQ(e.exit_code, 0) << e.err;
   EXPECT_NE(e.out.find("gpu.tflops_fp32        measured: dtplan calibrate on "), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("calibration.step_overhead_s measured: dtplan calibrate on "), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find(", executor probe"), std::string::npos) << e.out;
   // --base keeps the base's other figures (its name and network) and measures as many ranks as it has GPUs.
   const std::string based = (d / "based.toml").string();
   Result b = shell(
@@ -71,11 +87,15 @@ TEST(Calibrate, AQuickRunWritesAClusterThatPlansWithItsProvenance) {
   EXPECT_NE(read_text(based).find("name = \"local-cpu\""), std::string::npos);
 }
 
-TEST(Calibrate, AnInterruptedRunWritesNothing) {
+// Starts `dtplan calibrate [extra] -o DIR/measured.toml`, sends SIGINT once its progress shows `marker`, and checks
+// that it stops with exit 10, says so, and leaves no file behind.
+void expect_interrupt_at(const std::string& marker, const std::vector<std::string>& extra) {
   ScratchDir scratch;
   const fs::path& d = scratch.path();
   const std::string out = (d / "measured.toml").string();
-  std::vector<std::string> args{kDtplan, "calibrate", "-o", out};
+  std::vector<std::string> args{kDtplan, "calibrate"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  args.insert(args.end(), {"-o", out});
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -86,10 +106,10 @@ TEST(Calibrate, AnInterruptedRunWritesNothing) {
   pid_t pid = 0;
   ASSERT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
   posix_spawn_file_actions_destroy(&actions);
-  // Interrupt once it has started measuring.
-  for (int i = 0; i < 200 && read_text(log).find("GEMM ") == std::string::npos; ++i) {
+  for (int i = 0; i < 1200 && read_text(log).find(marker) == std::string::npos; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  EXPECT_NE(read_text(log).find(marker), std::string::npos) << read_text(log);
   ASSERT_EQ(::kill(pid, SIGINT), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
@@ -100,6 +120,11 @@ TEST(Calibrate, AnInterruptedRunWritesNothing) {
     EXPECT_EQ(e.path().filename().string().rfind("measured.toml", 0), std::string::npos) << "left behind: " << e.path();
   }
 }
+
+TEST(Calibrate, AnInterruptedRunWritesNothing) { expect_interrupt_at("GEMM ", {}); }
+
+// Interrupted while the executor probe's dtexec trains: the probe is stopped with it.
+TEST(Calibrate, AnInterruptedProbeWritesNothing) { expect_interrupt_at("executor probe: dtexec trains", {"--quick"}); }
 
 TEST(Calibrate, ImpossibleRequestsFailBeforeMeasuring) {
   ScratchDir scratch;

@@ -25,6 +25,9 @@ struct Calibration {
   double attention_efficiency = 0.6;
   // Fraction of HBM bandwidth reached by elementwise kernels (norms, activations, softmax, optimizer).
   double hbm_efficiency = 0.75;
+  // The same for the optimizer step alone (AdamW: one long streaming pass, faster per byte than a layer's many small
+  // kernels); 0: hbm_efficiency. dtplan calibrate measures it.
+  double optimizer_hbm_efficiency = 0;
   // Fixed time per optimizer step outside the model (data loading, logging, launch gaps, synchronisation).
   double step_overhead_s = 0.05;
   // Time lost per micro-batch per pipeline stage (kernel launch gaps, host scheduling).
