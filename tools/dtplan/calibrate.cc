@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <gloo/rendezvous/hash_store.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -337,37 +338,66 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
   return r;
 }
 
+namespace {
+
+// A one-node cluster of this host: the [cluster] and [node] tables from the arguments, then `tables` (the [gpu],
+// [network] and [calibration] tables, as TOML text).
+struct NodeLinks {
+  int gpus = 1;
+  std::string gpu;
+  double nvlink_gbps = 0;
+  int nics = 0;
+  double nic_gbps = 0, pcie_gbps = 0;
+};
+topology::ClusterSpec one_node_of_this_host(const NodeLinks& n, const std::string& tables, const std::string& source) {
+  const std::string text = fmt::format(
+      "format = 1\n[cluster]\nname = {}\nnodes = 1\n[node]\ngpus = {}\ngpu = {}\nnvlink_domain = {}\n"
+      "nvlink_gbps = {}\nnics = {}\nnic_gbps = {}\npcie_gbps = {}\n{}",
+      toml_string(host_name()), n.gpus, toml_string(n.gpu), n.gpus, n.nvlink_gbps, n.nics, n.nic_gbps, n.pcie_gbps,
+      tables);
+  return topology::parse_cluster(TomlDocument::parse_string(text, source));
+}
+
+}  // namespace
+
+topology::ClusterSpec default_cpu_base() {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  const double memory_gib =
+      pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) / 1073741824.0 : 4;
+  const std::string tables = fmt::format(R"([gpu]
+name = "cpu"
+tflops_fp32 = 0.05
+tflops_bf16 = 0.05
+memory_gib = {:.1f}
+hbm_gbps = 10
+[network]
+nvlink_latency_us = 50
+network_latency_us = 100
+p2p_latency_us = 50
+[calibration]
+step_overhead_s = 0.005
+microbatch_overhead_s = 0.0005
+memory_fragmentation = 0.05
+runtime_reserved_gib = 0
+)",
+                                         memory_gib / cores);
+  return one_node_of_this_host({static_cast<int>(cores), "cpu", 2, 1, 1, 2}, tables, "dtplan calibrate's default base");
+}
+
 topology::ClusterSpec default_cuda_base(const CalibrationResult& r) {
   const std::optional<topology::GpuSpec> known = topology::find_gpu(r.device_name);
-  std::string gpu_table;
+  std::string tables;
   if (!known) {
     // Unknown to the catalog: the measured peak and bandwidth stand for the datasheet's (efficiencies of 1 follow).
-    gpu_table = fmt::format(
-        "[gpu]\nname = {}\ntflops_bf16 = {:.1f}\ntflops_fp32 = {:.1f}\nmemory_gib = {:.1f}\n"
-        "hbm_gbps = {:.0f}\n",
+    tables = fmt::format(
+        "[gpu]\nname = {}\ntflops_bf16 = {:.1f}\ntflops_fp32 = {:.1f}\nmemory_gib = {:.1f}\nhbm_gbps = {:.0f}\n",
         toml_string(r.device_name), r.peak_flops / 1e12, r.peak_flops / 1e12 / 2, r.device_memory_gib,
         r.memory_bytes_per_s / 1e9);
   }
-  const std::string text = fmt::format(R"(format = 1
-[cluster]
-name = {}
-nodes = 1
-[node]
-gpus = {}
-gpu = {}
-nvlink_domain = {}
-nvlink_gbps = 450
-nics = 0
-nic_gbps = 50
-pcie_gbps = 55
-{}[network]
-nvlink_latency_us = 5
-network_latency_us = 8
-p2p_latency_us = 15
-)",
-                                       toml_string(host_name()), r.ranks,
-                                       toml_string(known ? known->name : r.device_name), r.ranks, gpu_table);
-  return topology::parse_cluster(TomlDocument::parse_string(text, "dtplan calibrate's default GPU base"));
+  tables += "[network]\nnvlink_latency_us = 5\nnetwork_latency_us = 8\np2p_latency_us = 15\n";
+  return one_node_of_this_host({r.ranks, known ? known->name : r.device_name, 450, 0, 50, 55}, tables,
+                               "dtplan calibrate's default GPU base");
 }
 
 namespace {

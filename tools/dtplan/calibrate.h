@@ -137,6 +137,10 @@ CalibrationResult calibrate_cuda(const CalibrateOptions& options,
                                  const std::function<void(const std::string&)>& progress,
                                  const std::function<bool()>& stop);
 
+// The base cluster a CPU calibration starts from without --base: this machine as one node whose "GPUs" are CPU ranks
+// (one per core, as examples/clusters/local-cpu.toml), with that file's loopback figures for what is not measured.
+topology::ClusterSpec default_cpu_base();
+
 // The base cluster a GPU calibration starts from without --base: one node of `r.ranks` GPUs of the catalog entry that
 // matches the GPU's name (datasheet peaks), or, for a GPU the catalog does not know, one whose peak and bandwidth are
 // the measured ones. Its other figures (links, latencies, overheads) are examples/clusters/dgx-h100.toml's.

@@ -64,45 +64,6 @@ std::string utc_now() {
   return text;
 }
 
-// Without --base: one node of this machine whose "GPUs" are CPU ranks (as examples/clusters/local-cpu.toml), with
-// the loopback figures of that file for what is not measured (communication, latencies).
-topology::ClusterSpec default_base() {
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  const double memory_gib =
-      pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) / 1073741824.0 : 4;
-  const std::string text = fmt::format(R"(format = 1
-[cluster]
-name = {}
-nodes = 1
-[node]
-gpus = {}
-gpu = "cpu"
-nvlink_domain = {}
-nvlink_gbps = 2
-nics = 1
-nic_gbps = 1
-pcie_gbps = 2
-[gpu]
-name = "cpu"
-tflops_fp32 = 0.05
-tflops_bf16 = 0.05
-memory_gib = {:.1f}
-hbm_gbps = 10
-[network]
-nvlink_latency_us = 50
-network_latency_us = 100
-p2p_latency_us = 50
-[calibration]
-step_overhead_s = 0.005
-microbatch_overhead_s = 0.0005
-memory_fragmentation = 0.05
-runtime_reserved_gib = 0
-)",
-                                       toml_string(host_name()), cores, cores, memory_gib / cores);
-  return topology::parse_cluster(TomlDocument::parse_string(text, "dtplan calibrate's default base"));
-}
-
 void run_calibrate(const CalibrateCommand& o) {
   if (o.device != "cpu" && o.device != "cuda") {
     throw input_error(fmt::format("--device {}: expected cpu or cuda", o.device));
@@ -114,7 +75,7 @@ void run_calibrate(const CalibrateCommand& o) {
   if (!o.base.empty()) {
     base = topology::load_cluster(o.base);
   } else if (!gpu) {
-    base = default_base();
+    base = default_cpu_base();
   }
   CalibrateOptions co;
   // A GPU calibration without --base measures one GPU per node unless told more.
