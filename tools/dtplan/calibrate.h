@@ -40,6 +40,9 @@
 // alone cannot: the step's time outside the instructions (step_overhead_s), the gaps between instructions per
 // micro-batch (microbatch_overhead_s), and the bandwidth the executor's memory-bound work really reaches, counted in
 // the cost model's bytes (hbm_efficiency: the forward and backward passes' time beyond the GEMMs and attention).
+// With several CPU ranks per node a second run, tensor-parallel over all of them under dtlaunch, gives what a
+// collective between the ranks really costs inside the passes (waits for the slowest rank and the sharing of the cores
+// included): [network] nvlink_latency_us, fitted so that the simulator's passes match the measured ones.
 #pragma once
 
 #include <cstdint>
@@ -91,6 +94,8 @@ struct ProbeFigures {
   double hbm_efficiency = 0;
   double microbatch_overhead_s = 0;
   double step_overhead_s = 0;
+  // CPU, several ranks per node: the latency of one collective step between them, fitted to a tensor-parallel run.
+  std::optional<double> nvlink_latency_us;
 };
 
 struct CalibrationResult {

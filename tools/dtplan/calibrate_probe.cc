@@ -135,89 +135,142 @@ struct TempDir {
 
 }  // namespace
 
+namespace {
+
+// One probe run: the plan of `config` for `ranks` ranks on one node of `measured`, trained for 8 steps by dtexec (under
+// dtlaunch --nproc for more than one rank), its measured trace and step times.
+struct ProbeRun {
+  plan::Plan plan;
+  std::vector<ir::MeasuredTrace> traces;
+  std::vector<double> step_s;  // after the first step
+};
+
+ProbeRun run_probe(const fs::path& bin, const fs::path& dir, const model::ModelDescription& model,
+                   const std::string& model_path, const topology::ClusterSpec& measured, plan::ParallelConfig config,
+                   int ranks, const CalibrationResult& r, const std::function<void(const std::string&)>& progress,
+                   const std::function<bool()>& stop) {
+  const std::string tag = fmt::format("tp{}dp{}", config.tp, config.dp);
+  const std::string plan_path = (dir / (tag + "-plan.toml")).string();
+  const std::string trace_path = (dir / (tag + "-trace.json")).string();
+  const std::string metrics_path = (dir / (tag + "-metrics.jsonl")).string();
+  const std::string log_path = (dir / (tag + ".log")).string();
+  topology::ClusterSpec node = measured;
+  node.nodes = 1;
+  node.node.gpus = ranks;
+  node.node.nvlink_domain = ranks;
+  config.micro_batch = 1;
+  config.num_microbatches = static_cast<int>(model.training.global_batch) / config.dp;
+  ProbeRun run;
+  run.plan = ir::plan_for_layout(model, node, config, model.training.global_batch);
+  write_file_whole(plan_path, plan::render_plan(run.plan));
+  const int steps = 8;
+  std::vector<std::string> args;
+  if (ranks > 1) args = {(bin / "dtlaunch").string(), "--nproc", std::to_string(ranks), "--"};
+  args.insert(args.end(), {(bin / "dtexec").string(), "train", "--model", model_path, "--plan", plan_path, "--device",
+                           r.device, "--data", "synthetic", "--steps", std::to_string(steps), "--trace", trace_path,
+                           "--metrics", metrics_path});
+  if (r.device == "cpu") args.insert(args.end(), {"--threads", std::to_string(r.threads_per_rank)});
+  progress(fmt::format("executor probe: dtexec trains a 2-layer model for {} steps ({}{})", steps,
+                       run.plan.config.summary(), ranks > 1 ? fmt::format(", {} ranks under dtlaunch", ranks) : ""));
+  const int rc = run_logged(args, log_path, stop);
+  if (rc != 0) {
+    throw Error(ErrorCategory::kInternal,
+                fmt::format("dtplan calibrate: the executor probe ({}) failed with exit {}: {}",
+                            run.plan.config.summary(), rc, log_tail(log_path)));
+  }
+  run.traces.push_back(ir::read_measured_trace(trace_path));
+  std::ifstream in(metrics_path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) run.step_s.push_back(nlohmann::json::parse(line).at("step_s").get<double>());
+  }
+  if (run.step_s.size() > 2) run.step_s.erase(run.step_s.begin());  // the first step: warm-up
+  return run;
+}
+
+// The forward and backward passes per step of `plan`'s timeline against the measured one: (predicted, measured).
+std::pair<double, double> passes(const plan::Plan& plan, const ProbeRun& run) {
+  const ir::Comparison c = ir::compare(plan, ir::simulate(plan, ir::lower_all(plan)), run.traces);
+  return {kind_seconds(c.by_kind, false), kind_seconds(c.by_kind, true)};
+}
+
+}  // namespace
+
 std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured, const CalibrationResult& r,
                                            const std::function<void(const std::string&)>& progress,
                                            const std::function<bool()>& stop) {
   std::error_code ec;
-  const fs::path dtexec = fs::read_symlink("/proc/self/exe", ec).parent_path() / "dtexec";
-  if (ec || !fs::exists(dtexec)) {
-    progress(fmt::format("no dtexec beside this dtplan ({}): the overheads stay the base cluster's", dtexec.string()));
+  const fs::path bin = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  if (ec || !fs::exists(bin / "dtexec")) {
+    progress(fmt::format("no dtexec beside this dtplan ({}): the overheads stay the base cluster's",
+                         (bin / "dtexec").string()));
     return std::nullopt;
   }
   check_stop(stop);
   const TempDir dir;
   const std::string model_path = (dir.path / "probe.toml").string();
-  const std::string plan_path = (dir.path / "plan.toml").string();
-  const std::string trace_path = (dir.path / "trace.json").string();
-  const std::string metrics_path = (dir.path / "metrics.jsonl").string();
-  const std::string log_path = (dir.path / "dtexec.log").string();
   const std::string model_text = probe_model_text(r.device);
   write_file_whole(model_path, model_text);
   const model::ModelDescription model = model::parse_model(TomlDocument::parse_string(model_text, model_path));
-  topology::ClusterSpec one = measured;
-  one.nodes = 1;
-  one.node.gpus = 1;
-  one.node.nvlink_domain = 1;
-  plan::ParallelConfig config;
-  config.micro_batch = 1;
-  config.num_microbatches = static_cast<int>(model.training.global_batch);
-  const plan::Plan plan = ir::plan_for_layout(model, one, config, model.training.global_batch);
-  write_file_whole(plan_path, plan::render_plan(plan));
 
-  const int steps = 8;
-  std::vector<std::string> args{dtexec.string(), "train",    "--model",   model_path,  "--plan",  plan_path,
-                                "--device",      r.device,   "--data",    "synthetic", "--steps", std::to_string(steps),
-                                "--trace",       trace_path, "--metrics", metrics_path};
-  if (r.device == "cpu") {
-    args.push_back("--threads");
-    args.push_back(std::to_string(r.threads_per_rank));
-  }
-  progress(fmt::format("executor probe: dtexec trains a 2-layer model for {} steps ({})", steps, config.summary()));
-  const int rc = run_logged(args, log_path, stop);
-  if (rc != 0) {
-    throw Error(ErrorCategory::kInternal,
-                fmt::format("dtplan calibrate: the executor probe (dtexec train) failed with exit {}: {}", rc,
-                            log_tail(log_path)));
-  }
-  const std::vector<ir::MeasuredTrace> traces{ir::read_measured_trace(trace_path)};
-  const std::vector<ir::Program> programs = ir::lower_all(plan);
-  const ir::Comparison a = ir::compare(plan, ir::simulate(plan, programs), traces);
+  // One rank: the bandwidth of the executor's memory-bound work and the overheads.
+  plan::ParallelConfig single;
+  const ProbeRun one = run_probe(bin, dir.path, model, model_path, measured, single, 1, r, progress, stop);
+  const ir::Comparison a = ir::compare(one.plan, ir::simulate(one.plan, ir::lower_all(one.plan)), one.traces);
   // The same plan priced with twice the memory bandwidth: what moves is the memory-bound time, halved.
-  plan::Plan doubled = plan;
+  plan::Plan doubled = one.plan;
   doubled.cluster.node.gpu.calibration.hbm_efficiency *= 2;
-  const ir::Comparison b = ir::compare(doubled, ir::simulate(doubled, programs), traces);
-
-  std::vector<double> step_s;
-  {
-    std::ifstream in(metrics_path);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (!line.empty()) step_s.push_back(nlohmann::json::parse(line).at("step_s").get<double>());
-    }
-  }
-  if (step_s.size() > 2) step_s.erase(step_s.begin());  // the first step: warm-up
-  const double memory_bound = 2 * (kind_seconds(a.by_kind, false) - kind_seconds(b.by_kind, false));
-  const double compute_bound = kind_seconds(a.by_kind, false) - memory_bound;
-  const double passes = kind_seconds(a.by_kind, true);
+  const double predicted = kind_seconds(a.by_kind, false);
+  const double memory_bound = 2 * (predicted - passes(doubled, one).first);
+  const double compute_bound = predicted - memory_bound;
+  const double measured_passes = kind_seconds(a.by_kind, true);
   const auto& cal = measured.calibration();
   ProbeFigures f;
-  f.step_s = median(step_s);
+  f.step_s = median(one.step_s);
   f.span_s = a.measured_step_s;
-  f.predicted_passes_s = kind_seconds(a.by_kind, false);
-  f.measured_passes_s = passes;
+  f.predicted_passes_s = predicted;
+  f.measured_passes_s = measured_passes;
   // What the passes took beyond the GEMMs and attention is the memory-bound work: the bandwidth that explains it.
-  f.hbm_efficiency = memory_bound > 0 && passes > compute_bound
-                         ? std::clamp(cal.hbm_efficiency * memory_bound / (passes - compute_bound), 0.02, 1.0)
+  f.hbm_efficiency = memory_bound > 0 && measured_passes > compute_bound
+                         ? std::clamp(cal.hbm_efficiency * memory_bound / (measured_passes - compute_bound), 0.02, 1.0)
                          : cal.hbm_efficiency;
-  const double busy = a.by_stage.empty() ? passes : a.by_stage.front().measured_s;
+  const double busy = a.by_stage.empty() ? measured_passes : a.by_stage.front().measured_s;
   f.microbatch_overhead_s =
-      std::max(0.0, (a.measured_step_s - busy) / static_cast<double>(plan.config.num_microbatches));
+      std::max(0.0, (a.measured_step_s - busy) / static_cast<double>(one.plan.config.num_microbatches));
   f.step_overhead_s = std::max(0.0, f.step_s - a.measured_step_s);
   progress(fmt::format(
       "executor probe: step {} (instructions span {}), passes {} measured against {} predicted: memory-bound work at "
       "{:.0f}% of the bandwidth; {} per micro-batch between instructions, {} per step outside them",
-      format_seconds(f.step_s), format_seconds(f.span_s), format_seconds(passes), format_seconds(f.predicted_passes_s),
+      format_seconds(f.step_s), format_seconds(f.span_s), format_seconds(measured_passes), format_seconds(predicted),
       100 * f.hbm_efficiency, format_seconds(f.microbatch_overhead_s), format_seconds(f.step_overhead_s)));
+
+  // Several CPU ranks per node: tensor parallelism over all of them, whose collectives sit inside the passes. What the
+  // passes take beyond the one-rank figures' prediction is what a collective between the ranks really costs, waits for
+  // the slowest rank and the ranks' sharing of the cores included: fitted as the latency of one collective step.
+  const int tp = r.ranks;
+  if (r.device == "cpu" && tp > 1 && model.model.heads % tp == 0 && model.model.kv_heads % tp == 0) {
+    topology::ClusterSpec fitted = measured;
+    topology::Calibration& fc = fitted.node.gpu.calibration;
+    fc.hbm_efficiency = f.hbm_efficiency;
+    fc.step_overhead_s = f.step_overhead_s;
+    fc.microbatch_overhead_s = f.microbatch_overhead_s;
+    plan::ParallelConfig sharded;
+    sharded.tp = tp;
+    const ProbeRun run = run_probe(bin, dir.path, model, model_path, fitted, sharded, tp, r, progress, stop);
+    const auto [before, measured_tp] = passes(run.plan, run);
+    plan::Plan later = run.plan;
+    const double step_us = 1000;
+    later.cluster.network.nvlink_latency_us += step_us;
+    const double slope = (passes(later, run).first - before) / step_us;  // seconds per microsecond of latency
+    if (slope > 0) {
+      f.nvlink_latency_us = std::clamp(fitted.network.nvlink_latency_us + (measured_tp - before) / slope, 0.0, 1e5);
+      progress(fmt::format(
+          "executor probe, tp={}: passes {} measured against {} predicted: {:.0f} us per collective step between the "
+          "ranks (the all-reduce alone: {:.0f} us)",
+          tp, format_seconds(measured_tp), format_seconds(before), *f.nvlink_latency_us,
+          fitted.network.nvlink_latency_us));
+    }
+  }
   return f;
 }
 
