@@ -8,6 +8,7 @@
 #include "dtrain/common/error.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/common/toml_reader.h"
+#include "dtrain/model/hf_config.h"
 
 namespace dtrain::model {
 
@@ -198,7 +199,10 @@ std::string ModelDescription::located(const std::string& key, const std::string&
   return it == locations.end() ? fallback : it->second;
 }
 
-ModelDescription load_model(const std::string& path) { return parse_model(TomlDocument::parse_file(path)); }
+ModelDescription load_model(const std::string& path) {
+  if (is_hf_config(path)) return load_hf_config(path);
+  return parse_model(TomlDocument::parse_file(path));
+}
 
 void validate(const ModelSpec& m, const TrainingSpec& t, const std::string& source) {
   auto bad = [&](const std::string& what) {

@@ -266,6 +266,29 @@ TEST(DtexecProcesses, AModelInFp16IsRefusedNamingItsLine) {
   EXPECT_THAT(ranks[0].log, HasSubstr("--dtype fp8: expected fp32 or bf16"));
 }
 
+// A HuggingFace config.json is a model wherever --model takes one: two ranks plan it and train it, the training
+// settings from the flags.
+TEST(DtexecProcesses, AHuggingFaceConfigTrainsWithTheFlagsTraining) {
+  TempDir dir;
+  JobOptions o;
+  o.world = 2;
+  o.args = {"train",
+            "--model",
+            std::string(DTRAIN_SOURCE_DIR) + "/tests/data/hf/tiny-llama/config.json",
+            "--steps",
+            "3",
+            "--dtype",
+            "fp32",
+            "--fix",
+            "tp=2",
+            "--metrics",
+            dir.path("m.jsonl")};
+  expect_ok(run_dtexec_job(o));
+  const std::vector<double> curve = loss_values(dir.path("m.jsonl"));
+  ASSERT_EQ(curve.size(), 3u);
+  for (double l : curve) EXPECT_TRUE(std::isfinite(l) && l > 0) << l;
+}
+
 // --device cuda trains where a GPU is usable; elsewhere it stops at once with exit 2 and the reason, before it
 // connects to anything.
 TEST(DtexecProcesses, DeviceCudaTrainsOrSaysWhyNot) {

@@ -511,3 +511,30 @@ TEST(DtplanCli, RanksPerNodeShapesTheJob) {
 }
 
 }  // namespace
+
+namespace {
+
+// dtplan import writes the TOML a config.json describes, which plans as the config itself does; what dtrain does not
+// model is refused with exit 2 naming the field, and nothing is written.
+TEST(DtplanCli, ImportAHuggingFaceConfigAndPlanEitherWay) {
+  TempDir tmp;
+  const std::string config = kRoot + "/tests/data/hf/mistral-7b-v0.3/config.json";
+  const std::string out = (tmp / "mistral.toml").string();
+  Result imported = run("import " + config + " -o " + out + " --global-batch 1024");
+  ASSERT_EQ(imported.exit_code, 0) << imported.err;
+  EXPECT_THAT(imported.out, HasSubstr("mistral-7b-v0.3 llama (7.25B parameters"));
+  EXPECT_THAT(slurp(out), HasSubstr("global_batch = 1024  # --global-batch"));
+  Result from_toml = run("plan --model " + out + " --cluster " + kDgx + " --gpus 64");
+  Result from_json = run("plan --model " + config + " --cluster " + kDgx + " --gpus 64 --global-batch 1024");
+  ASSERT_EQ(from_toml.exit_code, 0) << from_toml.err;
+  ASSERT_EQ(from_json.exit_code, 0) << from_json.err;
+  EXPECT_EQ(from_toml.out.substr(0, from_toml.out.find('\n')), from_json.out.substr(0, from_json.out.find('\n')));
+
+  const std::string refused = (tmp / "mixtral.toml").string();
+  Result moe = run("import " + kRoot + "/tests/data/hf/mixtral-8x7b/config.json -o " + refused);
+  EXPECT_EQ(moe.exit_code, 2);
+  EXPECT_THAT(moe.err, HasSubstr("\"architectures\": MixtralForCausalLM: mixture-of-experts"));
+  EXPECT_FALSE(fs::exists(refused));
+}
+
+}  // namespace

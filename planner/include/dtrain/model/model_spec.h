@@ -111,7 +111,8 @@ struct ModelDescription {
   std::string located(const std::string& key, const std::string& fallback) const;
 };
 
-// Parses and validates. Throws dtrain::Error (input, exit 2) naming file, line and key.
+// Parses and validates. Throws dtrain::Error (input, exit 2) naming file, line and key. A path ending in ".json" is
+// read as a HuggingFace config.json (hf_config.h), with the documented training defaults.
 ModelDescription load_model(const std::string& path);
 ModelDescription parse_model(const TomlDocument& doc);
 // Parses the [model] and [training] tables inside `root` (a whole model.toml, or a table of a plan file).

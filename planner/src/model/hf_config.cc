@@ -1,0 +1,281 @@
+#include "dtrain/model/hf_config.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "dtrain/common/error.h"
+#include "dtrain/common/strings.h"
+#include "dtrain/common/toml_reader.h"
+
+namespace dtrain::model {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr std::int64_t kDefaultGlobalBatch = 512;
+
+// The config's fields, read with messages that name the file and the field.
+class Config {
+ public:
+  Config(std::string path, json j) : path_(std::move(path)), j_(std::move(j)) {}
+
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    throw input_error(fmt::format("{}: \"{}\": {}", path_, field, what));
+  }
+  bool has(const std::string& field) const { return j_.contains(field) && !j_.at(field).is_null(); }
+  const json& at(const std::string& field) const { return j_.at(field); }
+
+  std::int64_t integer(const std::string& field, std::int64_t at_least = 1) const {
+    if (!has(field)) fail(field, "required field is missing");
+    const json& v = at(field);
+    if (!v.is_number_integer()) fail(field, fmt::format("expected an integer, found {}", v.dump()));
+    const auto n = v.get<std::int64_t>();
+    if (n < at_least) fail(field, fmt::format("{} is less than {}", n, at_least));
+    return n;
+  }
+  std::optional<std::int64_t> optional_integer(const std::string& field) const {
+    if (!has(field)) return std::nullopt;
+    return integer(field);
+  }
+  double number(const std::string& field, double fallback) const {
+    if (!has(field)) return fallback;
+    const json& v = at(field);
+    if (!v.is_number()) fail(field, fmt::format("expected a number, found {}", v.dump()));
+    return v.get<double>();
+  }
+  bool boolean(const std::string& field, bool fallback) const {
+    if (!has(field)) return fallback;
+    const json& v = at(field);
+    if (!v.is_boolean()) fail(field, fmt::format("expected true or false, found {}", v.dump()));
+    return v.get<bool>();
+  }
+  std::string text(const std::string& field, const std::string& fallback) const {
+    if (!has(field)) return fallback;
+    const json& v = at(field);
+    if (!v.is_string()) fail(field, fmt::format("expected a string, found {}", v.dump()));
+    return v.get<std::string>();
+  }
+  // A field that must be absent, null or false: its presence changes the math.
+  void refuse(const std::string& field, const std::string& why) const {
+    if (!has(field)) return;
+    const json& v = at(field);
+    if (v.is_boolean() && !v.get<bool>()) return;
+    fail(field, fmt::format("{} is not supported: {}", v.dump(), why));
+  }
+
+ private:
+  std::string path_;
+  json j_;
+};
+
+// One line of the generated [model] or [training] table with the field it came from.
+struct Line {
+  std::string key, value, source;
+};
+
+std::string render(const std::string& path, const std::string& architecture, const std::vector<Line>& model,
+                   const std::vector<Line>& training) {
+  std::string out = fmt::format(
+      "# Imported by dtrain from a HuggingFace config.json ({}, {}); each key's comment names the field it came "
+      "from.\nformat = 1\n\n[model]\n",
+      path, architecture);
+  auto lines = [&](const std::vector<Line>& ls) {
+    std::size_t width = 0;
+    for (const auto& l : ls) width = std::max(width, l.key.size() + 3 + l.value.size());
+    for (const auto& l : ls) {
+      const std::string kv = l.key + " = " + l.value;
+      out += fmt::format("{:<{}}  # {}\n", kv, width, l.source);
+    }
+  };
+  lines(model);
+  out += "\n[training]\n";
+  lines(training);
+  return out;
+}
+
+std::string number_text(double v) {
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // a TOML float
+  return s;
+}
+
+// The model's name: the defaults', else the directory of the file, else its stem.
+std::string model_name(const std::string& path, const HfDefaults& d) {
+  if (!d.name.empty()) return d.name;
+  const fs::path p = fs::absolute(path);
+  std::string dir = p.parent_path().filename().string();
+  if (!dir.empty() && dir != "." && dir != "/") return dir;
+  return p.stem().string();
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw input_error(fmt::format("{}: cannot read the file", path));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    json j = json::parse(text);
+    if (!j.is_object()) throw input_error(fmt::format("{}: not a HuggingFace config (a JSON object)", path));
+    return j;
+  } catch (const json::parse_error& e) {
+    // The byte offset as a line and column.
+    const std::size_t at = std::min(e.byte > 0 ? e.byte - 1 : 0, text.size());
+    std::size_t line = 1, column = 1;
+    for (std::size_t i = 0; i < at; ++i) {
+      if (text[i] == '\n') {
+        ++line;
+        column = 1;
+      } else {
+        ++column;
+      }
+    }
+    std::string what = e.what();
+    if (const auto colon = what.rfind(": "); colon != std::string::npos) what = what.substr(colon + 2);
+    throw input_error(fmt::format("{}:{}:{}: malformed JSON: {}", path, line, column, what));
+  }
+}
+
+}  // namespace
+
+bool is_hf_config(const std::string& path) { return fs::path(path).extension() == ".json"; }
+
+std::string hf_config_to_toml(const std::string& path, const HfDefaults& defaults) {
+  const Config c(path, read_json(path));
+  std::string architecture;
+  if (c.has("architectures")) {
+    const json& a = c.at("architectures");
+    if (!a.is_array() || a.empty() || !a.front().is_string()) {
+      c.fail("architectures", fmt::format("expected a list of class names, found {}", a.dump()));
+    }
+    architecture = a.front().get<std::string>();
+  } else {
+    c.fail("architectures", "required field is missing (the model class, e.g. [\"LlamaForCausalLM\"])");
+  }
+  const bool llama_like = architecture == "LlamaForCausalLM" || architecture == "MistralForCausalLM";
+  const bool gpt2 = architecture == "GPT2LMHeadModel";
+  if (architecture == "MixtralForCausalLM" || architecture == "Qwen2MoeForCausalLM") {
+    c.fail("architectures", fmt::format("{}: mixture-of-experts layers are not modelled by dtrain yet", architecture));
+  }
+  if (architecture == "Qwen2ForCausalLM") {
+    c.fail("architectures",
+           "Qwen2ForCausalLM: its query, key and value projections have biases and its other linear layers none, "
+           "which dtrain's two architectures (biases everywhere or nowhere) do not model yet");
+  }
+  if (!llama_like && !gpt2) {
+    c.fail("architectures", fmt::format("{}: not an architecture dtrain models (LlamaForCausalLM, MistralForCausalLM, "
+                                        "GPT2LMHeadModel)",
+                                        architecture));
+  }
+  c.refuse("kv_lora_rank", "multi-head latent attention");
+  c.refuse("q_lora_rank", "multi-head latent attention");
+  c.refuse("num_local_experts", "mixture-of-experts layers are not modelled by dtrain yet");
+  c.refuse("num_experts", "mixture-of-experts layers are not modelled by dtrain yet");
+
+  std::vector<Line> m;
+  auto put = [&](const std::string& key, const std::string& value, const std::string& source) {
+    m.push_back({key, value, source});
+  };
+  std::int64_t seq_len = 0;
+  put("name", toml_string(model_name(path, defaults)), defaults.name.empty() ? "the file's directory" : "--name");
+  if (llama_like) {
+    put("arch", "\"llama\"", "architectures: " + architecture);
+    const auto layers = c.integer("num_hidden_layers");
+    const auto hidden = c.integer("hidden_size");
+    const auto heads = c.integer("num_attention_heads");
+    const auto kv_heads = c.optional_integer("num_key_value_heads").value_or(heads);
+    if (hidden % heads != 0) {
+      c.fail("num_attention_heads", fmt::format("{} does not divide hidden_size = {}", heads, hidden));
+    }
+    if (heads % kv_heads != 0) {
+      c.fail("num_key_value_heads", fmt::format("{} does not divide num_attention_heads = {}", kv_heads, heads));
+    }
+    if (auto head_dim = c.optional_integer("head_dim"); head_dim && *head_dim != hidden / heads) {
+      c.fail("head_dim", fmt::format("{} is not supported: dtrain's heads are hidden_size / num_attention_heads = {}",
+                                     *head_dim, hidden / heads));
+    }
+    const std::string act = c.text("hidden_act", "silu");
+    if (act != "silu") c.fail("hidden_act", fmt::format("\"{}\" is not supported: a Llama's MLP is SwiGLU (silu)", act));
+    c.refuse("attention_bias", "dtrain's Llama layers have no biases");
+    c.refuse("mlp_bias", "dtrain's Llama layers have no biases");
+    c.refuse("rope_scaling", "dtrain's rotary embedding has no frequency scaling");
+    c.refuse("sliding_window", "dtrain's attention is causal over the whole sequence (no sliding window)");
+    if (c.number("attention_dropout", 0) != 0) {
+      c.fail("attention_dropout", "is not supported for a Llama (dtrain's Llama layers have no dropout)");
+    }
+    seq_len = c.integer("max_position_embeddings");
+    put("layers", std::to_string(layers), "num_hidden_layers");
+    put("hidden", std::to_string(hidden), "hidden_size");
+    put("ffn_hidden", std::to_string(c.integer("intermediate_size")), "intermediate_size");
+    put("heads", std::to_string(heads), "num_attention_heads");
+    put("kv_heads", std::to_string(kv_heads),
+        c.has("num_key_value_heads") ? "num_key_value_heads" : "num_attention_heads (no num_key_value_heads)");
+    put("vocab", std::to_string(c.integer("vocab_size", 2)), "vocab_size");
+    put("seq_len", std::to_string(defaults.seq_len > 0 ? defaults.seq_len : seq_len),
+        defaults.seq_len > 0 ? "--seq-len" : "max_position_embeddings");
+    put("tied_embeddings", c.boolean("tie_word_embeddings", false) ? "true" : "false",
+        c.has("tie_word_embeddings") ? "tie_word_embeddings" : "tie_word_embeddings (default false)");
+    put("rope_theta", number_text(c.number("rope_theta", 10000.0)),
+        c.has("rope_theta") ? "rope_theta" : "rope_theta (default 10000)");
+    put("norm_eps", number_text(c.number("rms_norm_eps", 1e-6)),
+        c.has("rms_norm_eps") ? "rms_norm_eps" : "rms_norm_eps (default 1e-6)");
+  } else {
+    put("arch", "\"gpt\"", "architectures: " + architecture);
+    const auto hidden = c.integer("n_embd");
+    const auto heads = c.integer("n_head");
+    if (hidden % heads != 0) c.fail("n_head", fmt::format("{} does not divide n_embd = {}", heads, hidden));
+    const std::string act = c.text("activation_function", "gelu_new");
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
+      c.fail("activation_function",
+             fmt::format("\"{}\" is not supported: dtrain's GELU is the tanh approximation (gelu_new)", act));
+    }
+    const double resid = c.number("resid_pdrop", 0.1), attn = c.number("attn_pdrop", 0.1),
+                 embd = c.number("embd_pdrop", 0.1);
+    if (resid != attn || resid != embd) {
+      c.fail("attn_pdrop", fmt::format("resid_pdrop {}, attn_pdrop {} and embd_pdrop {} differ: dtrain has one dropout "
+                                       "probability",
+                                       resid, attn, embd));
+    }
+    if (!c.boolean("scale_attn_weights", true)) c.fail("scale_attn_weights", "false is not supported");
+    c.refuse("scale_attn_by_inverse_layer_idx", "dtrain scales attention scores by 1/sqrt(head size) alone");
+    c.refuse("reorder_and_upcast_attn", "not modelled");
+    seq_len = c.integer("n_positions");
+    put("layers", std::to_string(c.integer("n_layer")), "n_layer");
+    put("hidden", std::to_string(hidden), "n_embd");
+    put("ffn_hidden", std::to_string(c.optional_integer("n_inner").value_or(4 * hidden)),
+        c.has("n_inner") ? "n_inner" : "n_inner (null: 4 * n_embd)");
+    put("heads", std::to_string(heads), "n_head");
+    put("vocab", std::to_string(c.integer("vocab_size", 2)), "vocab_size");
+    put("seq_len", std::to_string(defaults.seq_len > 0 ? defaults.seq_len : seq_len),
+        defaults.seq_len > 0 ? "--seq-len" : "n_positions");
+    if (defaults.seq_len > seq_len) {
+      c.fail("n_positions", fmt::format("{} learned positions, fewer than the sequence length {} asked for", seq_len,
+                                        defaults.seq_len));
+    }
+    put("tied_embeddings", c.boolean("tie_word_embeddings", true) ? "true" : "false",
+        c.has("tie_word_embeddings") ? "tie_word_embeddings" : "tie_word_embeddings (default true)");
+    put("dropout", number_text(resid), "resid_pdrop, attn_pdrop, embd_pdrop");
+    put("norm_eps", number_text(c.number("layer_norm_epsilon", 1e-5)),
+        c.has("layer_norm_epsilon") ? "layer_norm_epsilon" : "layer_norm_epsilon (default 1e-5)");
+  }
+
+  std::vector<Line> t;
+  t.push_back({"global_batch", std::to_string(defaults.global_batch > 0 ? defaults.global_batch : kDefaultGlobalBatch),
+               defaults.global_batch > 0 ? "--global-batch" : "not in config.json: dtrain's default"});
+  t.push_back({"dtype", fmt::format("\"{}\"", to_string(defaults.dtype.value_or(DType::kBf16))),
+               defaults.dtype ? "--dtype" : "not in config.json: dtrain's default"});
+  t.push_back({"optimizer", "\"adamw\"", "not in config.json: dtrain's default"});
+  t.push_back({"lr", "3e-4", "not in config.json: dtrain's default"});
+  return render(path, architecture, m, t);
+}
+
+ModelDescription load_hf_config(const std::string& path, const HfDefaults& defaults) {
+  return parse_model(TomlDocument::parse_string(hf_config_to_toml(path, defaults), path));
+}
+
+}  // namespace dtrain::model

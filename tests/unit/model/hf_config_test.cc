@@ -1,0 +1,118 @@
+// HuggingFace config.json as a model description: each architecture dtrain models imports with the fields the
+// model card gives, Llama-3-8B to exactly the hand-written examples/models/llama3-8b.toml; everything that would
+// change the math is refused naming the file and the field.
+#include "dtrain/model/hf_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "dtrain/common/error.h"
+#include "dtrain/model/model_spec.h"
+
+namespace dtrain::model {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string hf(const std::string& name) { return std::string(DTRAIN_SOURCE_DIR) + "/tests/data/hf/" + name + "/config.json"; }
+
+// The message of the input error `f` throws (exit 2), or "" when it does not throw.
+template <class F>
+std::string input_error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), ExitCode::kBadInput) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HfConfig, Llama3EightBImportsAsTheHandWrittenModel) {
+  const ModelDescription imported = load_model(hf("llama3-8b"));
+  const ModelDescription written = load_model(std::string(DTRAIN_SOURCE_DIR) + "/examples/models/llama3-8b.toml");
+  EXPECT_EQ(canonical_text(imported), canonical_text(written));
+  EXPECT_EQ(imported.digest, written.digest);
+  EXPECT_EQ(imported.model.total_params(), written.model.total_params());
+}
+
+TEST(HfConfig, TheTomlNamesEachKeysSource) {
+  const std::string text = hf_config_to_toml(hf("llama3-8b"));
+  EXPECT_THAT(text, HasSubstr("kv_heads = 8"));
+  EXPECT_THAT(text, HasSubstr("# num_key_value_heads\n"));
+  EXPECT_THAT(text, HasSubstr("ffn_hidden = 14336"));
+  EXPECT_THAT(text, HasSubstr("# intermediate_size\n"));
+  EXPECT_THAT(text, HasSubstr("rope_theta = 500000.0"));
+  EXPECT_THAT(text, HasSubstr("global_batch = 512"));
+  EXPECT_THAT(text, HasSubstr("# not in config.json: dtrain's default\n"));
+}
+
+TEST(HfConfig, FlagsSetTheTrainingAndTheName) {
+  HfDefaults d;
+  d.name = "mine";
+  d.global_batch = 64;
+  d.dtype = DType::kFp32;
+  d.seq_len = 2048;
+  const ModelDescription m = load_hf_config(hf("mistral-7b-v0.3"), d);
+  EXPECT_EQ(m.model.name, "mine");
+  EXPECT_EQ(m.training.global_batch, 64);
+  EXPECT_EQ(m.training.dtype, DType::kFp32);
+  EXPECT_EQ(m.model.seq_len, 2048);
+}
+
+TEST(HfConfig, MistralAndGpt2Import) {
+  const ModelDescription mistral = load_model(hf("mistral-7b-v0.3"));
+  EXPECT_EQ(mistral.model.arch, Arch::kLlama);
+  EXPECT_EQ(mistral.model.vocab, 32768);
+  EXPECT_EQ(mistral.model.kv_heads, 8);
+  EXPECT_EQ(mistral.model.seq_len, 32768);
+  EXPECT_DOUBLE_EQ(mistral.model.rope_theta, 1e6);
+  EXPECT_FALSE(mistral.model.tied_embeddings);
+  EXPECT_NEAR(static_cast<double>(mistral.model.total_params()), 7.25e9, 0.01e9);  // Mistral 7B v0.3: 7.25B
+
+  const ModelDescription gpt2 = load_model(hf("gpt2"));
+  EXPECT_EQ(gpt2.model.arch, Arch::kGpt);
+  EXPECT_EQ(gpt2.model.layers, 12);
+  EXPECT_EQ(gpt2.model.hidden, 768);
+  EXPECT_EQ(gpt2.model.ffn_hidden, 3072);
+  EXPECT_EQ(gpt2.model.seq_len, 1024);
+  EXPECT_TRUE(gpt2.model.tied_embeddings);
+  EXPECT_DOUBLE_EQ(gpt2.model.dropout, 0.1);
+  EXPECT_EQ(gpt2.model.total_params(), 124439808);  // GPT-2 small: 124,439,808 parameters
+}
+
+TEST(HfConfig, WhatChangesTheMathIsRefusedNamingTheField) {
+  EXPECT_THAT(input_error_of([] { load_model(hf("mistral-7b-v0.1")); }),
+              HasSubstr("mistral-7b-v0.1/config.json: \"sliding_window\": 4096 is not supported"));
+  EXPECT_THAT(input_error_of([] { load_model(hf("llama-3.1-8b")); }),
+              HasSubstr("llama-3.1-8b/config.json: \"rope_scaling\": "));
+  EXPECT_THAT(input_error_of([] { load_model(hf("mixtral-8x7b")); }),
+              HasSubstr("\"architectures\": MixtralForCausalLM: mixture-of-experts layers are not modelled"));
+  EXPECT_THAT(input_error_of([] { load_model(hf("qwen2-7b")); }),
+              HasSubstr("\"architectures\": Qwen2ForCausalLM: its query, key and value projections have biases"));
+  EXPECT_THAT(input_error_of([] { load_model(hf("deepseek-v3")); }),
+              HasSubstr("\"architectures\": DeepseekV3ForCausalLM: not an architecture dtrain models"));
+}
+
+TEST(HfConfig, MalformedAndWrongFilesAreNamed) {
+  EXPECT_THAT(input_error_of([] { load_model(hf("broken")); }), HasSubstr("broken/config.json:5:14: malformed JSON"));
+  EXPECT_THAT(input_error_of([] { load_model(hf("missing")); }), HasSubstr("missing/config.json: cannot read"));
+  const std::string dir = ::testing::TempDir() + "/hf-config-test";
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/config.json";
+  std::ofstream(path) << R"({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": "4096"})";
+  EXPECT_THAT(input_error_of([&] { load_model(path); }), HasSubstr("\"hidden_size\": expected an integer"));
+  std::ofstream(path) << R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 2,
+    "num_attention_heads": 32, "num_key_value_heads": 5, "intermediate_size": 11008, "vocab_size": 32000,
+    "max_position_embeddings": 4096})";
+  EXPECT_THAT(input_error_of([&] { load_model(path); }),
+              HasSubstr("\"num_key_value_heads\": 5 does not divide num_attention_heads = 32"));
+  std::ofstream(path) << R"([1, 2])";
+  EXPECT_THAT(input_error_of([&] { load_model(path); }), HasSubstr("not a HuggingFace config"));
+}
+
+}  // namespace
+}  // namespace dtrain::model
