@@ -200,7 +200,8 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
                                      *head_dim, hidden / heads));
     }
     const std::string act = c.text("hidden_act", "silu");
-    if (act != "silu") c.fail("hidden_act", fmt::format("\"{}\" is not supported: a Llama's MLP is SwiGLU (silu)", act));
+    if (act != "silu")
+      c.fail("hidden_act", fmt::format("\"{}\" is not supported: a Llama's MLP is SwiGLU (silu)", act));
     c.refuse("attention_bias", "dtrain's Llama layers have no biases");
     c.refuse("mlp_bias", "dtrain's Llama layers have no biases");
     c.refuse("rope_scaling", "dtrain's rotary embedding has no frequency scaling");

@@ -17,7 +17,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string hf(const std::string& name) { return std::string(DTRAIN_SOURCE_DIR) + "/tests/data/hf/" + name + "/config.json"; }
+std::string hf(const std::string& name) {
+  return std::string(DTRAIN_SOURCE_DIR) + "/tests/data/hf/" + name + "/config.json";
+}
 
 // The message of the input error `f` throws (exit 2), or "" when it does not throw.
 template <class F>
