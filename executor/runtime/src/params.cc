@@ -179,7 +179,7 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
                                                                 {(H + KV) * d + r * (KV / tp) * d, (KV / tp) * d}};
       std::int64_t qkv_rows = (H + 2 * KV) * d;
       add_unit(row_blocks(p + "attn.qkv.weight", qkv_rows, h, qkv, InitKind::kNormal, true));
-      if (m.linear_bias) {
+      if (m.has_qkv_bias()) {
         TensorSpec b = row_blocks(p + "attn.qkv.bias", qkv_rows, 1, qkv, InitKind::kZeros, false);
         add_unit(b);
       }

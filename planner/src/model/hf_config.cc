@@ -157,19 +157,15 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
   } else {
     c.fail("architectures", "required field is missing (the model class, e.g. [\"LlamaForCausalLM\"])");
   }
-  const bool llama_like = architecture == "LlamaForCausalLM" || architecture == "MistralForCausalLM";
+  const bool qwen2 = architecture == "Qwen2ForCausalLM";
+  const bool llama_like = architecture == "LlamaForCausalLM" || architecture == "MistralForCausalLM" || qwen2;
   const bool gpt2 = architecture == "GPT2LMHeadModel";
   if (architecture == "MixtralForCausalLM" || architecture == "Qwen2MoeForCausalLM") {
     c.fail("architectures", fmt::format("{}: mixture-of-experts layers are not modelled by dtrain yet", architecture));
   }
-  if (architecture == "Qwen2ForCausalLM") {
-    c.fail("architectures",
-           "Qwen2ForCausalLM: its query, key and value projections have biases and its other linear layers none, "
-           "which dtrain's two architectures (biases everywhere or nowhere) do not model yet");
-  }
   if (!llama_like && !gpt2) {
     c.fail("architectures", fmt::format("{}: not an architecture dtrain models (LlamaForCausalLM, MistralForCausalLM, "
-                                        "GPT2LMHeadModel)",
+                                        "Qwen2ForCausalLM, GPT2LMHeadModel)",
                                         architecture));
   }
   c.refuse("kv_lora_rank", "multi-head latent attention");
@@ -205,7 +201,10 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
     c.refuse("attention_bias", "dtrain's Llama layers have no biases");
     c.refuse("mlp_bias", "dtrain's Llama layers have no biases");
     c.refuse("rope_scaling", "dtrain's rotary embedding has no frequency scaling");
-    c.refuse("sliding_window", "dtrain's attention is causal over the whole sequence (no sliding window)");
+    // Qwen2 names a window it does not use unless use_sliding_window says so.
+    if (c.boolean("use_sliding_window", true)) {
+      c.refuse("sliding_window", "dtrain's attention is causal over the whole sequence (no sliding window)");
+    }
     if (c.number("attention_dropout", 0) != 0) {
       c.fail("attention_dropout", "is not supported for a Llama (dtrain's Llama layers have no dropout)");
     }
@@ -225,6 +224,7 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
         c.has("rope_theta") ? "rope_theta" : "rope_theta (default 10000)");
     put("norm_eps", number_text(c.number("rms_norm_eps", 1e-6)),
         c.has("rms_norm_eps") ? "rms_norm_eps" : "rms_norm_eps (default 1e-6)");
+    if (qwen2) put("qkv_bias", "true", "architectures: Qwen2ForCausalLM (biases on q_proj, k_proj, v_proj)");
   } else {
     put("arch", "\"gpt\"", "architectures: " + architecture);
     const auto hidden = c.integer("n_embd");

@@ -116,7 +116,7 @@ LayerGraph build_layer_graph(const ModelSpec& m, const TrainingSpec& t) {
   // One transformer layer (Megatron's order): norm, QKV, [rope], core attention, output projection,
   // dropout + residual, norm, fc1, activation, fc2, dropout + residual.
   g.layer.push_back(norm("attn.norm", m, e));
-  g.layer.push_back(linear("attn.qkv", TpSplit::kColumn, m.hidden, m.qkv_columns(), m.linear_bias, e));
+  g.layer.push_back(linear("attn.qkv", TpSplit::kColumn, m.hidden, m.qkv_columns(), m.has_qkv_bias(), e));
   if (m.position == PositionKind::kRope) {
     Op op;
     op.name = "attn.rope";

@@ -34,7 +34,8 @@ std::int64_t ModelSpec::layer_params() const {
   std::int64_t p = 2 * norm_params;
   p += hidden * qkv_columns() + hidden * hidden;      // QKV, attention output
   p += hidden * fc1_columns() + ffn_hidden * hidden;  // MLP
-  if (linear_bias) p += qkv_columns() + hidden + fc1_columns() + hidden;
+  if (linear_bias) p += hidden + fc1_columns() + hidden;
+  if (has_qkv_bias()) p += qkv_columns();
   return p;
 }
 
@@ -119,6 +120,7 @@ ModelDescription parse_model_tables(TableReader root) {
   spec.position = pos ? (*pos == "learned" ? PositionKind::kLearned : PositionKind::kRope)
                       : (llama ? PositionKind::kRope : PositionKind::kLearned);
   spec.linear_bias = m.get_bool("linear_bias").value_or(!llama);
+  spec.qkv_bias = m.get_bool("qkv_bias").value_or(false);
   spec.dropout = m.get_number("dropout").value_or(0.0);
   if (spec.dropout < 0.0 || spec.dropout >= 1.0) m.fail("dropout", "must be in [0, 1)");
   spec.norm_eps = m.get_positive_number("norm_eps").value_or(1e-5);
@@ -226,8 +228,9 @@ std::string model_toml(const ModelDescription& d, const std::string& prefix) {
                    toml_string(m.name), to_string(m.arch), m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads);
   s += fmt::format("vocab = {}\nseq_len = {}\ntied_embeddings = {}\nnorm = \"{}\"\nactivation = \"{}\"\n", m.vocab,
                    m.seq_len, m.tied_embeddings, to_string(m.norm), to_string(m.activation));
-  s += fmt::format("position = \"{}\"\nlinear_bias = {}\ndropout = {}\nnorm_eps = {}\nrope_theta = {}\n\n",
-                   to_string(m.position), m.linear_bias, m.dropout, m.norm_eps, m.rope_theta);
+  s += fmt::format("position = \"{}\"\nlinear_bias = {}\n", to_string(m.position), m.linear_bias);
+  if (m.qkv_bias && !m.linear_bias) s += "qkv_bias = true\n";
+  s += fmt::format("dropout = {}\nnorm_eps = {}\nrope_theta = {}\n\n", m.dropout, m.norm_eps, m.rope_theta);
   s += fmt::format("[{}training]\n", p);
   s += fmt::format("global_batch = {}\ndtype = \"{}\"\noptimizer = \"{}\"\nattention = \"{}\"\n", t.global_batch,
                    to_string(t.dtype), to_string(t.optimizer), to_string(t.attention));
@@ -248,8 +251,11 @@ std::string canonical_text(const ModelDescription& d) {
                    m.vocab, m.seq_len);
   s += fmt::format("model.tied_embeddings = {}\nmodel.norm = {}\nmodel.activation = {}\nmodel.position = {}\n",
                    m.tied_embeddings, to_string(m.norm), to_string(m.activation), to_string(m.position));
-  s += fmt::format("model.linear_bias = {}\nmodel.dropout = {}\nmodel.norm_eps = {}\nmodel.rope_theta = {}\n",
-                   m.linear_bias, m.dropout, m.norm_eps, m.rope_theta);
+  s += fmt::format("model.linear_bias = {}\n", m.linear_bias);
+  // Only where it adds to linear_bias, so that the digests of every model without it stay what they were.
+  if (m.qkv_bias && !m.linear_bias) s += "model.qkv_bias = true\n";
+  s += fmt::format("model.dropout = {}\nmodel.norm_eps = {}\nmodel.rope_theta = {}\n", m.dropout, m.norm_eps,
+                   m.rope_theta);
   s += fmt::format("training.global_batch = {}\ntraining.dtype = {}\ntraining.optimizer = {}\n", t.global_batch,
                    to_string(t.dtype), to_string(t.optimizer));
   s += fmt::format("training.attention = {}\ntraining.grad_reduce_dtype = {}\ntraining.overlap_grad_reduce = {}\n",

@@ -541,6 +541,7 @@ std::string megatron_args(const CostModel& cm, const ParallelConfig& c) {
     a.push_back(fmt::format("--position-embedding-type rope --rotary-base {:.0f}", m.rope_theta));
   }
   if (!m.linear_bias) a.push_back("--disable-bias-linear");
+  if (m.qkv_bias && !m.linear_bias) a.push_back("--add-qkv-bias");
   if (!m.tied_embeddings) a.push_back("--untie-embeddings-and-output-weights");
   a.push_back(fmt::format("--tensor-model-parallel-size {}", c.tp));
   a.push_back(fmt::format("--pipeline-model-parallel-size {}", c.pp));

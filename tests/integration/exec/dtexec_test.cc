@@ -289,6 +289,34 @@ TEST(DtexecProcesses, AHuggingFaceConfigTrainsWithTheFlagsTraining) {
   for (double l : curve) EXPECT_TRUE(std::isfinite(l) && l > 0) << l;
 }
 
+// Qwen2's biases on the query, key and value projections alone (qkv_bias): sharded over tensor parallelism, the
+// loss curve follows the single rank's (the biases start at zero, so steps 2 and 3 show their gradients).
+TEST(DtexecProcesses, QkvBiasesShardedFollowTheSingleRank) {
+  TempDir dir;
+  const std::string model = std::string(DTRAIN_SOURCE_DIR) + "/tests/data/hf/tiny-qwen2/config.json";
+  JobOptions one;
+  one.args = {"train", "--model", model, "--steps", "3", "--dtype", "fp32", "--metrics", dir.path("one.jsonl")};
+  expect_ok(run_dtexec_job(one));
+  JobOptions two;
+  two.world = 2;
+  two.args = {"train",
+              "--model",
+              model,
+              "--steps",
+              "3",
+              "--dtype",
+              "fp32",
+              "--fix",
+              "tp=2",
+              "--metrics",
+              dir.path("two.jsonl")};
+  expect_ok(run_dtexec_job(two));
+  const std::vector<double> ref = loss_values(dir.path("one.jsonl")), tp = loss_values(dir.path("two.jsonl"));
+  ASSERT_EQ(ref.size(), 3u);
+  ASSERT_EQ(tp.size(), ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(tp[i], ref[i], 1e-5 * ref[i]) << "step " << i + 1;
+}
+
 // --device cuda trains where a GPU is usable; elsewhere it stops at once with exit 2 and the reason, before it
 // connects to anything.
 TEST(DtexecProcesses, DeviceCudaTrainsOrSaysWhyNot) {

@@ -2,13 +2,13 @@
 // model.toml they describe (docs/formats.md, "HuggingFace config.json").
 //
 //   LlamaForCausalLM, MistralForCausalLM   arch llama: RMSNorm, SwiGLU (hidden_act silu), RoPE, no biases
+//   Qwen2ForCausalLM                       the same with biases on the query, key and value projections (qkv_bias)
 //   GPT2LMHeadModel                        arch gpt: LayerNorm, GELU (tanh), learned positions, biases, tied
 //
 // Refused, naming the field: any other architecture (Mixtral and Qwen2-MoE too: mixture-of-experts layers are not
-// modelled yet; Qwen2 for its biases on the query, key and value projections alone), and fields that change the
-// math dtrain computes: sliding-window attention, rope_scaling, a head_dim other than hidden / heads, attention or
-// MLP biases on a Llama, an activation other than the architecture's, multi-head latent attention, different dropout
-// probabilities where dtrain has one.
+// modelled yet), and fields that change the math dtrain computes: sliding-window attention, rope_scaling, a head_dim
+// other than hidden / heads, attention or MLP biases on a Llama, an activation other than the architecture's,
+// multi-head latent attention, different dropout probabilities where dtrain has one.
 //
 // The file names no training: global_batch, dtype, optimizer and lr come from HfDefaults (the flags of the programs
 // that read the file), else from the documented defaults: 512 sequences, bf16, AdamW, 3e-4, the sequence length the

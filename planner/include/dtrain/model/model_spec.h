@@ -2,7 +2,8 @@
 //
 // File format (docs/formats.md#model-toml):
 //   [model]    name, arch (gpt | llama), layers, hidden, ffn_hidden, heads, kv_heads, vocab, seq_len,
-//              tied_embeddings, norm, activation, position, dropout, norm_eps, rope_theta, ffn_multiple_of
+//              tied_embeddings, norm, activation, position, linear_bias, qkv_bias, dropout, norm_eps, rope_theta,
+//              ffn_multiple_of
 //   [training] global_batch, dtype, optimizer, lr, min_lr, warmup_steps, decay_steps, weight_decay, beta1, beta2,
 //              eps, grad_clip, attention, grad_reduce_dtype, overlap_grad_reduce
 // Unknown keys are errors with the nearest valid key suggested; every error names file, line and key.
@@ -50,7 +51,9 @@ struct ModelSpec {
   ActivationKind activation = ActivationKind::kGelu;
   PositionKind position = PositionKind::kLearned;
   bool linear_bias = true;  // gpt: biases on every linear layer; llama: none
-  double dropout = 0.0;     // hidden and attention dropout probability
+  bool qkv_bias = false;    // biases on the query, key and value projections alone (Qwen2); implied by linear_bias
+  bool has_qkv_bias() const { return linear_bias || qkv_bias; }
+  double dropout = 0.0;  // hidden and attention dropout probability
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
 
