@@ -266,55 +266,31 @@ TEST(DtexecProcesses, AModelInFp16IsRefusedNamingItsLine) {
   EXPECT_THAT(ranks[0].log, HasSubstr("--dtype fp8: expected fp32 or bf16"));
 }
 
-// A HuggingFace config.json is a model wherever --model takes one: two ranks plan it and train it, the training
-// settings from the flags.
-TEST(DtexecProcesses, AHuggingFaceConfigTrainsWithTheFlagsTraining) {
-  TempDir dir;
+// The loss curve of 3 fp32 steps of tests/data/hf/<name>/config.json on `world` ranks (tensor-parallel over them).
+std::vector<double> hf_losses(const TempDir& dir, const std::string& name, int world) {
+  const std::string metrics = dir.path(fmt::format("{}-{}.jsonl", name, world));
   JobOptions o;
-  o.world = 2;
-  o.args = {"train",
-            "--model",
-            std::string(DTRAIN_SOURCE_DIR) + "/tests/data/hf/tiny-llama/config.json",
-            "--steps",
-            "3",
-            "--dtype",
-            "fp32",
-            "--fix",
-            "tp=2",
-            "--metrics",
-            dir.path("m.jsonl")};
+  o.world = world;
+  o.args = {"train",     "--model", std::string(DTRAIN_SOURCE_DIR) + "/tests/data/hf/" + name + "/config.json",
+            "--steps",   "3",       "--dtype",
+            "fp32",      "--fix",   fmt::format("tp={}", world),
+            "--metrics", metrics};
   expect_ok(run_dtexec_job(o));
-  const std::vector<double> curve = loss_values(dir.path("m.jsonl"));
-  ASSERT_EQ(curve.size(), 3u);
-  for (double l : curve) EXPECT_TRUE(std::isfinite(l) && l > 0) << l;
+  return loss_values(metrics);
 }
 
-// Qwen2's biases on the query, key and value projections alone (qkv_bias): sharded over tensor parallelism, the
-// loss curve follows the single rank's (the biases start at zero, so steps 2 and 3 show their gradients).
-TEST(DtexecProcesses, QkvBiasesShardedFollowTheSingleRank) {
+// A HuggingFace config.json is a model wherever --model takes one: ranks plan it and train it, the training settings
+// from the flags. Qwen2's biases on the query, key and value projections alone (qkv_bias), sharded over tensor
+// parallelism, follow the single rank (the biases start at zero, so steps 2 and 3 show their gradients).
+TEST(DtexecProcesses, HuggingFaceConfigsTrainAndShardedFollowTheSingleRank) {
   TempDir dir;
-  const std::string model = std::string(DTRAIN_SOURCE_DIR) + "/tests/data/hf/tiny-qwen2/config.json";
-  JobOptions one;
-  one.args = {"train", "--model", model, "--steps", "3", "--dtype", "fp32", "--metrics", dir.path("one.jsonl")};
-  expect_ok(run_dtexec_job(one));
-  JobOptions two;
-  two.world = 2;
-  two.args = {"train",
-              "--model",
-              model,
-              "--steps",
-              "3",
-              "--dtype",
-              "fp32",
-              "--fix",
-              "tp=2",
-              "--metrics",
-              dir.path("two.jsonl")};
-  expect_ok(run_dtexec_job(two));
-  const std::vector<double> ref = loss_values(dir.path("one.jsonl")), tp = loss_values(dir.path("two.jsonl"));
-  ASSERT_EQ(ref.size(), 3u);
-  ASSERT_EQ(tp.size(), ref.size());
-  for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(tp[i], ref[i], 1e-5 * ref[i]) << "step " << i + 1;
+  for (const std::string name : {"tiny-llama", "tiny-qwen2"}) {
+    SCOPED_TRACE(name);
+    const std::vector<double> ref = hf_losses(dir, name, 1), tp = hf_losses(dir, name, 2);
+    ASSERT_EQ(ref.size(), 3u);
+    ASSERT_EQ(tp.size(), ref.size());
+    for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(tp[i], ref[i], 1e-5 * ref[i]) << "step " << i + 1;
+  }
 }
 
 // --device cuda trains where a GPU is usable; elsewhere it stops at once with exit 2 and the reason, before it
