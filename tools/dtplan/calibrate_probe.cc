@@ -248,7 +248,10 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
   // passes take beyond the one-rank figures' prediction is what a collective between the ranks really costs, waits for
   // the slowest rank and the ranks' sharing of the cores included: fitted as the latency of one collective step.
   const int tp = r.ranks;
-  if (r.device == "cpu" && tp > 1 && model.model.heads % tp == 0 && model.model.kv_heads % tp == 0) {
+  if (r.device == "cpu" && tp > 1 && !fs::exists(bin / "dtlaunch")) {
+    progress(fmt::format("no dtlaunch beside this dtplan ({}): the latency between ranks stays the all-reduce's",
+                         (bin / "dtlaunch").string()));
+  } else if (r.device == "cpu" && tp > 1 && model.model.heads % tp == 0 && model.model.kv_heads % tp == 0) {
     topology::ClusterSpec fitted = measured;
     topology::Calibration& fc = fitted.node.gpu.calibration;
     fc.hbm_efficiency = f.hbm_efficiency;
