@@ -2,9 +2,10 @@
 # Predicted beside measured on this machine, in one run (issue 12's benchmark):
 #   1. dtplan calibrate for 1, 2 and 4 ranks per node (the per-rank figures depend on how many ranks share the cores),
 #      twice for 4 ranks, to show how far two calibrations of the same machine differ;
-#   2. for each layout of bench/models/small-llama.toml below: dtplan plan --fix ... on the calibrated cluster (the
-#      prediction), then dtlaunch + dtexec with that plan file (the measurement: median step_s after 2 warm-up steps);
-#      the same prediction from the shipped examples/clusters/local-cpu.toml beside it;
+#   2. for each layout below, of bench/models/small-llama.toml (15) and of the larger medium-llama.toml (8): dtplan plan
+#      --fix ... on the calibrated cluster (the prediction), then dtlaunch + dtexec with that plan file (the
+#      measurement: median step_s after 2 warm-up steps); the same prediction from the shipped
+#      examples/clusters/local-cpu.toml beside it;
 #   3. the error of each layout, the mean absolute error, Spearman's rank correlation between predicted and measured,
 #      and whether the planner's own choice for 4 ranks is within 5% of the measured best;
 #   4. predicted against measured peak memory per pipeline stage (dtplan compare --metrics) for the pp layouts.
@@ -14,7 +15,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-8}
 bin=build/bin
-model=bench/models/small-llama.toml
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -31,23 +31,31 @@ for key in tflops_fp32 hbm_gbps gemm_half_gflop attention_efficiency; do
     "$(grep -m1 "^$key = " "$out/cal4b.toml" | cut -d' ' -f3)"
 done
 
-# layout: ranks and --fix
+# layout: model, ranks and --fix
 layouts=(
-  "1 dp=1,tp=1,pp=1,micro_batch=8"
-  "1 dp=1,tp=1,pp=1,micro_batch=4"
-  "1 dp=1,tp=1,pp=1,micro_batch=8,recompute=full"
-  "2 dp=2,tp=1,pp=1"
-  "2 dp=1,tp=2,pp=1"
-  "2 dp=1,tp=2,pp=1,sequence_parallel=true"
-  "2 dp=1,tp=1,pp=2,schedule=1f1b"
-  "2 dp=2,tp=1,pp=1,distributed_optimizer=true"
-  "4 dp=4,tp=1,pp=1"
-  "4 dp=1,tp=4,pp=1"
-  "4 dp=1,tp=1,pp=4,schedule=1f1b"
-  "4 dp=2,tp=2,pp=1"
-  "4 dp=1,tp=2,pp=2,schedule=1f1b"
-  "4 dp=2,tp=1,pp=2,vpp=2,schedule=interleaved,micro_batch=1"
-  "4 dp=2,tp=1,pp=2,schedule=1f1b"
+  "small-llama 1 dp=1,tp=1,pp=1,micro_batch=8"
+  "small-llama 1 dp=1,tp=1,pp=1,micro_batch=4"
+  "small-llama 1 dp=1,tp=1,pp=1,micro_batch=8,recompute=full"
+  "small-llama 2 dp=2,tp=1,pp=1"
+  "small-llama 2 dp=1,tp=2,pp=1"
+  "small-llama 2 dp=1,tp=2,pp=1,sequence_parallel=true"
+  "small-llama 2 dp=1,tp=1,pp=2,schedule=1f1b"
+  "small-llama 2 dp=2,tp=1,pp=1,distributed_optimizer=true"
+  "small-llama 4 dp=4,tp=1,pp=1"
+  "small-llama 4 dp=1,tp=4,pp=1"
+  "small-llama 4 dp=1,tp=1,pp=4,schedule=1f1b"
+  "small-llama 4 dp=2,tp=2,pp=1"
+  "small-llama 4 dp=1,tp=2,pp=2,schedule=1f1b"
+  "small-llama 4 dp=2,tp=1,pp=2,vpp=2,schedule=interleaved,micro_batch=1"
+  "small-llama 4 dp=2,tp=1,pp=2,schedule=1f1b"
+  "medium-llama 1 dp=1,tp=1,pp=1,micro_batch=8"
+  "medium-llama 1 dp=1,tp=1,pp=1,micro_batch=4,recompute=selective"
+  "medium-llama 2 dp=2,tp=1,pp=1"
+  "medium-llama 2 dp=1,tp=2,pp=1"
+  "medium-llama 2 dp=1,tp=1,pp=2,schedule=1f1b"
+  "medium-llama 4 dp=2,tp=2,pp=1"
+  "medium-llama 4 dp=2,tp=1,pp=2,schedule=1f1b"
+  "medium-llama 4 dp=1,tp=2,pp=2,schedule=1f1b"
 )
 predict() {  # cluster ranks fix plan-file -> predicted seconds, or nan when dtplan refuses the layout
   local line
@@ -60,39 +68,46 @@ median_step() {
   python3 -c "import json,sys,statistics; t=[json.loads(l)['step_s'] for l in open(sys.argv[1])][2:]; print(statistics.median(t))" "$1"
 }
 echo
-echo "== $model: predicted (calibrated, and from local-cpu.toml) against measured, $steps steps, median after 2"
-printf '%-58s %10s %10s %10s %8s %8s\n' layout calibrated shipped measured error shipped
+echo "== predicted (calibrated, and from local-cpu.toml) against measured, $steps steps, median after 2"
+printf '%-72s %10s %10s %10s %8s %8s\n' layout calibrated shipped measured error shipped
 : >"$out/rows"
 i=0
 for entry in "${layouts[@]}"; do
-  n=${entry%% *} fix=${entry#* }
+  read -r name n fix <<<"$entry"
+  model=bench/models/$name.toml
   i=$((i + 1))
   predicted=$(predict "$out/cal$n.toml" "$n" "$fix" "$out/plan$i.toml")
   shipped=$(predict examples/clusters/local-cpu.toml "$n" "$fix" "$out/shipped$i.toml")
   if [[ $predicted == nan ]]; then
-    printf '%-58s dtplan refused the layout\n' "$n: $fix"
+    printf '%-72s dtplan refused the layout\n' "$name $n: $fix"
     continue
   fi
   if ! $bin/dtlaunch --nproc "$n" -- $bin/dtexec train --model "$model" --plan "$out/plan$i.toml" --data synthetic \
     --steps "$steps" --metrics "$out/m$i.jsonl" --trace "$out/t$i.json" >"$out/log$i" 2>&1; then
-    printf '%-58s the run failed: %s\n' "$n: $fix" "$(tail -1 "$out/log$i")"
+    printf '%-72s the run failed: %s\n' "$name $n: $fix" "$(tail -1 "$out/log$i")"
     continue
   fi
   measured=$(median_step "$out/m$i.jsonl")
   err=$(awk -v p="$predicted" -v m="$measured" 'BEGIN { printf "%+.1f%%", 100 * (p - m) / m }')
   serr=$(awk -v p="$shipped" -v m="$measured" 'BEGIN { printf "%+.1f%%", 100 * (p - m) / m }')
-  printf '%-58s %10.4f %10s %10.4f %8s %8s\n' "$n: $fix" "$predicted" "$shipped" "$measured" "$err" "$serr"
-  echo "$n $measured $predicted $shipped" >>"$out/rows"
+  printf '%-72s %10.4f %10s %10.4f %8s %8s\n' "$name $n: $fix" "$predicted" "$shipped" "$measured" "$err" "$serr"
+  echo "$n $measured $predicted $shipped" | tee -a "$out/rows" >>"$out/rows-$name"
 done
+for name in small-llama medium-llama; do
+  echo "-- $name"
+  python3 bench/prediction_summary.py "$out/rows-$name" --labels "calibrated,shipped local-cpu.toml"
+done
+echo "-- both"
 python3 bench/prediction_summary.py "$out/rows" --labels "calibrated,shipped local-cpu.toml"
 
 echo
 echo "== the planner's own choice for 4 ranks (calibrated cluster) against the best measured 4-rank layout"
+model=bench/models/small-llama.toml
 $bin/dtplan plan --model "$model" --cluster "$out/cal4.toml" --gpus 4 -o "$out/choice.toml" | head -2
 $bin/dtlaunch --nproc 4 -- $bin/dtexec train --model "$model" --plan "$out/choice.toml" --data synthetic \
   --steps "$steps" --metrics "$out/choice.jsonl" >"$out/choice.log" 2>&1
 choice=$(median_step "$out/choice.jsonl")
-best=$(awk '$1 == 4 { print $2 }' "$out/rows" | sort -g | head -1)
+best=$(awk '$1 == 4 { print $2 }' "$out/rows-small-llama" | sort -g | head -1)
 awk -v c="$choice" -v b="$best" 'BEGIN { printf "chosen layout measured %.4f s, best listed layout %.4f s: %+.1f%%\n", c, b, 100 * (c - b) / b }'
 
 echo
@@ -101,7 +116,7 @@ i=0
 for entry in "${layouts[@]}"; do
   i=$((i + 1))
   [[ $entry == *pp=1* || ! -s $out/t$i.json ]] && continue
-  echo "-- ${entry#* }"
+  echo "-- $entry"
   $bin/dtplan compare --plan "$out/plan$i.toml" --measured "$out/t$i.json" --metrics "$out/m$i.jsonl" |
     sed -n '/^memory per stage/,$p' | tail -n +2
 done

@@ -76,8 +76,23 @@ int run_logged(const std::vector<std::string>& args, const std::string& log, con
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  // The probe is a job of its own: none of the rank contract of a job dtplan may itself run in (under srun or
+  // dtlaunch), nor test hooks, reaches it. Kernel settings (DTRAIN_CUDA_*, DTRAIN_ATTENTION_KERNEL) do.
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view v(*e);
+    bool job = false;
+    for (std::string_view prefix :
+         {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "GROUP_RANK=", "MASTER_ADDR=", "MASTER_PORT=",
+          "DTRAIN_JOB_ID=", "DTRAIN_RESTART=", "DTRAIN_RUN_ID=", "DTRAIN_STORE", "DTRAIN_COMM_HOST=", "DTRAIN_PLAN=",
+          "DTRAIN_PLUGIN_ERROR=", "DTRAIN_HEARTBEAT", "DTRAIN_TOPOLOGY", "DTRAIN_TEST_"}) {
+      job = job || v.starts_with(prefix);
+    }
+    if (!job) envp.push_back(*e);
+  }
+  envp.push_back(nullptr);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) throw Error(ErrorCategory::kIo, fmt::format("cannot start {}: {}", args[0], std::strerror(rc)));
   int status = 0;

@@ -34,7 +34,10 @@ TEST(Calibrate, AQuickRunWritesAClusterThatPlansWithItsProvenance) {
   ScratchDir scratch;
   const fs::path& d = scratch.path();
   const std::string out = (d / "measured.toml").string();
-  Result r = shell(d, fmt::format("{} calibrate --quick --ranks-per-node 2 -o {} --json", kDtplan, out));
+  // Run as if inside another job's rank (srun, dtlaunch): its rank contract must not reach the probe's dtexec.
+  Result r = shell(d, fmt::format("env WORLD_SIZE=4 RANK=3 LOCAL_WORLD_SIZE=4 DTRAIN_PLAN=/nonexistent.toml "
+                                  "{} calibrate --quick --ranks-per-node 2 -o {} --json",
+                                  kDtplan, out));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["ranks_per_node"], 2);
