@@ -472,6 +472,7 @@ std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const Cal
     cal.step_overhead_s = r.probe->step_overhead_s;
     cal.microbatch_overhead_s = r.probe->microbatch_overhead_s;
     if (r.probe->nvlink_latency_us) c.network.nvlink_latency_us = *r.probe->nvlink_latency_us;
+    if (r.probe->nvlink_gbps) c.node.nvlink_gbps = *r.probe->nvlink_gbps;
   }
   std::string out =
       gpu ? fmt::format(

@@ -42,7 +42,8 @@
 // the cost model's bytes (hbm_efficiency: the forward and backward passes' time beyond the GEMMs and attention).
 // With several CPU ranks per node a second run, tensor-parallel over all of them under dtlaunch, gives what a
 // collective between the ranks really costs inside the passes (waits for the slowest rank and the sharing of the cores
-// included): [network] nvlink_latency_us, fitted so that the simulator's passes match the measured ones.
+// included): run twice, with collectives of one and of four sequences, it fits [network] nvlink_latency_us and [node]
+// nvlink_gbps so that the simulator's passes match the measured ones.
 #pragma once
 
 #include <cstdint>
@@ -94,8 +95,10 @@ struct ProbeFigures {
   double hbm_efficiency = 0;
   double microbatch_overhead_s = 0;
   double step_overhead_s = 0;
-  // CPU, several ranks per node: the latency of one collective step between them, fitted to a tensor-parallel run.
+  // CPU, several ranks per node: the latency of one collective step between them and the bandwidth, fitted to two
+  // tensor-parallel runs (collectives of one and of four sequences).
   std::optional<double> nvlink_latency_us;
+  std::optional<double> nvlink_gbps;
 };
 
 struct CalibrationResult {

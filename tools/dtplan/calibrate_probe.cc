@@ -15,6 +15,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
 #include "calibrate.h"
 #include "dtrain/common/error.h"
@@ -41,8 +42,8 @@ namespace fs = std::filesystem;
 // The probe's model: two Llama layers, large enough that the device, not the host, sets the pace, small enough to run
 // in seconds. On a GPU its layer is a large model's (hidden 3072, 24 heads of 128 over 8 kv heads, 4096-token
 // sequences: the kernels run for milliseconds, so the host's launches hide behind them as they do in real training);
-// on a CPU a small one. Two micro-batches of one sequence each, so the gaps between instructions are seen twice per
-// step.
+// on a CPU a small one. Micro-batches of one sequence (two on a GPU, four on a CPU), so the gaps between instructions
+// are seen several times per step; on a CPU the tensor-parallel runs also take all four sequences as one micro-batch.
 std::string probe_model_text(const std::string& device) {
   const bool gpu = device == "cuda";
   return fmt::format(R"(format = 1
@@ -57,13 +58,13 @@ kv_heads = {}
 vocab = {}
 seq_len = {}
 [training]
-global_batch = 2
+global_batch = {}
 dtype = "{}"
 optimizer = "adamw"
 lr = 1e-4
 )",
                      gpu ? 3072 : 256, gpu ? 8192 : 768, gpu ? 24 : 8, gpu ? 8 : 4, gpu ? 32000 : 256, gpu ? 4096 : 256,
-                     gpu ? "bf16" : "fp32");
+                     gpu ? 2 : 4, gpu ? "bf16" : "fp32");
 }
 
 // Runs argv with stdout and stderr into `log`; returns the exit status (128 + signal when killed). Stops the child
@@ -164,7 +165,7 @@ ProbeRun run_probe(const fs::path& bin, const fs::path& dir, const model::ModelD
                    const std::string& model_path, const topology::ClusterSpec& measured, plan::ParallelConfig config,
                    int ranks, const CalibrationResult& r, const std::function<void(const std::string&)>& progress,
                    const std::function<bool()>& stop) {
-  const std::string tag = fmt::format("tp{}dp{}", config.tp, config.dp);
+  const std::string tag = fmt::format("tp{}dp{}mb{}", config.tp, config.dp, config.micro_batch);
   const std::string plan_path = (dir / (tag + "-plan.toml")).string();
   const std::string trace_path = (dir / (tag + "-trace.json")).string();
   const std::string metrics_path = (dir / (tag + "-metrics.jsonl")).string();
@@ -173,8 +174,7 @@ ProbeRun run_probe(const fs::path& bin, const fs::path& dir, const model::ModelD
   node.nodes = 1;
   node.node.gpus = ranks;
   node.node.nvlink_domain = ranks;
-  config.micro_batch = 1;
-  config.num_microbatches = static_cast<int>(model.training.global_batch) / config.dp;
+  config.num_microbatches = static_cast<int>(model.training.global_batch) / (config.dp * config.micro_batch);
   ProbeRun run;
   run.plan = ir::plan_for_layout(model, node, config, model.training.global_batch);
   write_file_whole(plan_path, plan::render_plan(run.plan));
@@ -261,10 +261,11 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
 
   // Several CPU ranks per node: tensor parallelism over all of them, whose collectives sit inside the passes. What the
   // passes take beyond the one-rank figures' prediction is what a collective between the ranks really costs, waits for
-  // the slowest rank and the ranks' sharing of the cores included: fitted as the latency of one collective step.
+  // the slowest rank and the ranks' sharing of the cores included. Two runs, with collectives of one and of four
+  // sequences, fit both terms of a collective's time: the latency of a ring step and the bandwidth.
   const int tp = r.ranks;
   if (r.device == "cpu" && tp > 1 && !fs::exists(bin / "dtlaunch")) {
-    progress(fmt::format("no dtlaunch beside this dtplan ({}): the latency between ranks stays the all-reduce's",
+    progress(fmt::format("no dtlaunch beside this dtplan ({}): the links between ranks stay the all-reduce's",
                          (bin / "dtlaunch").string()));
   } else if (r.device == "cpu" && tp > 1 && model.model.heads % tp == 0 && model.model.kv_heads % tp == 0) {
     topology::ClusterSpec fitted = measured;
@@ -272,22 +273,53 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     fc.hbm_efficiency = f.hbm_efficiency;
     fc.step_overhead_s = f.step_overhead_s;
     fc.microbatch_overhead_s = f.microbatch_overhead_s;
-    plan::ParallelConfig sharded;
-    sharded.tp = tp;
-    const ProbeRun run = run_probe(bin, dir.path, model, model_path, fitted, sharded, tp, r, progress, stop);
-    const auto [before, measured_tp] = passes(run.plan, run);
-    plan::Plan later = run.plan;
-    const double step_us = 1000;
-    later.cluster.network.nvlink_latency_us += step_us;
-    const double slope = (passes(later, run).first - before) / step_us;  // seconds per microsecond of latency
-    if (slope > 0) {
-      f.nvlink_latency_us = std::clamp(fitted.network.nvlink_latency_us + (measured_tp - before) / slope, 0.0, 1e5);
-      progress(fmt::format(
-          "executor probe, tp={}: passes {} measured against {} predicted: {:.0f} us per collective step between the "
-          "ranks (the all-reduce alone: {:.0f} us)",
-          tp, format_seconds(measured_tp), format_seconds(before), *f.nvlink_latency_us,
-          fitted.network.nvlink_latency_us));
+    // Per run: the predicted passes P, their change per microsecond of latency sL, the bandwidth term Bw (what halves
+    // when the bandwidth doubles), and the measured passes M.
+    struct Point {
+      double P, sL, Bw, M;
+    };
+    std::vector<Point> points;
+    for (int micro_batch : {1, static_cast<int>(model.training.global_batch)}) {
+      plan::ParallelConfig sharded;
+      sharded.tp = tp;
+      sharded.micro_batch = micro_batch;
+      const ProbeRun run = run_probe(bin, dir.path, model, model_path, fitted, sharded, tp, r, progress, stop);
+      Point p{};
+      std::tie(p.P, p.M) = passes(run.plan, run);
+      plan::Plan later = run.plan;
+      later.cluster.network.nvlink_latency_us += 1000;
+      p.sL = (passes(later, run).first - p.P) / 1000;
+      plan::Plan wider = run.plan;
+      wider.cluster.node.nvlink_gbps *= 2;
+      p.Bw = 2 * (p.P - passes(wider, run).first);
+      points.push_back(p);
     }
+    const Point& p1 = points[0];
+    const Point& p4 = points[1];
+    const double det = p1.sL * p4.Bw - p4.sL * p1.Bw;
+    double dL = 0, df = 0;  // latency change (us) and bandwidth-term change (a multiple of it)
+    if (std::abs(det) > 1e-12) {
+      dL = ((p1.M - p1.P) * p4.Bw - (p4.M - p4.P) * p1.Bw) / det;
+      df = (p1.sL * (p4.M - p4.P) - p4.sL * (p1.M - p1.P)) / det;
+    }
+    const double latency = fitted.network.nvlink_latency_us + dL;
+    if (std::abs(det) <= 1e-12 || latency < 0 || 1 + df < 0.05) {
+      // The two runs do not separate the terms: the latency alone, by least squares over both.
+      double num = 0, den = 0;
+      for (const auto& p : points) {
+        num += p.sL * (p.M - p.P);
+        den += p.sL * p.sL;
+      }
+      dL = den > 0 ? num / den : 0;
+      df = 0;
+    }
+    f.nvlink_latency_us = std::clamp(fitted.network.nvlink_latency_us + dL, 0.0, 1e5);
+    f.nvlink_gbps = fitted.node.nvlink_gbps / std::max(1 + df, 0.05);
+    progress(fmt::format(
+        "executor probe, tp={}: passes {} and {} measured against {} and {} predicted: {:.0f} us per collective "
+        "step and {:.2f} GB/s between the ranks (the all-reduce alone: {:.0f} us, {:.2f} GB/s)",
+        tp, format_seconds(p1.M), format_seconds(p4.M), format_seconds(p1.P), format_seconds(p4.P),
+        *f.nvlink_latency_us, *f.nvlink_gbps, fitted.network.nvlink_latency_us, fitted.node.nvlink_gbps));
   }
   return f;
 }

@@ -147,6 +147,7 @@ void run_calibrate(const CalibrateCommand& o) {
                     {"microbatch_overhead_s", r.probe->microbatch_overhead_s},
                     {"step_overhead_s", r.probe->step_overhead_s}};
       if (r.probe->nvlink_latency_us) j["probe"]["nvlink_latency_us"] = *r.probe->nvlink_latency_us;
+      if (r.probe->nvlink_gbps) j["probe"]["nvlink_gbps"] = *r.probe->nvlink_gbps;
     }
     j["all_reduce"] = nlohmann::json::array();
     for (std::size_t i = 0; i < r.all_reduce.size(); ++i) {
