@@ -56,16 +56,7 @@ StepMetrics Interpreter<A>::run(std::int64_t step_index) {
         case Opcode::kBackwardWeight: {
           run_pass(in);
           if (opt.record_trace) be.finish();
-          std::string_view kname = in.op == Opcode::kForward         ? "F"
-                                   : in.op == Opcode::kBackward      ? "B"
-                                   : in.op == Opcode::kBackwardInput ? "BI"
-                                                                     : "W";
-          std::string_view cat = in.op == Opcode::kForward         ? "forward"
-                                 : in.op == Opcode::kBackward      ? "backward"
-                                 : in.op == Opcode::kBackwardInput ? "backward_input"
-                                                                   : "backward_weight";
-          slice(ir::Stream::kCompute, t0, Clock::now(), fmt::format("{} c{} mb{}", kname, in.chunk, in.mb),
-                std::string(cat), pc);
+          slice(ir::Stream::kCompute, t0, Clock::now(), ir::compute_slice_name(in), ir::compute_slice_category(in), pc);
           break;
         }
         case Opcode::kAllReduce:
@@ -77,7 +68,7 @@ StepMetrics Interpreter<A>::run(std::int64_t step_index) {
         case Opcode::kOptimizerStep:
           optimizer_step();
           if (opt.record_trace) be.finish();
-          slice(ir::Stream::kCompute, t0, Clock::now(), "optimizer", "optimizer", pc);
+          slice(ir::Stream::kCompute, t0, Clock::now(), ir::compute_slice_name(in), ir::compute_slice_category(in), pc);
           break;
         case Opcode::kCheckpoint:
           break;  // the runtime decides whether this step writes one

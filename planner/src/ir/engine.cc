@@ -191,31 +191,6 @@ class Engine {
 
   double cost(const RankState& st, const Instr& in) const { return options_.cost ? options_.cost(*st.p, in) : 0.0; }
 
-  static std::string compute_name(const Instr& in) {
-    std::string_view k = in.op == Opcode::kForward         ? "F"
-                         : in.op == Opcode::kBackward      ? "B"
-                         : in.op == Opcode::kBackwardInput ? "BI"
-                                                           : "W";
-    return fmt::format("{} c{} mb{}", k, in.chunk, in.mb);
-  }
-
-  static std::string compute_category(Opcode op) {
-    switch (op) {
-      case Opcode::kForward:
-        return "forward";
-      case Opcode::kBackward:
-        return "backward";
-      case Opcode::kBackwardInput:
-        return "backward_input";
-      case Opcode::kBackwardWeight:
-        return "backward_weight";
-      case Opcode::kOptimizerStep:
-        return "optimizer";
-      default:
-        return "other";
-    }
-  }
-
   // Runs rank r until it blocks or finishes.
   void advance(std::int32_t r) {
     RankState& st = ranks_.at(r);
@@ -255,9 +230,7 @@ class Engine {
       double d = cost(st, in);
       if (d > 0 || in.is_compute_pass() || in.op == Opcode::kOptimizerStep) {
         if (in.is_compute_pass() || in.op == Opcode::kOptimizerStep) {
-          std::string name = in.op == Opcode::kOptimizerStep ? "optimizer" : compute_name(in);
-          if (in.layer_end >= 0) name += fmt::format(" L{}..{}", in.layer, in.layer_end);
-          slice(r, Stream::kCompute, st.t, d, name, compute_category(in.op), st.pc);
+          slice(r, Stream::kCompute, st.t, d, compute_slice_name(in), compute_slice_category(in), st.pc);
           st.busy += d;
         }
         st.t += d;

@@ -286,6 +286,34 @@ std::string collective_slice_name(const Instr& in) {
                      in.index >= 0 ? fmt::format(" #{}", in.index) : "");
 }
 
+std::string compute_slice_name(const Instr& in) {
+  if (in.op == Opcode::kOptimizerStep) return "optimizer";
+  const std::string_view k = in.op == Opcode::kForward         ? "F"
+                             : in.op == Opcode::kBackward      ? "B"
+                             : in.op == Opcode::kBackwardInput ? "BI"
+                                                               : "W";
+  std::string name = fmt::format("{} c{} mb{}", k, in.chunk, in.mb);
+  if (in.layer_end >= 0) name += fmt::format(" L{}..{}", in.layer, in.layer_end);
+  return name;
+}
+
+std::string compute_slice_category(const Instr& in) {
+  switch (in.op) {
+    case Opcode::kForward:
+      return "forward";
+    case Opcode::kBackward:
+      return "backward";
+    case Opcode::kBackwardInput:
+      return "backward_input";
+    case Opcode::kBackwardWeight:
+      return "backward_weight";
+    case Opcode::kOptimizerStep:
+      return "optimizer";
+    default:
+      return "other";
+  }
+}
+
 std::string describe(const Program& p, std::size_t pc) {
   if (pc >= p.schedule.size()) return fmt::format("rank {} pc {} (end of program)", p.rank, pc);
   return fmt::format("rank {} pc {} ({})", p.rank, pc, to_text(p.schedule[pc]));

@@ -199,5 +199,10 @@ std::string describe(const Program& p, std::size_t pc);
 std::string p2p_slice_name(const Instr& in);
 // "ALLREDUCE replicated_grads", "REDUCESCATTER grad_bucket #0": the timeline name of a collective, shared likewise.
 std::string collective_slice_name(const Instr& in);
+// "F c0 mb3", "B c1 mb0 L1..4" (a backward piece over layers 1 to 4), "optimizer": the timeline name of a compute
+// instruction, and its category ("forward", "backward", "backward_input", "backward_weight", "optimizer"), shared
+// likewise.
+std::string compute_slice_name(const Instr& in);
+std::string compute_slice_category(const Instr& in);
 
 }  // namespace dtrain::ir
