@@ -454,14 +454,12 @@ void apply_cuda(topology::ClusterSpec& c, const CalibrationResult& r) {
 
 }  // namespace
 
-std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const CalibrationResult& r,
-                                    const std::string& host, const std::string& date) {
+topology::ClusterSpec calibrated_cluster(const topology::ClusterSpec& base, const CalibrationResult& r) {
   topology::ClusterSpec c = base;
   c.node.gpus = r.ranks;
   c.node.nvlink_domain = std::min(c.node.nvlink_domain, r.ranks);
   c.node.nic_of_gpu.clear();
-  const bool gpu = r.device == "cuda";
-  if (gpu) {
+  if (r.device == "cuda") {
     apply_cuda(c, r);
   } else {
     apply_cpu(c, r);
@@ -474,6 +472,12 @@ std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const Cal
     if (r.probe->nvlink_latency_us) c.network.nvlink_latency_us = *r.probe->nvlink_latency_us;
     if (r.probe->nvlink_gbps) c.node.nvlink_gbps = *r.probe->nvlink_gbps;
   }
+  return c;
+}
+
+std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const CalibrationResult& r,
+                                    const std::string& host, const std::string& date) {
+  const bool gpu = r.device == "cuda";
   std::string out =
       gpu ? fmt::format(
                 "# Measured by `dtplan calibrate --device cuda` on {} ({}): dtrain's CUDA kernels on one {}.\n"
@@ -487,16 +491,16 @@ std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const Cal
           : fmt::format(
                 "# Measured by `dtplan calibrate` on {} ({}): dtrain's CPU kernels, {} rank(s) at once with {} "
                 "thread(s) each.\n"
-                "# [gpu] tflops_fp32 is the fitted GEMM peak per rank and hbm_gbps the measured bandwidth per rank (so "
-                "both\n"
-                "# efficiencies are 1); [node] nvlink_gbps, [network] nvlink_latency_us and the nvlink efficiency "
-                "curve "
-                "come from\n"
-                "# all-reduces between the ranks; point-to-point latency and the links between nodes are the base "
-                "cluster's.\n"
+                "# [gpu] tflops_fp32 is the fitted GEMM peak per rank and hbm_gbps the measured bandwidth per rank; "
+                "the nvlink\n"
+                "# efficiency curve comes from all-reduces between the ranks; hbm_efficiency, the overheads, [node] "
+                "nvlink_gbps\n"
+                "# and [network] nvlink_latency_us from the executor probe (short dtexec runs). Point-to-point latency "
+                "and the\n"
+                "# links between nodes are the base cluster's.\n"
                 "format = 1\n\n",
                 host, date, r.ranks, r.threads_per_rank);
-  out += topology::cluster_toml(c, "");
+  out += topology::cluster_toml(calibrated_cluster(base, r), "");
   out += fmt::format(
       "\n[provenance]\nhost = {}\ndevice = {}\ndate = {}\ndtrain_version = {}\nduration_s = {:.2f}\n"
       "ranks_per_node = {}\nthreads_per_rank = {}\ngemm_fit_error = {:.4f}\n",

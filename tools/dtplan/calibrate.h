@@ -131,7 +131,7 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& options,
                                 const std::function<void(const std::string&)>& progress,
                                 const std::function<bool()>& stop);
 
-// Runs the executor probe on the device of `r` with the cluster `measured` (calibrated_cluster_toml's, loaded).
+// Runs the executor probe on the device of `r` with the cluster `measured` (calibrated_cluster's, before the probe).
 // nullopt, saying so through `progress`, when no dtexec is beside this dtplan. Throws dtrain::Error when the probe's
 // run fails (naming its exit and output) or is interrupted (exit 10).
 std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured, const CalibrationResult& r,
@@ -154,12 +154,17 @@ topology::ClusterSpec default_cpu_base();
 // the measured ones. Its other figures (links, latencies, overheads) are examples/clusters/dgx-h100.toml's.
 topology::ClusterSpec default_cuda_base(const CalibrationResult& r);
 
-// The cluster description with the measured figures in place of the base's, and a [provenance] table (host,
-// device, date, version, duration) that loads wherever a cluster.toml does.
-//   cpu:  [gpu] tflops_fp32 and hbm_gbps are the measured peak and bandwidth per rank (so both efficiencies are 1),
-//         the [calibration] constants, `ranks` GPUs (ranks) per node, the all-reduce figures.
-//   cuda: the [gpu] datasheet figures stay; [calibration] gemm_efficiency_max, gemm_half_gflop,
-//         attention_efficiency and hbm_efficiency are the measured fractions of them.
+// The base cluster with the measured figures in place of its own (`ranks` GPUs per node):
+//   cpu:  [gpu] tflops_fp32 (and the bf16 rate) and hbm_gbps are the measured peak and bandwidth per rank,
+//         gemm_half_gflop and attention_efficiency, the all-reduce figures;
+//   cuda: the [gpu] datasheet figures stay; gemm_efficiency_max, gemm_half_gflop and attention_efficiency are the
+//         measured fractions of them;
+//   both: optimizer_hbm_efficiency from AdamW; with the probe (r.probe), hbm_efficiency, the overheads and (CPU,
+//         several ranks) nvlink_latency_us and nvlink_gbps.
+topology::ClusterSpec calibrated_cluster(const topology::ClusterSpec& base, const CalibrationResult& r);
+
+// calibrated_cluster as cluster.toml text with a [provenance] table (host, device, date, version, duration) that
+// loads wherever a cluster.toml does.
 std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const CalibrationResult& r,
                                     const std::string& host, const std::string& date);
 

@@ -157,6 +157,7 @@ namespace {
 // dtlaunch --nproc for more than one rank), its measured trace and step times.
 struct ProbeRun {
   plan::Plan plan;
+  std::vector<ir::Program> programs;  // the plan's, lowered once: re-pricing the plan does not change them
   std::vector<ir::MeasuredTrace> traces;
   std::vector<double> step_s;  // after the first step
 };
@@ -177,6 +178,7 @@ ProbeRun run_probe(const fs::path& bin, const fs::path& dir, const model::ModelD
   config.num_microbatches = static_cast<int>(model.training.global_batch) / (config.dp * config.micro_batch);
   ProbeRun run;
   run.plan = ir::plan_for_layout(model, node, config, model.training.global_batch);
+  run.programs = ir::lower_all(run.plan);
   write_file_whole(plan_path, plan::render_plan(run.plan));
   const int steps = 8;
   std::vector<std::string> args;
@@ -203,9 +205,14 @@ ProbeRun run_probe(const fs::path& bin, const fs::path& dir, const model::ModelD
   return run;
 }
 
-// The forward and backward passes per step of `plan`'s timeline against the measured one: (predicted, measured).
-std::pair<double, double> passes(const plan::Plan& plan, const ProbeRun& run) {
-  const ir::Comparison c = ir::compare(plan, ir::simulate(plan, ir::lower_all(plan)), run.traces);
+// The run's measured timeline against the simulator's for `priced`: its plan, perhaps with other cluster figures.
+ir::Comparison compared(const plan::Plan& priced, const ProbeRun& run) {
+  return ir::compare(priced, ir::simulate(priced, run.programs), run.traces);
+}
+
+// The forward and backward passes per step of `priced`'s timeline and of the measured one: (predicted, measured).
+std::pair<double, double> passes(const plan::Plan& priced, const ProbeRun& run) {
+  const ir::Comparison c = compared(priced, run);
   return {kind_seconds(c.by_kind, false), kind_seconds(c.by_kind, true)};
 }
 
@@ -231,7 +238,7 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
   // One rank: the bandwidth of the executor's memory-bound work and the overheads.
   plan::ParallelConfig single;
   const ProbeRun one = run_probe(bin, dir.path, model, model_path, measured, single, 1, r, progress, stop);
-  const ir::Comparison a = ir::compare(one.plan, ir::simulate(one.plan, ir::lower_all(one.plan)), one.traces);
+  const ir::Comparison a = compared(one.plan, one);
   // The same plan priced with twice the memory bandwidth: what moves is the memory-bound time, halved.
   plan::Plan doubled = one.plan;
   doubled.cluster.node.gpu.calibration.hbm_efficiency *= 2;

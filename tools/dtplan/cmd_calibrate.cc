@@ -98,9 +98,7 @@ void run_calibrate(const CalibrateCommand& o) {
     r = gpu ? calibrate_cuda(co, progress, stop) : calibrate_cpu(co, progress, stop);
     if (!base) base = default_cuda_base(r);
     // The executor probe runs with the kernel figures just measured.
-    const std::string kernels_only = calibrated_cluster_toml(*base, r, host_name(), utc_now());
-    r.probe =
-        probe_executor(topology::parse_cluster(TomlDocument::parse_string(kernels_only, o.output)), r, progress, stop);
+    r.probe = probe_executor(calibrated_cluster(*base, r), r, progress, stop);
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     text = calibrated_cluster_toml(*base, r, host_name(), utc_now());
   }
