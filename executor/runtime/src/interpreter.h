@@ -103,8 +103,7 @@ class Interpreter final : public InterpreterBase {
   void forward_op(const ir::Instr& in, ChunkState<A>& st, Tensor& cur, bool recompute);
   void backward_op(const ir::Instr& in, ChunkState<A>& st, Tensor& cur);
   void recompute_op(const ir::Instr& op, ChunkState<A>& st);
-  void free_recomputed(ChunkState<A>& st);
-  void free_recomputed_layer(LayerState<A>& ls);
+  void free_recomputed(LayerState<A>& ls);
   void body_collective(const ir::Instr& in, ChunkState<A>& st, Tensor& cur, Tensor& rcur);
   const Tensor& saved_input_for(const ir::Instr& in, ChunkState<A>& st);
   void all_gather_rows(Tensor& t, std::int64_t cols);

@@ -412,21 +412,16 @@ void Interpreter<A>::recompute_op(const Instr& op, ChunkState<A>& st) {
   }
 }
 
-// With full recomputation a layer keeps only its input between forward and backward; selective keeps everything
-// the attention core's backward needs but recomputes it (the CPU kernel keeps no score matrix anyway). Each layer's
-// other tensors go as soon as its forward ends (free_recomputed_layer), so that the forward of a chunk holds one
-// layer's intermediates at a time, as the cost model counts; free_recomputed catches any left at the chunk's end.
+// With full recomputation a layer keeps only its input between forward and backward: its other tensors go as soon as
+// its forward ends, so that the forward of a chunk holds one layer's intermediates at a time, as the cost model
+// counts. Selective recomputation keeps everything the attention core's backward needs but recomputes it (the CPU
+// kernel keeps no score matrix anyway).
 template <typename A>
-void Interpreter<A>::free_recomputed_layer(LayerState<A>& ls) {
+void Interpreter<A>::free_recomputed(LayerState<A>& ls) {
+  if (!recompute_full) return;
   Tensor x = std::move(ls.x);
   ls = LayerState<A>{};
   ls.x = std::move(x);
-}
-
-template <typename A>
-void Interpreter<A>::free_recomputed(ChunkState<A>& st) {
-  if (!recompute_full) return;
-  for (auto& ls : st.layers) free_recomputed_layer(ls);
 }
 
 // A tensor-parallel collective inside a body.
@@ -495,8 +490,7 @@ const typename Interpreter<A>::Tensor& Interpreter<A>::saved_input_for(const Ins
                                                 std::int64_t, const A*, float*, float*, const Tensor&);              \
   template void Interpreter<A>::backward_op(const Instr&, ChunkState<A>&, Tensor&);                                  \
   template void Interpreter<A>::recompute_op(const Instr&, ChunkState<A>&);                                          \
-  template void Interpreter<A>::free_recomputed(ChunkState<A>&);                                                     \
-  template void Interpreter<A>::free_recomputed_layer(LayerState<A>&);                                               \
+  template void Interpreter<A>::free_recomputed(LayerState<A>&);                                                     \
   template void Interpreter<A>::body_collective(const Instr&, ChunkState<A>&, Tensor&, Tensor&);                     \
   template const Interpreter<A>::Tensor& Interpreter<A>::saved_input_for(const Instr&, ChunkState<A>&);
 DTRAIN_INSTANTIATE_LAYER_OPS(float)

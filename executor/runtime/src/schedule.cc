@@ -148,8 +148,8 @@ void Interpreter<A>::run_pass(const Instr& in) {
       body_collective(op, st, cur, st.rcur);
     else if (op.pass == ir::Pass::kForward) {
       forward_op(op, st, cur, false);
-      // The layer's forward ends with its MLP residual: with full recomputation only its input stays.
-      if (recompute_full && op.body_op == ir::BodyOp::kMlpResidual) free_recomputed_layer(layer_state(st, op.layer));
+      // A layer's forward ends with its MLP residual.
+      if (op.body_op == ir::BodyOp::kMlpResidual) free_recomputed(layer_state(st, op.layer));
     } else if (op.pass == ir::Pass::kRecompute)
       recompute_op(op, st);
     else
@@ -169,7 +169,6 @@ void Interpreter<A>::run_pass(const Instr& in) {
   }
   if (in.op == Opcode::kForward) {
     if (!ci->head) step_.outgoing[{static_cast<int>(What::kActivation), in.chunk, in.mb}] = std::move(cur);
-    free_recomputed(st);
     // clear() puts the moved-from Tensor back into a known, empty state.
     cur.clear();  // NOLINT(bugprone-use-after-move)
     return;
