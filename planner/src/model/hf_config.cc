@@ -62,6 +62,10 @@ class Config {
     if (!v.is_string()) fail(field, fmt::format("expected a string, found {}", v.dump()));
     return v.get<std::string>();
   }
+  // The field's name as a key's source, with what stood in for it when the config does not give it.
+  std::string source(const std::string& field, const std::string& otherwise) const {
+    return has(field) ? field : fmt::format("{} ({})", field, otherwise);
+  }
   // A field that must be absent, null or false: its presence changes the math.
   void refuse(const std::string& field, const std::string& why) const {
     if (!has(field)) return;
@@ -177,7 +181,11 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
   auto put = [&](const std::string& key, const std::string& value, const std::string& source) {
     m.push_back({key, value, source});
   };
-  std::int64_t seq_len = 0;
+  // The sequence length: --seq-len, else the model's context length (`field`).
+  auto put_seq_len = [&](const std::string& field, std::int64_t context) {
+    put("seq_len", std::to_string(defaults.seq_len > 0 ? defaults.seq_len : context),
+        defaults.seq_len > 0 ? "--seq-len" : field);
+  };
   put("name", toml_string(model_name(path, defaults)), defaults.name.empty() ? "the file's directory" : "--name");
   if (llama_like) {
     put("arch", "\"llama\"", "architectures: " + architecture);
@@ -208,7 +216,7 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
     if (c.number("attention_dropout", 0) != 0) {
       c.fail("attention_dropout", "is not supported for a Llama (dtrain's Llama layers have no dropout)");
     }
-    seq_len = c.integer("max_position_embeddings");
+    const auto context = c.integer("max_position_embeddings");
     put("layers", std::to_string(layers), "num_hidden_layers");
     put("hidden", std::to_string(hidden), "hidden_size");
     put("ffn_hidden", std::to_string(c.integer("intermediate_size")), "intermediate_size");
@@ -216,14 +224,11 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
     put("kv_heads", std::to_string(kv_heads),
         c.has("num_key_value_heads") ? "num_key_value_heads" : "num_attention_heads (no num_key_value_heads)");
     put("vocab", std::to_string(c.integer("vocab_size", 2)), "vocab_size");
-    put("seq_len", std::to_string(defaults.seq_len > 0 ? defaults.seq_len : seq_len),
-        defaults.seq_len > 0 ? "--seq-len" : "max_position_embeddings");
+    put_seq_len("max_position_embeddings", context);
     put("tied_embeddings", c.boolean("tie_word_embeddings", false) ? "true" : "false",
-        c.has("tie_word_embeddings") ? "tie_word_embeddings" : "tie_word_embeddings (default false)");
-    put("rope_theta", number_text(c.number("rope_theta", 10000.0)),
-        c.has("rope_theta") ? "rope_theta" : "rope_theta (default 10000)");
-    put("norm_eps", number_text(c.number("rms_norm_eps", 1e-6)),
-        c.has("rms_norm_eps") ? "rms_norm_eps" : "rms_norm_eps (default 1e-6)");
+        c.source("tie_word_embeddings", "default false"));
+    put("rope_theta", number_text(c.number("rope_theta", 10000.0)), c.source("rope_theta", "default 10000"));
+    put("norm_eps", number_text(c.number("rms_norm_eps", 1e-6)), c.source("rms_norm_eps", "default 1e-6"));
     if (qwen2) put("qkv_bias", "true", "architectures: Qwen2ForCausalLM (biases on q_proj, k_proj, v_proj)");
   } else {
     put("arch", "\"gpt\"", "architectures: " + architecture);
@@ -245,24 +250,22 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
     if (!c.boolean("scale_attn_weights", true)) c.fail("scale_attn_weights", "false is not supported");
     c.refuse("scale_attn_by_inverse_layer_idx", "dtrain scales attention scores by 1/sqrt(head size) alone");
     c.refuse("reorder_and_upcast_attn", "not modelled");
-    seq_len = c.integer("n_positions");
+    const auto positions = c.integer("n_positions");
     put("layers", std::to_string(c.integer("n_layer")), "n_layer");
     put("hidden", std::to_string(hidden), "n_embd");
     put("ffn_hidden", std::to_string(c.optional_integer("n_inner").value_or(4 * hidden)),
-        c.has("n_inner") ? "n_inner" : "n_inner (null: 4 * n_embd)");
+        c.source("n_inner", "null: 4 * n_embd"));
     put("heads", std::to_string(heads), "n_head");
     put("vocab", std::to_string(c.integer("vocab_size", 2)), "vocab_size");
-    put("seq_len", std::to_string(defaults.seq_len > 0 ? defaults.seq_len : seq_len),
-        defaults.seq_len > 0 ? "--seq-len" : "n_positions");
-    if (defaults.seq_len > seq_len) {
-      c.fail("n_positions", fmt::format("{} learned positions, fewer than the sequence length {} asked for", seq_len,
+    put_seq_len("n_positions", positions);
+    if (defaults.seq_len > positions) {
+      c.fail("n_positions", fmt::format("{} learned positions, fewer than the sequence length {} asked for", positions,
                                         defaults.seq_len));
     }
     put("tied_embeddings", c.boolean("tie_word_embeddings", true) ? "true" : "false",
-        c.has("tie_word_embeddings") ? "tie_word_embeddings" : "tie_word_embeddings (default true)");
+        c.source("tie_word_embeddings", "default true"));
     put("dropout", number_text(resid), "resid_pdrop, attn_pdrop, embd_pdrop");
-    put("norm_eps", number_text(c.number("layer_norm_epsilon", 1e-5)),
-        c.has("layer_norm_epsilon") ? "layer_norm_epsilon" : "layer_norm_epsilon (default 1e-5)");
+    put("norm_eps", number_text(c.number("layer_norm_epsilon", 1e-5)), c.source("layer_norm_epsilon", "default 1e-5"));
   }
 
   std::vector<Line> t;
