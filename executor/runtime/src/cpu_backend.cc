@@ -2,6 +2,7 @@
 // what it computed when it called them directly; and bf16 kernels that emulate the CUDA backend's numerics on top of
 // them. The element-wise work keeps the loops it replaced (same order, same
 // accumulator types): the executor's results are compared bit-for-bit across layouts and against PyTorch.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <new>
@@ -14,6 +15,7 @@
 #include "dtrain/kernels/dropout.h"
 #include "dtrain/kernels/embedding.h"
 #include "dtrain/kernels/linear.h"
+#include "dtrain/kernels/moe.h"
 #include "dtrain/kernels/norm.h"
 #include "dtrain/kernels/optimizer.h"
 #include "dtrain/kernels/rope.h"
@@ -139,6 +141,28 @@ class CpuFp32Kernels final : public Kernels<float> {
                               k::VocabShard shard, const float* max, const float* sum_exp, const float* dloss,
                               float* dlogits) override {
     kc::cross_entropy_backward(tokens, logits, targets, shard, max, sum_exp, dloss, dlogits);
+  }
+
+  void moe_route(const k::MoeRouteShape& shape, const float* logits, float* probs, std::int32_t* expert,
+                 float* gate) override {
+    kc::moe_route(shape, logits, probs, expert, gate);
+  }
+  void moe_route_backward(const k::MoeRouteShape& shape, const float* probs, const std::int32_t* expert,
+                          const float* dgate, const float* aux_grad, std::int64_t seq_len, float* dlogits) override {
+    kc::moe_route_backward(shape, probs, expert, dgate, aux_grad, seq_len, dlogits);
+  }
+  void moe_gather_rows(std::int64_t n, std::int64_t cols, const float* src, const std::int32_t* rows,
+                       float* dst) override {
+    kc::moe_gather_rows(n, cols, src, rows, dst);
+  }
+  void moe_unpermute(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const float* src,
+                     const std::int32_t* slot, const float* weight, bool accumulate, float* out) override {
+    kc::moe_unpermute(tokens, top_k, cols, src, slot, weight, accumulate, out);
+  }
+  void moe_unpermute_backward(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const float* dout,
+                              const float* src, const std::int32_t* slot, const float* gate, float* dsrc,
+                              float* dgate) override {
+    kc::moe_unpermute_backward(tokens, top_k, cols, dout, src, slot, gate, dsrc, dgate);
   }
 };
 
@@ -317,6 +341,43 @@ class CpuBf16Kernels final : public Kernels<bf16> {
     Wide w = widen(logits, tokens * (shard.end - shard.begin));
     kc::cross_entropy_backward(tokens, w.data(), targets, shard, max, sum_exp, dloss, w.data());
     narrow(w, dlogits);
+  }
+
+  void moe_route(const k::MoeRouteShape& s, const bf16* logits, float* probs, std::int32_t* expert,
+                 float* gate) override {
+    kc::moe_route(s, widen(logits, s.tokens * s.experts).data(), probs, expert, gate);
+  }
+  void moe_route_backward(const k::MoeRouteShape& s, const float* probs, const std::int32_t* expert, const float* dgate,
+                          const float* aux_grad, std::int64_t seq_len, bf16* dlogits) override {
+    Wide w(static_cast<std::size_t>(s.tokens * s.experts));
+    kc::moe_route_backward(s, probs, expert, dgate, aux_grad, seq_len, w.data());
+    narrow(w, dlogits);
+  }
+  void moe_gather_rows(std::int64_t n, std::int64_t cols, const bf16* src, const std::int32_t* rows,
+                       bf16* dst) override {
+    // A copy: no rounding.
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::memcpy(dst + i * cols, src + static_cast<std::int64_t>(rows[i]) * cols,
+                  static_cast<std::size_t>(cols) * sizeof(bf16));
+    }
+  }
+  void moe_unpermute(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const bf16* src,
+                     const std::int32_t* slot, const float* weight, bool accumulate, bf16* out) override {
+    std::int64_t rows = 0;  // src holds the rows the slots name
+    for (std::int64_t i = 0; i < tokens * top_k; ++i) rows = std::max<std::int64_t>(rows, slot[i] + 1);
+    Wide wo = accumulate ? widen(out, tokens * cols) : Wide(static_cast<std::size_t>(tokens * cols));
+    kc::moe_unpermute(tokens, top_k, cols, widen(src, rows * cols).data(), slot, weight, accumulate, wo.data());
+    narrow(wo, out);
+  }
+  void moe_unpermute_backward(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const bf16* dout,
+                              const bf16* src, const std::int32_t* slot, const float* gate, bf16* dsrc,
+                              float* dgate) override {
+    std::int64_t rows = 0;
+    for (std::int64_t i = 0; i < tokens * top_k; ++i) rows = std::max<std::int64_t>(rows, slot[i] + 1);
+    Wide wd(static_cast<std::size_t>(rows * cols));
+    kc::moe_unpermute_backward(tokens, top_k, cols, widen(dout, tokens * cols).data(), widen(src, rows * cols).data(),
+                               slot, gate, wd.data(), dgate);
+    narrow(wd, dsrc);
   }
 
  private:

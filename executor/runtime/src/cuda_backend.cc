@@ -17,6 +17,7 @@
 #include "dtrain/kernels/cuda/elementwise.h"
 #include "dtrain/kernels/cuda/embedding.h"
 #include "dtrain/kernels/cuda/linear.h"
+#include "dtrain/kernels/cuda/moe.h"
 #include "dtrain/kernels/cuda/norm.h"
 #include "dtrain/kernels/cuda/optimizer.h"
 #include "dtrain/kernels/cuda/rope.h"
@@ -216,6 +217,28 @@ class CudaBackend final : public Backend, public Kernels<bf16> {
   void cross_entropy_backward(std::int64_t tokens, const bf16* logits, const std::int32_t* targets, k::VocabShard shard,
                               const float* max, const float* sum_exp, const float* dloss, bf16* dlogits) override {
     kc::cross_entropy_backward(ctx_, tokens, logits, targets, shard, max, sum_exp, dloss, dlogits);
+  }
+
+  void moe_route(const k::MoeRouteShape& shape, const bf16* logits, float* probs, std::int32_t* expert,
+                 float* gate) override {
+    kc::moe_route(ctx_, shape, logits, probs, expert, gate);
+  }
+  void moe_route_backward(const k::MoeRouteShape& shape, const float* probs, const std::int32_t* expert,
+                          const float* dgate, const float* aux_grad, std::int64_t seq_len, bf16* dlogits) override {
+    kc::moe_route_backward(ctx_, shape, probs, expert, dgate, aux_grad, seq_len, dlogits);
+  }
+  void moe_gather_rows(std::int64_t n, std::int64_t cols, const bf16* src, const std::int32_t* rows,
+                       bf16* dst) override {
+    kc::moe_gather_rows(ctx_, n, cols, src, rows, dst);
+  }
+  void moe_unpermute(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const bf16* src,
+                     const std::int32_t* slot, const float* weight, bool accumulate, bf16* out) override {
+    kc::moe_unpermute(ctx_, tokens, top_k, cols, src, slot, weight, accumulate, out);
+  }
+  void moe_unpermute_backward(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const bf16* dout,
+                              const bf16* src, const std::int32_t* slot, const float* gate, bf16* dsrc,
+                              float* dgate) override {
+    kc::moe_unpermute_backward(ctx_, tokens, top_k, cols, dout, src, slot, gate, dsrc, dgate);
   }
 
  private:

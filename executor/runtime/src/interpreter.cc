@@ -35,6 +35,11 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
         "the CPU executor runs dropout without sequence parallelism only (set dropout = 0 or "
         "sequence_parallel=false)");
   }
+  if (m.moe.shared_gate) {
+    throw input_error(
+        "the executor does not train a gated shared expert yet ([model.moe] shared_gate = true, Qwen2-MoE's); "
+        "dtplan plans such a model");
+  }
   if (data.vocab() > m.vocab) {
     throw input_error(
         fmt::format("the data's vocabulary ({}) is larger than the model's (vocab = {})", data.vocab(), m.vocab));

@@ -8,6 +8,7 @@
 //                      gradient reductions, the end-of-step synchronize and its watchdog messages)
 //   layer_ops.cc       the stage-body ops: forward, backward and recomputation of each ir::BodyOp, and the
 //                      tensor-parallel collectives inside a body
+//   moe_ops.cc         an MoE layer's MLP: router, permutation, experts, shared experts, combine, their backward
 //   optimizer_step.cc  the gradient norm (once per step) and AdamW
 // What a step changes is in one StepState (step_state.h), replaced at the start of every step.
 #pragma once
@@ -118,6 +119,23 @@ class Interpreter final : public InterpreterBase {
   LayerState<A>& layer_state(ChunkState<A>& st, int layer) {
     return st.layers[static_cast<std::size_t>(layer - step_.first_layer)];
   }
+
+  // ---- moe_ops.cc ----
+  void moe_forward(const ir::Instr& in, ChunkState<A>& st, Tensor& cur);
+  void moe_backward(const ir::Instr& in, ChunkState<A>& st, Tensor& cur);
+  void moe_route_forward(const ir::Instr& in, MoeState<A>& ms, const Tensor& x);
+  void moe_route_backward(MoeState<A>& ms, Tensor& cur, int layer);
+  void moe_experts_forward(MoeState<A>& ms, int layer);
+  void moe_experts_backward(MoeState<A>& ms, int layer);
+  void moe_shared_forward(MoeState<A>& ms, int layer);
+  void moe_shared_backward(MoeState<A>& ms, int layer);
+  // Experts' and shared experts' widths on this rank (split over tp as a dense MLP).
+  std::int64_t expert_width() const { return m.moe.ffn_hidden / prog.tp; }
+  std::int64_t expert_fc1_cols() const {
+    return m.activation == model::ActivationKind::kSwiGlu ? 2 * expert_width() : expert_width();
+  }
+  void activation_forward(std::int64_t rows, std::int64_t width, const Tensor& a, Tensor& g);
+  void activation_backward(std::int64_t rows, std::int64_t width, const Tensor& a, Tensor& d);
 
   // ---- optimizer_step.cc ----
   double local_grad_norm_squared();

@@ -249,6 +249,12 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
     case BodyOp::kMlpResidual:
       residual_forward(layer_state(st, l).x2, cur, W_opt(L(l, "mlp.fc2.bias")), l, k::DropoutSite::kMlpOutput);
       return;
+    case BodyOp::kMoeRoute:
+    case BodyOp::kMoeExperts:
+    case BodyOp::kMoeShared:
+    case BodyOp::kMoeCombine:
+      moe_forward(in, st, cur);
+      return;
     case BodyOp::kNone:
       break;
   }
@@ -390,6 +396,12 @@ void Interpreter<A>::backward_op(const Instr& in, ChunkState<A>& st, Tensor& cur
       if (in.pass == ir::Pass::kBackward) ls = LayerState<A>{};
       return;
     }
+    case BodyOp::kMoeRoute:
+    case BodyOp::kMoeExperts:
+    case BodyOp::kMoeShared:
+    case BodyOp::kMoeCombine:
+      moe_backward(in, st, cur);
+      return;
     case BodyOp::kNone:
       break;
   }
@@ -456,6 +468,12 @@ void Interpreter<A>::body_collective(const Instr& in, ChunkState<A>& st, Tensor&
     case What::kTargetLogit:
       all_reduce_fp32(st.head.target_logit, comm::ReduceOp::kSum);
       return;
+    case What::kRouterGrad: {
+      F32& dgate = layer_state(st, in.layer).moe.dgate;
+      check_count(in, static_cast<std::int64_t>(dgate.size()));
+      all_reduce_fp32(dgate, comm::ReduceOp::kSum);
+      return;
+    }
     default:
       throw internal_error(fmt::format("unexpected collective in a body: {}", ir::to_text(in)));
   }

@@ -124,6 +124,10 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
   need(m.heads, "heads");
   need(m.kv_heads, "kv_heads");
   need(m.ffn_hidden, "ffn_hidden");
+  if (m.moe.enabled()) {
+    need(m.moe.ffn_hidden, "the experts' ffn_hidden");
+    need(m.moe.shared_ffn_hidden, "shared_ffn_hidden");
+  }
   need(m.vocab, "vocab");
   const std::int64_t h = m.hidden, d = m.head_dim(), H = m.heads, KV = m.kv_heads, f = m.ffn_hidden;
   const std::int64_t L = m.layers;
@@ -195,21 +199,43 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
       add_unit(proj);
       if (m.linear_bias) add_unit(vector_spec(p + "attn.proj.bias", h, InitKind::kZeros));
       norm(p + "mlp.norm", c, unit);
-      std::vector<std::pair<std::int64_t, std::int64_t>> fc1 = {{r * (f / tp), f / tp}};
-      if (swiglu) fc1.push_back({f + r * (f / tp), f / tp});
-      std::int64_t fc1_rows = swiglu ? 2 * f : f;
-      add_unit(row_blocks(p + "mlp.fc1.weight", fc1_rows, h, fc1, InitKind::kNormal, true));
-      if (m.linear_bias) add_unit(row_blocks(p + "mlp.fc1.bias", fc1_rows, 1, fc1, InitKind::kZeros, false));
-      TensorSpec fc2;
-      fc2.name = p + "mlp.fc2.weight";
-      fc2.full_rows = h;
-      fc2.full_cols = f;
-      fc2.local_rows = h;
-      fc2.local_cols = f / tp;
-      fc2.blocks = {{0, h, r * (f / tp), f / tp, 0}};
-      fc2.init = InitKind::kOutputNormal;
-      add_unit(fc2);
-      if (m.linear_bias) add_unit(vector_spec(p + "mlp.fc2.bias", h, InitKind::kZeros));
+      // An MLP of width `width` at `q` (q + "fc1.weight", ...): fc1 column-parallel ([gate_r | up_r] for SwiGLU), fc2
+      // row-parallel.
+      auto mlp = [&](const std::string& q, std::int64_t width, bool bias) {
+        std::vector<std::pair<std::int64_t, std::int64_t>> fc1 = {{r * (width / tp), width / tp}};
+        if (swiglu) fc1.push_back({width + r * (width / tp), width / tp});
+        std::int64_t fc1_rows = swiglu ? 2 * width : width;
+        add_unit(row_blocks(q + "fc1.weight", fc1_rows, h, fc1, InitKind::kNormal, true));
+        if (bias) add_unit(row_blocks(q + "fc1.bias", fc1_rows, 1, fc1, InitKind::kZeros, false));
+        TensorSpec fc2;
+        fc2.name = q + "fc2.weight";
+        fc2.full_rows = h;
+        fc2.full_cols = width;
+        fc2.local_rows = h;
+        fc2.local_cols = width / tp;
+        fc2.blocks = {{0, h, r * (width / tp), width / tp, 0}};
+        fc2.init = InitKind::kOutputNormal;
+        add_unit(fc2);
+        if (bias) add_unit(vector_spec(q + "fc2.bias", h, InitKind::kZeros));
+      };
+      if (m.is_moe_layer(l)) {
+        // The router [experts, hidden], replicated over tp; the experts by global index; the shared experts.
+        const model::MoeSpec& moe = m.moe;
+        TensorSpec router =
+            row_blocks(p + "moe.router.weight", moe.experts, h, {{0, moe.experts}}, InitKind::kNormal, true);
+        router.tp_replicated = true;
+        add_unit(router);
+        for (std::int64_t e = 0; e < moe.experts; ++e)
+          mlp(fmt::format("{}moe.experts.{}.", p, e), moe.ffn_hidden, false);
+        if (moe.shared_ffn_hidden > 0) mlp(p + "moe.shared.", moe.shared_ffn_hidden, false);
+        if (moe.shared_gate) {
+          TensorSpec gate = row_blocks(p + "moe.shared.gate.weight", 1, h, {{0, 1}}, InitKind::kNormal, true);
+          gate.tp_replicated = true;
+          add_unit(gate);
+        }
+      } else {
+        mlp(p + "mlp.", f, m.linear_bias);
+      }
     }
     if (ci.embedding) {
       if (!tied_split) word_embeddings(c, -1, false);

@@ -18,6 +18,7 @@
 #include "dtrain/exec/backend.h"
 #include "dtrain/ir/program.h"
 #include "dtrain/ir/simulate.h"
+#include "moe_state.h"
 
 namespace dtrain::exec::detail {
 
@@ -37,6 +38,7 @@ struct LayerState {
   Buffer<A> a, g;                      // fc1 output, activation output
   Buffer<A> res_grad;                  // backward: gradient along the residual path
   std::map<ir::BodyOp, Buffer<A>> dy;  // zero-bubble: output gradients of linear layers, for their weight gradients
+  MoeState<A> moe;                     // an MoE layer's MLP
 };
 
 template <typename A>

@@ -145,7 +145,7 @@ class BodyBuilder {
     if (kind == BodyKind::kBackwardWeight) {
       if (chunk.head) weight_grads(out, graph_.head, static_cast<int>(m_.layers));
       for (int l = chunk.first_layer + chunk.layers - 1; l >= chunk.first_layer; --l)
-        weight_grads(out, graph_.layer, l);
+        weight_grads(out, graph_.layer_ops(l), l);
       return body;
     }
     Pass pass = kind == BodyKind::kBackward ? Pass::kBackward : Pass::kBackwardInput;
@@ -224,19 +224,55 @@ class BodyBuilder {
 
   void layer_forward(std::vector<Instr>& out, int layer, Pass pass) const {
     int index = pass == Pass::kRecompute ? 100 : 0;  // recomputed collectives keep distinct keys
-    for (std::size_t k = 0; k < graph_.layer.size(); ++k) {
-      const model::Op& op = graph_.layer[k];
+    for (const model::Op& op : graph_.layer_ops(layer)) {
+      if (is_moe_op(op)) {
+        if (op.name == "moe.router") moe_forward(out, layer, pass, index);
+        continue;
+      }
       if (op.split == model::TpSplit::kColumn && sp()) gather(out, layer, index);
       out.push_back(compute(body_op_of(op), layer, pass));
       if (op.split == model::TpSplit::kRow && tp()) reduce(out, layer, index);
     }
   }
 
+  static bool is_moe_op(const model::Op& op) { return op.name.rfind("moe.", 0) == 0; }
+
+  // An MoE layer's MLP (layer_graph.cc's moe ops): the router sees every token of the micro-batch (gathered with
+  // SP); the experts' and shared experts' outputs are partial sums over tp, reduced once after the combine.
+  void moe_forward(std::vector<Instr>& out, int layer, Pass pass, int& index) const {
+    if (sp()) gather(out, layer, index);
+    out.push_back(compute(BodyOp::kMoeRoute, layer, pass));
+    out.push_back(compute(BodyOp::kMoeExperts, layer, pass));
+    if (m_.moe.shared_ffn_hidden > 0) out.push_back(compute(BodyOp::kMoeShared, layer, pass));
+    out.push_back(compute(BodyOp::kMoeCombine, layer, pass));
+    if (tp()) reduce(out, layer, index);
+  }
+
+  // Its backward, weight gradients included (a zero-bubble BWD_W has nothing left of an MoE layer's MLP): the
+  // gates' gradients are summed over tp before the router's backward reads them.
+  void moe_backward(std::vector<Instr>& out, int layer, Pass pass, int& index) const {
+    if (sp()) gather(out, layer, index);
+    out.push_back(compute(BodyOp::kMoeCombine, layer, pass));
+    if (tp()) {
+      std::int64_t count = tokens_ * m_.moe.top_k + (m_.moe.shared_gate ? tokens_ : 0);
+      out.push_back(tp_collective(Opcode::kAllReduce, What::kRouterGrad, layer, index++, count, ReduceOp::kSum));
+    }
+    if (m_.moe.shared_ffn_hidden > 0) out.push_back(compute(BodyOp::kMoeShared, layer, pass));
+    out.push_back(compute(BodyOp::kMoeExperts, layer, pass));
+    out.push_back(compute(BodyOp::kMoeRoute, layer, pass));
+    if (tp()) reduce(out, layer, index);
+  }
+
   void layer_backward(std::vector<Instr>& out, int layer, Pass pass) const {
     if (c_.recompute == plan::Recompute::kFull) layer_forward(out, layer, Pass::kRecompute);
     int index = 200;
-    for (auto it = graph_.layer.rbegin(); it != graph_.layer.rend(); ++it) {
+    const auto& ops = graph_.layer_ops(layer);
+    for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
       const model::Op& op = *it;
+      if (is_moe_op(op)) {
+        if (op.name == "moe.router") moe_backward(out, layer, pass, index);
+        continue;
+      }
       if (c_.recompute == plan::Recompute::kSelective && op.kind == model::OpKind::kAttention) {
         out.push_back(compute(body_op_of(op), layer, Pass::kRecompute));
       }
@@ -284,7 +320,7 @@ class BodyBuilder {
   void weight_grads(std::vector<Instr>& out, const std::vector<model::Op>& ops, int layer) const {
     int index = 300;
     for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
-      if (it->kind != model::OpKind::kLinear || it->params == 0) continue;
+      if (it->kind != model::OpKind::kLinear || it->params == 0 || is_moe_op(*it)) continue;
       if (it->split != model::TpSplit::kRow && sp()) gather(out, layer, index, What::kSavedInput);
       out.push_back(compute(body_op_of(*it), layer, Pass::kBackwardWeight));
     }
@@ -408,7 +444,7 @@ class Lowering {
     };
     std::vector<Unit> units;
     auto params_of = [&](int layers, bool emb, bool head) {
-      return static_cast<std::int64_t>(std::llround(cost_.stage_params(c_, layers, emb, head)));
+      return static_cast<std::int64_t>(std::llround(cost_.stage_params(c_, 0, layers, emb, head)));
     };
     std::int64_t vocab_shard = (m.vocab + c_.tp - 1) / c_.tp * m.hidden;
     if (ch.head) {
@@ -416,8 +452,9 @@ class Lowering {
       if (tied_across_stages_) head -= vocab_shard;
       units.push_back({L, head});
     }
-    std::int64_t layer = params_of(1, false, false);
-    for (int l = ch.first_layer + ch.layers - 1; l >= ch.first_layer; --l) units.push_back({l, layer});
+    for (int l = ch.first_layer + ch.layers - 1; l >= ch.first_layer; --l) {
+      units.push_back({l, static_cast<std::int64_t>(std::llround(cost_.layer_params(c_, l)))});
+    }
     if (ch.embedding) {
       std::int64_t emb = params_of(0, true, false);
       if (tied_across_stages_) emb -= vocab_shard;
@@ -443,6 +480,8 @@ class Lowering {
     const int L = static_cast<int>(m.layers);
     std::int64_t norm = m.norm == model::NormKind::kLayerNorm ? 2 * m.hidden : m.hidden;
     std::int64_t layer = 2 * norm + (m.linear_bias ? 2 * m.hidden : 0);
+    // An MoE layer's router (and shared experts' gate) is replicated too.
+    std::int64_t moe_layer = 2 * norm + m.moe.experts * m.hidden + (m.moe.shared_gate ? m.hidden : 0);
     std::int64_t n = 0;
     for (int u = b.lo; u < b.hi; ++u) {
       if (u == -1)
@@ -450,7 +489,7 @@ class Lowering {
       else if (u == L)
         n += norm;
       else
-        n += layer;
+        n += m.is_moe_layer(u) ? moe_layer : layer;
     }
     return n;
   }

@@ -102,6 +102,8 @@ std::string_view to_string(What w) {
       return "saved_input";
     case What::kReplicatedGrads:
       return "replicated_grads";
+    case What::kRouterGrad:
+      return "router_grad";
   }
   return "?";
 }
@@ -172,12 +174,20 @@ std::string_view to_string(BodyOp op) {
       return "head.logits";
     case BodyOp::kHeadCrossEntropy:
       return "head.cross_entropy";
+    case BodyOp::kMoeRoute:
+      return "moe.route";
+    case BodyOp::kMoeExperts:
+      return "moe.experts";
+    case BodyOp::kMoeShared:
+      return "moe.shared";
+    case BodyOp::kMoeCombine:
+      return "moe.combine";
   }
   return "?";
 }
 
 std::optional<BodyOp> parse_body_op(std::string_view t) {
-  for (int i = static_cast<int>(BodyOp::kNone) + 1; i <= static_cast<int>(BodyOp::kHeadCrossEntropy); ++i) {
+  for (int i = static_cast<int>(BodyOp::kNone) + 1; i <= static_cast<int>(BodyOp::kMoeCombine); ++i) {
     auto op = static_cast<BodyOp>(i);
     if (to_string(op) == t) return op;
   }

@@ -39,7 +39,8 @@ class Coster {
     switch (in.op) {
       case Opcode::kForward: {
         const ChunkInfo* ci = p.chunk_info(in.chunk);
-        return plan::CostModel::chunk_times(lc_, ci->layers, ci->embedding, ci->head).forward_s + overhead_;
+        return plan::CostModel::chunk_times(lc_, ci->first_layer, ci->layers, ci->embedding, ci->head).forward_s +
+               overhead_;
       }
       case Opcode::kBackward:
       case Opcode::kBackwardInput:
@@ -54,7 +55,8 @@ class Coster {
         return options_.free_communication ? 0.0 : collective(p, in);
       case Opcode::kOptimizerStep: {
         double params = 0;
-        for (const auto& ci : p.chunks) params += cm_.stage_params(c_, ci.layers, ci.embedding, ci.head);
+        for (const auto& ci : p.chunks)
+          params += cm_.stage_params(c_, ci.first_layer, ci.layers, ci.embedding, ci.head);
         return cm_.optimizer_seconds(c_, params);
       }
       default:
@@ -99,7 +101,8 @@ class Coster {
       if (in.op == Opcode::kBackwardWeight) return t.backward_weight_s;
       return t.backward_input_s + t.backward_weight_s;
     };
-    if (in.layer_end < 0) return part(plan::CostModel::chunk_times(lc_, ci->layers, ci->embedding, ci->head));
+    if (in.layer_end < 0)
+      return part(plan::CostModel::chunk_times(lc_, ci->first_layer, ci->layers, ci->embedding, ci->head));
     double t = 0;
     for (int u = in.layer; u < in.layer_end; ++u) {
       if (u == -1 && ci->embedding)
@@ -107,7 +110,7 @@ class Coster {
       else if (u == layers_ && ci->head)
         t += part(lc_.head);
       else if (u >= ci->first_layer && u < ci->first_layer + ci->layers)
-        t += part(lc_.layer);
+        t += part(lc_.at(u));
     }
     return t;
   }

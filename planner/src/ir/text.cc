@@ -210,7 +210,7 @@ class Parser {
       } else if (key == "on") {
         in.on = enum_value<CommGroup>(value, CommGroup::kEmbedding, "on");
       } else if (key == "what") {
-        in.what = enum_value<What>(value, What::kReplicatedGrads, "what");
+        in.what = enum_value<What>(value, What::kRouterGrad, "what");
       } else if (key == "pass") {
         in.pass = enum_value<Pass>(value, Pass::kRecompute, "pass");
       } else if (key == "chunk") {
@@ -247,7 +247,7 @@ class Parser {
 
   static std::string known_body_ops() {
     std::string names;
-    for (int i = static_cast<int>(BodyOp::kNone) + 1; i <= static_cast<int>(BodyOp::kHeadCrossEntropy); ++i) {
+    for (int i = static_cast<int>(BodyOp::kNone) + 1; i <= static_cast<int>(BodyOp::kMoeCombine); ++i) {
       if (!names.empty()) names += ", ";
       names += to_string(static_cast<BodyOp>(i));
     }

@@ -20,6 +20,8 @@ std::string_view to_string(OpKind kind) {
       return "dropout_residual";
     case OpKind::kCrossEntropy:
       return "cross_entropy";
+    case OpKind::kPermute:
+      return "permute";
   }
   return "?";
 }
@@ -36,6 +38,8 @@ std::string_view to_string(TpSplit split) {
       return "heads";
     case TpSplit::kVocab:
       return "vocab";
+    case TpSplit::kReplicated:
+      return "replicated";
   }
   return "?";
 }
@@ -89,7 +93,88 @@ Op dropout_residual(std::string name, const ModelSpec& m, double e) {
   return op;
 }
 
+// The activation of an MLP of width f over `rows` rows per token (top_k for the routed experts).
+Op activation(std::string name, const ModelSpec& m, std::int64_t f, double rows, double e) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::kActivation;
+  op.split = TpSplit::kHeads;
+  const double in = static_cast<double>(m.activation == ActivationKind::kSwiGlu ? 2 * f : f);
+  op.bytes_per_token = rows * e * (in + static_cast<double>(f));  // read the pre-activation, write the product
+  op.saved_sharded_per_token = rows * e * in;                     // GELU keeps its input; SwiGLU keeps gate and up
+  op.flops_per_token = rows * 8.0 * static_cast<double>(f);
+  return op;
+}
+
+// The MLP of an MoE layer, as dtrain's executor runs it (executor/runtime/src/moe_ops.cc): the router (a linear
+// layer to the experts' logits, replicated over tensor parallelism), the tokens copied to their experts' rows,
+// each expert's MLP over its rows (the experts' matrices split over tp as a dense MLP's), the outputs summed back
+// with the gates; the shared experts as a dense MLP beside them.
+void add_moe_layer(LayerGraph& g, const ModelSpec& m, double e) {
+  const MoeSpec& moe = m.moe;
+  const double h = static_cast<double>(m.hidden), k = static_cast<double>(moe.top_k);
+  const double E = static_cast<double>(moe.experts);
+  for (const Op& op : g.layer) {
+    if (op.name.rfind("mlp.fc1", 0) == 0) break;
+    g.moe_layer.push_back(op);  // attention and the MLP's norm
+  }
+  Op router = linear("moe.router", TpSplit::kReplicated, m.hidden, moe.experts, false, e);
+  // The router keeps its (gathered) input, the fp32 probabilities, and each choice's expert, gate and row.
+  router.saved_sequence_per_token = 0;
+  router.saved_sharded_per_token = 0;
+  router.saved_replicated_per_token = e * h + 4.0 * E + 12.0 * k;
+  router.bytes_per_token = 2.0 * 4.0 * E;  // softmax and top-k over the fp32 probabilities
+  g.moe_layer.push_back(router);
+  {
+    Op op;
+    op.name = "moe.permute";
+    op.kind = OpKind::kPermute;
+    op.split = TpSplit::kReplicated;
+    // Dispatch reads each token and writes top_k rows; combine reads top_k rows and writes the token.
+    op.bytes_per_token = 2.0 * e * h * (1.0 + k);
+    // The experts' input rows and their output rows (the gates' gradient reads them).
+    op.saved_replicated_per_token = 2.0 * e * h * k;
+    op.backward_factor = 1.5;  // the output gradient copied to the rows, the gates' gradients, the input summed
+    g.moe_layer.push_back(op);
+  }
+  Op fc1 = linear("moe.experts.fc1", TpSplit::kColumn, m.hidden, m.expert_fc1_columns(), false, e);
+  fc1.params *= moe.experts;
+  fc1.flops_per_token *= k;
+  fc1.saved_sequence_per_token = 0;  // its input is the permutation's rows
+  fc1.experts = moe.experts;
+  fc1.top_k = moe.top_k;
+  g.moe_layer.push_back(fc1);
+  g.moe_layer.push_back(activation("moe.experts.act", m, moe.ffn_hidden, k, e));
+  Op fc2 = linear("moe.experts.fc2", TpSplit::kRow, moe.ffn_hidden, m.hidden, false, e);
+  fc2.params *= moe.experts;
+  fc2.flops_per_token *= k;
+  fc2.saved_sharded_per_token *= k;
+  fc2.experts = moe.experts;
+  fc2.top_k = moe.top_k;
+  g.moe_layer.push_back(fc2);
+  if (moe.shared_ffn_hidden > 0) {
+    g.moe_layer.push_back(linear("moe.shared.fc1", TpSplit::kColumn, m.hidden, m.shared_fc1_columns(), false, e));
+    g.moe_layer.back().saved_sequence_per_token = 0;  // the router's input
+    g.moe_layer.push_back(activation("moe.shared.act", m, moe.shared_ffn_hidden, 1.0, e));
+    g.moe_layer.push_back(linear("moe.shared.fc2", TpSplit::kRow, moe.shared_ffn_hidden, m.hidden, false, e));
+    if (moe.shared_gate) {
+      g.moe_layer.push_back(linear("moe.shared.gate", TpSplit::kReplicated, m.hidden, 1, false, e));
+      g.moe_layer.back().saved_sharded_per_token = 0;
+      g.moe_layer.back().saved_replicated_per_token = 4.0 + e * h;  // the gate and the shared output, reduced
+    }
+  }
+  for (const Op& op : g.layer) {
+    if (op.name == "mlp.residual") g.moe_layer.push_back(op);
+  }
+}
+
 }  // namespace
+
+int LayerGraph::moe_layers_in(int first, int n) const {
+  int count = 0;
+  for (int l = first; l < first + n; ++l) count += is_moe(l) ? 1 : 0;
+  return count;
+}
 
 LayerGraph build_layer_graph(const ModelSpec& m, const TrainingSpec& t) {
   const double e = activation_bytes(t.dtype);
@@ -171,6 +256,9 @@ LayerGraph build_layer_graph(const ModelSpec& m, const TrainingSpec& t) {
   }
   g.layer.push_back(linear("mlp.fc2", TpSplit::kRow, m.ffn_hidden, m.hidden, m.linear_bias, e));
   g.layer.push_back(dropout_residual("mlp.residual", m, e));
+
+  if (m.moe.enabled()) add_moe_layer(g, m, e);
+  for (std::int64_t l = 0; l < m.layers; ++l) g.moe.push_back(m.is_moe_layer(l));
 
   // Head: final norm, output projection (the embedding matrix when tied), vocab-parallel cross entropy.
   g.head.push_back(norm("head.norm", m, e));

@@ -29,14 +29,54 @@ std::string_view to_string(Optimizer opt) {
   return "?";
 }
 
-std::int64_t ModelSpec::layer_params() const {
-  std::int64_t norm_params = norm == NormKind::kLayerNorm ? 2 * hidden : hidden;  // weight (+ bias)
-  std::int64_t p = 2 * norm_params;
-  p += hidden * qkv_columns() + hidden * hidden;      // QKV, attention output
-  p += hidden * fc1_columns() + ffn_hidden * hidden;  // MLP
-  if (linear_bias) p += hidden + fc1_columns() + hidden;
-  if (has_qkv_bias()) p += qkv_columns();
+namespace {
+
+// Weights and biases of a layer's dense MLP of width f (biases with linear_bias).
+std::int64_t mlp_params(const ModelSpec& m, std::int64_t fc1_columns, std::int64_t f, bool bias) {
+  return m.hidden * fc1_columns + f * m.hidden + (bias ? fc1_columns + m.hidden : 0);
+}
+
+// A layer without its MLP: both norms, the attention's projections and their biases.
+std::int64_t attention_params(const ModelSpec& m) {
+  std::int64_t norm_params = m.norm == NormKind::kLayerNorm ? 2 * m.hidden : m.hidden;  // weight (+ bias)
+  std::int64_t p = 2 * norm_params + m.hidden * m.qkv_columns() + m.hidden * m.hidden;
+  if (m.linear_bias) p += m.hidden;
+  if (m.has_qkv_bias()) p += m.qkv_columns();
   return p;
+}
+
+std::int64_t shared_expert_params(const ModelSpec& m) {
+  if (m.moe.shared_ffn_hidden == 0) return 0;
+  return mlp_params(m, m.shared_fc1_columns(), m.moe.shared_ffn_hidden, false) + (m.moe.shared_gate ? m.hidden : 0);
+}
+
+}  // namespace
+
+std::int64_t MoeSpec::capacity(std::int64_t seq_len) const {
+  return static_cast<std::int64_t>(
+      std::ceil(capacity_factor * static_cast<double>(seq_len * top_k) / static_cast<double>(experts)));
+}
+
+std::int64_t ModelSpec::moe_layers() const {
+  std::int64_t n = 0;
+  for (std::int64_t l = 0; l < layers; ++l) n += is_moe_layer(l) ? 1 : 0;
+  return n;
+}
+
+std::int64_t ModelSpec::layer_params() const {
+  return attention_params(*this) + mlp_params(*this, fc1_columns(), ffn_hidden, linear_bias);
+}
+
+std::int64_t ModelSpec::moe_layer_params() const {
+  return attention_params(*this) + moe.experts * hidden +
+         moe.experts * mlp_params(*this, expert_fc1_columns(), moe.ffn_hidden, false) + shared_expert_params(*this);
+}
+
+std::int64_t ModelSpec::moe_layer_active_matmul_params() const {
+  std::int64_t shared =
+      moe.shared_ffn_hidden == 0 ? 0 : mlp_params(*this, shared_fc1_columns(), moe.shared_ffn_hidden, false);
+  if (moe.shared_gate) shared += hidden;
+  return moe.experts * hidden + moe.top_k * mlp_params(*this, expert_fc1_columns(), moe.ffn_hidden, false) + shared;
 }
 
 std::int64_t ModelSpec::embedding_params() const {
@@ -51,14 +91,21 @@ std::int64_t ModelSpec::head_params() const {
   return p;
 }
 
-std::int64_t ModelSpec::total_params() const { return layers * layer_params() + embedding_params() + head_params(); }
+std::int64_t ModelSpec::total_params() const {
+  const std::int64_t moe_n = moe_layers();
+  return (layers - moe_n) * layer_params() + moe_n * moe_layer_params() + embedding_params() + head_params();
+}
 
 double ModelSpec::model_flops(double tokens) const {
-  double layer_matmul = static_cast<double>(hidden) * static_cast<double>(qkv_columns()) +
-                        static_cast<double>(hidden) * static_cast<double>(hidden) +
-                        static_cast<double>(hidden) * static_cast<double>(fc1_columns()) +
-                        static_cast<double>(ffn_hidden) * static_cast<double>(hidden);
-  double matmul_params = static_cast<double>(layers) * layer_matmul + static_cast<double>(vocab) * hidden;
+  const double attention_matmul = static_cast<double>(hidden) * static_cast<double>(qkv_columns()) +
+                                  static_cast<double>(hidden) * static_cast<double>(hidden);
+  const double dense_mlp = static_cast<double>(hidden) * static_cast<double>(fc1_columns()) +
+                           static_cast<double>(ffn_hidden) * static_cast<double>(hidden);
+  const auto moe_n = static_cast<double>(moe_layers());
+  const double dense_n = static_cast<double>(layers) - moe_n;
+  double matmul_params = static_cast<double>(layers) * attention_matmul + dense_n * dense_mlp +
+                         static_cast<double>(vocab) * static_cast<double>(hidden);
+  if (moe.enabled()) matmul_params += moe_n * static_cast<double>(moe_layer_active_matmul_params());
   double attention = 12.0 * static_cast<double>(layers) * static_cast<double>(hidden) * static_cast<double>(seq_len);
   return tokens * (6.0 * matmul_params + attention);
 }
@@ -73,6 +120,44 @@ std::int64_t llama_ffn_hidden(std::int64_t hidden, double multiplier, std::int64
 }
 
 [[noreturn]] void fail_pair(TableReader& r, std::string_view key, std::string_view message) { r.fail(key, message); }
+
+// [model.moe]: every key checked against the others and the model, each error at the key to fix.
+void parse_moe(TableReader& t, ModelSpec& spec) {
+  MoeSpec& moe = spec.moe;
+  moe.experts = t.get_int_at_least("experts", 2).value_or(0);
+  if (moe.experts == 0) t.fail("experts", "required key is missing (routed experts per MoE layer, at least 2)");
+  moe.top_k = t.get_int_at_least("top_k", 1).value_or(0);
+  if (moe.top_k == 0) t.fail("top_k", "required key is missing (experts each token is routed to)");
+  if (moe.top_k > moe.experts) {
+    t.fail("top_k", fmt::format("= {} is greater than experts = {} (a token goes to top_k different experts)",
+                                moe.top_k, moe.experts));
+  }
+  moe.ffn_hidden = t.get_int_at_least("ffn_hidden", 1).value_or(spec.ffn_hidden);
+  moe.shared_ffn_hidden = t.get_int_at_least("shared_ffn_hidden", 0).value_or(0);
+  moe.shared_gate = t.get_bool("shared_gate").value_or(false);
+  if (moe.shared_gate && moe.shared_ffn_hidden == 0) {
+    t.fail("shared_gate", "gates the shared experts, but shared_ffn_hidden is 0 (there are none)");
+  }
+  moe.interval = t.get_int_at_least("interval", 1).value_or(1);
+  moe.first_dense = t.get_int_at_least("first_dense", 0).value_or(0);
+  if (moe.first_dense >= spec.layers) {
+    t.fail("first_dense", fmt::format("= {} leaves no MoE layer among layers = {}", moe.first_dense, spec.layers));
+  }
+  if (spec.moe_layers() == 0) {
+    t.fail("interval", fmt::format("= {} leaves no MoE layer among the {} layers after first_dense = {}", moe.interval,
+                                   spec.layers - moe.first_dense, moe.first_dense));
+  }
+  moe.normalize_top_k = t.get_bool("normalize_top_k").value_or(true);
+  moe.aux_loss_coeff = t.get_number("aux_loss_coeff").value_or(0.0);
+  if (moe.aux_loss_coeff < 0) t.fail("aux_loss_coeff", "must not be negative (0 disables the load-balancing loss)");
+  if (t.has("capacity_factor")) {
+    moe.capacity_factor = t.get_positive_number("capacity_factor").value_or(0.0);
+  }
+  if (spec.linear_bias) {
+    t.fail("experts", "an MoE model needs linear_bias = false in [model] (dtrain's experts have no biases)");
+  }
+  t.reject_unknown();
+}
 
 }  // namespace
 
@@ -149,6 +234,7 @@ ModelDescription parse_model_tables(TableReader root) {
   if (spec.position == PositionKind::kRope && spec.head_dim() % 2 != 0) {
     fail_pair(m, "position", fmt::format("rope needs an even head dimension, hidden/heads = {}", spec.head_dim()));
   }
+  if (auto moe_table = m.table("moe")) parse_moe(*moe_table, spec);
   m.reject_unknown();
 
   TableReader& t = *training_table;
@@ -217,7 +303,34 @@ void validate(const ModelSpec& m, const TrainingSpec& t, const std::string& sour
   if (m.hidden % m.heads != 0) bad(fmt::format("heads = {} does not divide hidden = {}", m.heads, m.hidden));
   if (m.heads % m.kv_heads != 0) bad(fmt::format("kv_heads = {} does not divide heads = {}", m.kv_heads, m.heads));
   if (t.global_batch < 1) bad("global_batch must be at least 1");
+  if (m.moe.enabled()) {
+    const MoeSpec& e = m.moe;
+    if (e.experts < 2 || e.top_k < 1 || e.top_k > e.experts) {
+      bad(fmt::format("moe: top_k = {} must be in [1, experts = {}] and experts at least 2", e.top_k, e.experts));
+    }
+    if (e.ffn_hidden < 1 || e.shared_ffn_hidden < 0 || e.interval < 1 || e.first_dense < 0 || m.moe_layers() == 0) {
+      bad("moe: ffn_hidden and interval must be at least 1, and the layers must include an MoE layer");
+    }
+    if (m.linear_bias) bad("moe: an MoE model needs linear_bias = false");
+  }
 }
+
+namespace {
+
+// The [model.moe] keys, one "key = value" per line, each name after `prefix`: what model_toml writes (TOML values)
+// and what the digest is taken over. Only for an MoE model, so that every dense model's digest stays what it was.
+std::string moe_lines(const MoeSpec& moe, const std::string& prefix) {
+  std::string s;
+  s += fmt::format("{0}experts = {1}\n{0}top_k = {2}\n{0}ffn_hidden = {3}\n{0}shared_ffn_hidden = {4}\n", prefix,
+                   moe.experts, moe.top_k, moe.ffn_hidden, moe.shared_ffn_hidden);
+  s += fmt::format("{0}shared_gate = {1}\n{0}interval = {2}\n{0}first_dense = {3}\n{0}normalize_top_k = {4}\n", prefix,
+                   moe.shared_gate, moe.interval, moe.first_dense, moe.normalize_top_k);
+  s += fmt::format("{0}aux_loss_coeff = {1}\n", prefix, moe.aux_loss_coeff);
+  if (moe.capacity_factor > 0) s += fmt::format("{0}capacity_factor = {1}\n", prefix, moe.capacity_factor);
+  return s;
+}
+
+}  // namespace
 
 std::string model_toml(const ModelDescription& d, const std::string& prefix) {
   const ModelSpec& m = d.model;
@@ -231,6 +344,7 @@ std::string model_toml(const ModelDescription& d, const std::string& prefix) {
   s += fmt::format("position = \"{}\"\nlinear_bias = {}\n", to_string(m.position), m.linear_bias);
   if (m.qkv_bias && !m.linear_bias) s += "qkv_bias = true\n";
   s += fmt::format("dropout = {}\nnorm_eps = {}\nrope_theta = {}\n\n", m.dropout, m.norm_eps, m.rope_theta);
+  if (m.moe.enabled()) s += fmt::format("[{}model.moe]\n{}\n", p, moe_lines(m.moe, ""));
   s += fmt::format("[{}training]\n", p);
   s += fmt::format("global_batch = {}\ndtype = \"{}\"\noptimizer = \"{}\"\nattention = \"{}\"\n", t.global_batch,
                    to_string(t.dtype), to_string(t.optimizer), to_string(t.attention));
@@ -256,6 +370,7 @@ std::string canonical_text(const ModelDescription& d) {
   if (m.qkv_bias && !m.linear_bias) s += "model.qkv_bias = true\n";
   s += fmt::format("model.dropout = {}\nmodel.norm_eps = {}\nmodel.rope_theta = {}\n", m.dropout, m.norm_eps,
                    m.rope_theta);
+  if (m.moe.enabled()) s += moe_lines(m.moe, "model.moe.");
   s += fmt::format("training.global_batch = {}\ntraining.dtype = {}\ntraining.optimizer = {}\n", t.global_batch,
                    to_string(t.dtype), to_string(t.optimizer));
   s += fmt::format("training.attention = {}\ntraining.grad_reduce_dtype = {}\ntraining.overlap_grad_reduce = {}\n",

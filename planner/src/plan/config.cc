@@ -65,6 +65,14 @@ int ParallelConfig::stage_layers(int stage) const {
   return n;
 }
 
+int ParallelConfig::chunk_first_layer(int chunk) const {
+  int first = 0;
+  for (int c = 0; c < chunk && static_cast<std::size_t>(c) < chunk_layers.size(); ++c) {
+    first += chunk_layers[static_cast<std::size_t>(c)];
+  }
+  return first;
+}
+
 std::string ParallelConfig::summary() const {
   return fmt::format("tp={} pp={} dp={} vpp={} mb={} m={} recompute={} sp={} dopt={} schedule={}", tp, pp, dp, vpp,
                      micro_batch, num_microbatches, to_string(recompute), sequence_parallel ? "on" : "off",

@@ -47,18 +47,23 @@ CostModel::CostModel(model::ModelDescription model, topology::ClusterSpec cluste
         "[gpu] table, or train in a dtype the GPU has",
         cluster_.name, cluster_.node.gpu.name, dtype, dtype));
   }
-  for (const Op& op : graph_.layer) {
-    double p = static_cast<double>(op.params);
-    if (op.split == TpSplit::kSequence) {
-      layer_params_replicated_ += p;
-    } else if (op.kind == OpKind::kLinear && op.split == TpSplit::kRow) {
-      double bias = static_cast<double>(op.params - op.in_features * op.out_features);
-      layer_params_sharded_ += p - bias;
-      layer_params_replicated_ += bias;
-    } else {
-      layer_params_sharded_ += p;
+  auto split_params = [](const std::vector<Op>& ops, double& sharded, double& replicated) {
+    for (const Op& op : ops) {
+      double p = static_cast<double>(op.params);
+      if (op.split == TpSplit::kSequence || op.split == TpSplit::kReplicated) {
+        replicated += p;
+      } else if (op.kind == OpKind::kLinear && op.split == TpSplit::kRow) {
+        double bias =
+            static_cast<double>(op.params - std::max<std::int64_t>(op.experts, 1) * op.in_features * op.out_features);
+        sharded += p - bias;
+        replicated += bias;
+      } else {
+        sharded += p;
+      }
     }
-  }
+  };
+  split_params(graph_.layer, layer_params_sharded_, layer_params_replicated_);
+  split_params(graph_.moe_layer, moe_params_sharded_, moe_params_replicated_);
 }
 
 std::optional<std::string> CostModel::structural_problem(const ParallelConfig& c, std::int64_t global_batch) const {
@@ -67,6 +72,12 @@ std::optional<std::string> CostModel::structural_problem(const ParallelConfig& c
   if (m.heads % c.tp != 0) return fmt::format("tp={} does not divide heads={}", c.tp, m.heads);
   if (m.kv_heads % c.tp != 0) return fmt::format("tp={} does not divide kv_heads={}", c.tp, m.kv_heads);
   if (m.ffn_hidden % c.tp != 0) return fmt::format("tp={} does not divide ffn_hidden={}", c.tp, m.ffn_hidden);
+  if (m.moe.enabled() && m.moe.ffn_hidden % c.tp != 0) {
+    return fmt::format("tp={} does not divide the experts' ffn_hidden={}", c.tp, m.moe.ffn_hidden);
+  }
+  if (m.moe.enabled() && m.moe.shared_ffn_hidden % c.tp != 0) {
+    return fmt::format("tp={} does not divide the shared experts' shared_ffn_hidden={}", c.tp, m.moe.shared_ffn_hidden);
+  }
   int g = cluster_.node.gpus;
   if (c.tp < g ? g % c.tp != 0 : c.tp % g != 0) {
     return fmt::format("tp={} groups would straddle nodes of {} GPUs", c.tp, g);
@@ -143,6 +154,14 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
   switch (op.kind) {
     case OpKind::kLinear: {
       double in = static_cast<double>(op.in_features), out = static_cast<double>(op.out_features);
+      if (op.experts > 0) {
+        // One GEMM per expert on its share of the routed rows (evenly balanced).
+        const double experts = static_cast<double>(op.experts);
+        const double rows = p.tokens * static_cast<double>(op.top_k) / experts;
+        if (op.split == TpSplit::kRow) return experts * gemm_seconds(rows, out, in / p.tp);
+        return experts * gemm_seconds(rows, std::ceil(out / p.tp), in);
+      }
+      if (op.split == TpSplit::kReplicated) return gemm_seconds(p.tokens, out, in);
       if (op.split == TpSplit::kRow) return gemm_seconds(p.tokens, out, in / p.tp);
       return gemm_seconds(p.tokens, std::ceil(out / p.tp), in);  // column and vocab-parallel
     }
@@ -173,6 +192,8 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
     case OpKind::kActivation:
     case OpKind::kCrossEntropy:
       return memory_seconds(op.bytes_per_token * p.tokens / p.tp);
+    case OpKind::kPermute:
+      return memory_seconds(op.bytes_per_token * p.tokens);
   }
   return 0;
 }
@@ -306,10 +327,9 @@ StageTimes scaled(const StageTimes& a, double n) {
 }
 }  // namespace
 
-LayerCosts CostModel::layer_costs(const ParallelConfig& c) const {
-  LayerCosts lc;
-  StageTimes& layer = lc.layer;
-  for (const Op& op : graph_.layer) {
+StageTimes CostModel::layer_times(const std::vector<Op>& ops, const ParallelConfig& c) const {
+  StageTimes layer;
+  for (const Op& op : ops) {
     double f = op_forward_seconds(op, c);
     double w = op_weight_grad_seconds(op, c);
     layer.forward_s += f;
@@ -319,10 +339,25 @@ LayerCosts CostModel::layer_costs(const ParallelConfig& c) const {
   }
   double tp_f = layer_tp_forward_seconds(c);
   double tp_b = layer_tp_backward_seconds(c);
+  if (&ops == &graph_.moe_layer && c.tp > 1) {
+    // The gates' gradients are partial sums over the experts' shards: one all-reduce of top_k fp32 per token.
+    const double tokens = static_cast<double>(c.micro_batch) * static_cast<double>(model_.model.seq_len);
+    tp_b += all_reduce_seconds(4.0 * tokens * static_cast<double>(model_.model.moe.top_k), tp_group(c));
+  }
   if (c.recompute == Recompute::kFull) layer.recompute_s = layer.forward_s + tp_f;
   layer.forward_s += tp_f;
   layer.backward_input_s += tp_b + layer.recompute_s;
   layer.tp_comm_s = tp_f + tp_b + (c.recompute == Recompute::kFull ? tp_f : 0.0);
+  return layer;
+}
+
+LayerCosts CostModel::layer_costs(const ParallelConfig& c) const {
+  LayerCosts lc;
+  lc.layer = layer_times(graph_.layer, c);
+  if (!graph_.moe_layer.empty()) {
+    lc.moe_layer = layer_times(graph_.moe_layer, c);
+    lc.moe = &graph_.moe;
+  }
 
   auto add_ops = [&](const std::vector<Op>& ops, StageTimes& out) {
     for (const Op& op : ops) {
@@ -355,24 +390,46 @@ LayerCosts CostModel::layer_costs(const ParallelConfig& c) const {
   return lc;
 }
 
-StageTimes CostModel::chunk_times(const LayerCosts& lc, int layers, bool embedding, bool head) {
-  StageTimes out = scaled(lc.layer, static_cast<double>(layers));
+StageTimes CostModel::chunk_times(const LayerCosts& lc, int first_layer, int layers, bool embedding, bool head) {
+  int moe = 0;
+  if (lc.moe != nullptr) {
+    for (int l = first_layer; l < first_layer + layers; ++l) moe += &lc.at(l) == &lc.moe_layer ? 1 : 0;
+  }
+  StageTimes out = scaled(lc.layer, static_cast<double>(layers - moe));
+  if (moe > 0) out += scaled(lc.moe_layer, static_cast<double>(moe));
   if (embedding) out += lc.embedding;
   if (head) out += lc.head;
   return out;
 }
 
-StageTimes CostModel::chunk_times(const ParallelConfig& c, int layers, bool embedding, bool head) const {
-  return chunk_times(layer_costs(c), layers, embedding, head);
+StageTimes CostModel::chunk_times(const ParallelConfig& c, int first_layer, int layers, bool embedding,
+                                  bool head) const {
+  return chunk_times(layer_costs(c), first_layer, layers, embedding, head);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Data parallelism and optimizer
 
-double CostModel::stage_params(const ParallelConfig& c, int layers, bool embedding, bool head) const {
+double CostModel::layer_params(const ParallelConfig& c, int layer) const {
+  if (graph_.is_moe(layer)) return moe_params_sharded_ / c.tp + moe_params_replicated_;
+  return layer_params_sharded_ / c.tp + layer_params_replicated_;
+}
+
+double CostModel::stage_params(const ParallelConfig& c, int stage) const {
+  double p = 0;
+  for (int v = 0; v < c.vpp; ++v) {
+    const int ch = v * c.pp + stage;
+    p += stage_params(c, c.chunk_first_layer(ch), c.chunk_layers[static_cast<std::size_t>(ch)], false, false);
+  }
+  return p + stage_params(c, 0, 0, stage == 0, stage == c.pp - 1);
+}
+
+double CostModel::stage_params(const ParallelConfig& c, int first_layer, int layers, bool embedding, bool head) const {
   const auto& m = model_.model;
   double tp = c.tp;
-  double p = static_cast<double>(layers) * (layer_params_sharded_ / tp + layer_params_replicated_);
+  const int moe = graph_.moe_layers_in(first_layer, layers);
+  double p = static_cast<double>(layers - moe) * (layer_params_sharded_ / tp + layer_params_replicated_) +
+             static_cast<double>(moe) * (moe_params_sharded_ / tp + moe_params_replicated_);
   double vocab_shard = std::ceil(static_cast<double>(m.vocab) / tp) * static_cast<double>(m.hidden);
   if (embedding) {
     p += vocab_shard;
@@ -427,8 +484,16 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   mem.layers = c.stage_layers(stage);
   bool first = stage == 0;
   bool last = stage == c.pp - 1;
-  mem.params = stage_params(c, mem.layers, first, last);
-  mem.layer_params = static_cast<double>(mem.layers) * (layer_params_sharded_ / c.tp + layer_params_replicated_);
+  mem.params = stage_params(c, stage);
+  // The stage's layers, and of them the MoE layers (whose activations and parameters differ).
+  int moe_layers = 0;
+  for (int v = 0; v < c.vpp; ++v) {
+    const int ch = v * c.pp + stage;
+    moe_layers += graph_.moe_layers_in(c.chunk_first_layer(ch), c.chunk_layers[static_cast<std::size_t>(ch)]);
+  }
+  const int dense_layers = mem.layers - moe_layers;
+  mem.layer_params = static_cast<double>(dense_layers) * (layer_params_sharded_ / c.tp + layer_params_replicated_) +
+                     static_cast<double>(moe_layers) * (moe_params_sharded_ / c.tp + moe_params_replicated_);
 
   double wb = weight_bytes_per_param(t.dtype);
   double gb = grad_bytes_per_param(t);
@@ -442,19 +507,20 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   double tokens = static_cast<double>(c.micro_batch) * static_cast<double>(m.seq_len);
   double tp = c.tp;
   double seq_div = c.sequence_parallel ? tp : 1.0;
-  double full_layer = 0;
-  for (const Op& op : graph_.layer) {
-    full_layer +=
-        op.saved_sharded_per_token / tp + op.saved_sequence_per_token / seq_div + op.saved_quadratic_per_token / tp;
-  }
-  full_layer *= tokens;
-  double layer_bytes = full_layer;
+  // A stage's layers as their mean (dense and MoE layers differ; the peak is reached with all of them held).
+  const double dense_share = mem.layers > 0 ? static_cast<double>(dense_layers) / mem.layers : 1.0;
+  const double moe_share = 1.0 - dense_share;
+  auto mean_saved = [&](bool selective) {
+    double bytes = dense_share * saved_per_token(graph_.layer, c, selective);
+    if (moe_share > 0) bytes += moe_share * saved_per_token(graph_.moe_layer, c, selective);
+    return bytes * tokens;
+  };
+  // The largest layer, recomputed in full.
+  double full_layer = saved_per_token(graph_.layer, c, false) * tokens;
+  if (moe_layers > 0) full_layer = std::max(full_layer, saved_per_token(graph_.moe_layer, c, false) * tokens);
+  double layer_bytes = mean_saved(false);
   if (c.recompute == Recompute::kSelective) {
-    layer_bytes = 0;
-    for (const Op& op : graph_.layer) {
-      layer_bytes += op.saved_sharded_per_token / tp + op.saved_sequence_per_token / seq_div;
-    }
-    layer_bytes *= tokens;
+    layer_bytes = mean_saved(true);
   } else if (c.recompute == Recompute::kFull) {
     layer_bytes = tokens * static_cast<double>(m.hidden) * activation_bytes(t.dtype) / seq_div;  // the layer input
   }
@@ -506,6 +572,17 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   return mem;
 }
 
+double CostModel::saved_per_token(const std::vector<Op>& ops, const ParallelConfig& c, bool selective) const {
+  const double tp = c.tp;
+  const double seq_div = c.sequence_parallel ? tp : 1.0;
+  double bytes = 0;
+  for (const Op& op : ops) {
+    bytes += op.saved_sharded_per_token / tp + op.saved_sequence_per_token / seq_div + op.saved_replicated_per_token;
+    if (!selective) bytes += op.saved_quadratic_per_token / tp;
+  }
+  return bytes;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Whole step
 
@@ -532,12 +609,10 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
   StageTimes param_stage_times;
   for (int s = 0; s < p; ++s) {
     StageTimes st;
-    int layers = 0;
     for (int j = 0; j < v; ++j) {
       int ch = j * p + s;
       int n = c.chunk_layers[static_cast<std::size_t>(ch)];
-      layers += n;
-      st += chunk_times(lc, n, ch == 0, ch == chunks - 1);
+      st += chunk_times(lc, c.chunk_first_layer(ch), n, ch == 0, ch == chunks - 1);
     }
     if (stage_times != nullptr) (*stage_times)[static_cast<std::size_t>(s)] = st;
     double t = st.total() + overhead_per_mb;
@@ -551,7 +626,7 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
       bottleneck = st;
       fill_at_max = fill;
     }
-    double params = stage_params(c, layers, s == 0, s == p - 1);
+    double params = stage_params(c, s);
     if (params > max_params) {
       max_params = params;
       param_stage = s;
@@ -631,7 +706,7 @@ Estimate CostModel::evaluate(ParallelConfig c, std::int64_t global_batch) const 
   est.p2p_s = p2p_seconds(c);
   double max_params = 0;
   for (int s = 0; s < c.pp; ++s) {
-    max_params = std::max(max_params, stage_params(c, c.stage_layers(s), s == 0, s == c.pp - 1));
+    max_params = std::max(max_params, stage_params(c, s));
   }
   est.dp_reduce_s = dp_reduce_seconds(c, max_params);
 

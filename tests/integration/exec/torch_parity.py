@@ -1,6 +1,9 @@
 #!/usr/bin/python3
 """PyTorch reference for dtrain's Llama-style model (RMSNorm, rotate-half RoPE, grouped-query causal attention,
-SwiGLU, untied head), loaded from a dtrain checkpoint.
+SwiGLU, untied head), loaded from a dtrain checkpoint. With a [model.moe] table the MLPs of the MoE layers are a
+mixture of experts written here from the format's definition (docs/formats.md): softmax router, top-k (renormalised
+or not), per-sequence capacity with the earliest positions first, SwiGLU experts, shared experts, and the
+per-sequence load-balancing loss averaged over the batch and summed over the layers.
 
   torch_parity.py MODEL.toml TOKENS CKPT_DIR GRAD_DIR FINAL_DIR METRICS.jsonl STEP STEPS
 
@@ -66,6 +69,51 @@ class Model:
         self.cos = torch.tensor(np.cos(ang), dtype=torch.float32)
         self.sin = torch.tensor(np.sin(ang), dtype=torch.float32)
         self.p = {name: torch.tensor(value, requires_grad=True) for name, value in params.items()}
+        self.moe = m.get("moe")
+        self.aux = []  # the load-balancing loss of each MoE layer in the last forward
+
+    def is_moe(self, layer):
+        if self.moe is None:
+            return False
+        first, every = self.moe.get("first_dense", 0), self.moe.get("interval", 1)
+        return layer >= first and (layer - first + 1) % every == 0
+
+    def swiglu_mlp(self, x, pre):
+        gu = x @ self.p[pre + "fc1.weight"].T
+        f = gu.shape[-1] // 2
+        return (torch.nn.functional.silu(gu[..., :f]) * gu[..., f:]) @ self.p[pre + "fc2.weight"].T
+
+    def moe_mlp(self, y, pre, b, s):
+        mo = self.moe
+        E, K = mo["experts"], mo["top_k"]
+        x = y.reshape(b * s, self.h)
+        probs = torch.softmax(x @ self.p[pre + "moe.router.weight"].T, dim=-1)
+        top_p, top_e = torch.topk(probs, K, dim=-1)
+        gates = top_p / top_p.sum(-1, keepdim=True) if mo.get("normalize_top_k", True) else top_p
+        keep = torch.ones(b * s, K, dtype=torch.bool)
+        if mo.get("capacity_factor", 0) > 0:
+            cap = math.ceil(mo["capacity_factor"] * s * K / E)
+            for q in range(b):
+                used = [0] * E
+                for t in range(q * s, (q + 1) * s):
+                    for j in range(K):
+                        e = int(top_e[t, j])
+                        keep[t, j] = used[e] < cap
+                        used[e] += 1
+        out = torch.zeros_like(x)
+        for e in range(E):
+            tok, j = ((top_e == e) & keep).nonzero(as_tuple=True)
+            if len(tok) > 0:
+                ye = self.swiglu_mlp(x[tok], f"{pre}moe.experts.{e}.")
+                out = out.index_add(0, tok, ye * gates[tok, j][:, None])
+        if mo.get("shared_ffn_hidden", 0) > 0:
+            out = out + self.swiglu_mlp(x, pre + "moe.shared.")
+        coeff = mo.get("aux_loss_coeff", 0.0)
+        if coeff > 0:
+            counts = torch.nn.functional.one_hot(top_e, E).sum(1).reshape(b, s, E).sum(1).to(torch.float32)
+            mass = probs.reshape(b, s, E).sum(1)
+            self.aux.append((coeff * E / (K * s * s) * (counts * mass).sum(-1)).mean())
+        return out.reshape(b, s, self.h)
 
     def rms(self, x, w):
         return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps) * w.reshape(-1)
@@ -98,12 +146,14 @@ class Model:
             o = torch.einsum("bhij,bjhd->bihd", probs, v).reshape(b, s, self.h)
             x = x + o @ p[pre + "attn.proj.weight"].T
             y = self.rms(x, p[pre + "mlp.norm.weight"])
-            gu = y @ p[pre + "mlp.fc1.weight"].T
-            gate, up = gu[..., : self.ffn], gu[..., self.ffn:]
-            x = x + (torch.nn.functional.silu(gate) * up) @ p[pre + "mlp.fc2.weight"].T
+            x = x + (self.moe_mlp(y, pre, b, s) if self.is_moe(l) else self.swiglu_mlp(y, pre + "mlp."))
         x = self.rms(x, p["head.norm.weight"])
         logits = x @ p["head.logits.weight"].T
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))
+        for aux in self.aux:
+            loss = loss + aux
+        self.aux = []
+        return loss
 
 
 def batch(tokens, step, global_batch, seq):

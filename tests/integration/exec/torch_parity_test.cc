@@ -11,12 +11,10 @@
 namespace dtrain::testing {
 namespace {
 
-TEST(TorchParity, TinyLlamaLossGradientsAndAdamW) {
-  if (std::system("/usr/bin/python3 -c 'import torch, numpy' 2> /dev/null") != 0) {
-    GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
-  }
+// Trains `model` 5 steps, then 5 more from the checkpoint dumping the gradients of step 6, and has PyTorch check
+// step 6's loss and gradients and the weights after step 10.
+void expect_torch_parity(const std::string& model) {
   TempDir dir;
-  std::string model = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny.toml";
   std::string text = std::string(DTRAIN_SOURCE_DIR) + "/tests/data/text/gpl-3.txt";
   std::string tokens = dir.path("text.tokens"), ckpt = dir.path("ckpt"), grads = dir.path("grads");
   std::string metrics = dir.path("m.jsonl");
@@ -40,6 +38,26 @@ TEST(TorchParity, TinyLlamaLossGradientsAndAdamW) {
   std::string out = read_file(dir.path("out.txt"));
   EXPECT_EQ(status, 0) << out;
   std::printf("%s", out.c_str());
+}
+
+bool have_torch() { return std::system("/usr/bin/python3 -c 'import torch, numpy' 2> /dev/null") == 0; }
+
+TEST(TorchParity, TinyLlamaLossGradientsAndAdamW) {
+  if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
+  expect_torch_parity(std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny.toml");
+}
+
+// The mixture of experts (router, top-2, experts, load-balancing loss) against the reference written in
+// torch_parity.py.
+TEST(TorchParity, TinyMoeLossGradientsAndAdamW) {
+  if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
+  expect_torch_parity(std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny-moe.toml");
+}
+
+// Shared experts, un-normalised gates, a capacity that drops tokens, dense and MoE layers interleaved.
+TEST(TorchParity, TinyMoeSharedExpertsAndCapacity) {
+  if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
+  expect_torch_parity(std::string(DTRAIN_SOURCE_DIR) + "/tests/data/models/tiny-moe-shared.toml");
 }
 
 }  // namespace

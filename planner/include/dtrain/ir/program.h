@@ -71,6 +71,8 @@ enum class What : std::uint8_t {
                      // weight gradient
   kReplicatedGrads,  // sequence parallelism: gradients of parameters replicated over the tensor-parallel group
                      // (norms, row-parallel biases, positions) are partial sums over sequence shards
+  kRouterGrad,       // mixture of experts: the gates' gradients (top_k per token, and the shared experts' gate),
+                     // partial sums over the experts' tensor-parallel shards
 };
 
 // The model op a COMPUTE instruction of a stage body runs: the layer graph's ops (dtrain/model/layer_graph.h) plus
@@ -95,6 +97,10 @@ enum class BodyOp : std::uint8_t {
   kHeadNorm,          // head.norm
   kHeadLogits,        // head.logits         vocab-parallel output projection
   kHeadCrossEntropy,  // head.cross_entropy  vocab-parallel cross entropy
+  kMoeRoute,          // moe.route           router, top-k, tokens copied to their experts' rows
+  kMoeExperts,        // moe.experts         each expert's MLP on its rows (split over tp as a dense MLP)
+  kMoeShared,         // moe.shared          the shared experts' MLP (and its gate)
+  kMoeCombine,        // moe.combine         the experts' rows summed back per token, weighted by the gates
 };
 
 // Which pass a body op belongs to.

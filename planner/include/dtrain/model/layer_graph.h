@@ -25,15 +25,17 @@ enum class OpKind {
   kActivation,       // GELU or SwiGLU
   kDropoutResidual,  // dropout (when the model has it) fused with the residual add
   kCrossEntropy,     // vocab-parallel softmax cross entropy
+  kPermute,          // mixture of experts: tokens copied to their experts' rows and the outputs summed back
 };
 
 // How tensor parallelism splits an op.
 enum class TpSplit {
-  kSequence,  // replicated over the tensor-parallel group; split along the sequence with sequence parallelism
-  kColumn,    // weight split by output features; input replicated (all-gathered with sequence parallelism)
-  kRow,       // weight split by input features; output partial sums all-reduced (reduce-scattered with SP)
-  kHeads,     // attention heads split over the group (follows a column-parallel op)
-  kVocab,     // embedding rows / output logits split over the vocabulary
+  kSequence,    // replicated over the tensor-parallel group; split along the sequence with sequence parallelism
+  kColumn,      // weight split by output features; input replicated (all-gathered with sequence parallelism)
+  kRow,         // weight split by input features; output partial sums all-reduced (reduce-scattered with SP)
+  kHeads,       // attention heads split over the group (follows a column-parallel op)
+  kVocab,       // embedding rows / output logits split over the vocabulary
+  kReplicated,  // the whole op on every rank of the group, on all tokens (an MoE router)
 };
 
 std::string_view to_string(OpKind kind);
@@ -61,12 +63,25 @@ struct Op {
   double saved_sequence_per_token = 0;  // divided by it only with sequence parallelism
   double saved_quadratic_per_token =
       0;  // the attention scores' s*s part: divided by tp, dropped by selective recompute
+  double saved_replicated_per_token = 0;  // kept whole on every rank of the group (an MoE router's state)
+  // A grouped GEMM over the experts (kLinear): `experts` GEMMs, each on tokens * top_k / experts rows on average.
+  std::int64_t experts = 0;
+  std::int64_t top_k = 1;
 };
 
 struct LayerGraph {
   std::vector<Op> embedding;  // first pipeline stage
-  std::vector<Op> layer;      // one transformer layer (every layer is the same)
-  std::vector<Op> head;       // last pipeline stage: final norm, output projection, cross entropy
+  std::vector<Op> layer;      // one dense transformer layer
+  // One MoE layer (an MoE model's; empty for a dense model): the dense layer's attention and norm, then the router,
+  // the experts (grouped GEMMs), the shared experts and the permutations, in place of the MLP.
+  std::vector<Op> moe_layer;
+  std::vector<bool> moe;  // per layer: whether it is an MoE layer
+  std::vector<Op> head;   // last pipeline stage: final norm, output projection, cross entropy
+
+  bool is_moe(std::int64_t l) const { return l >= 0 && l < static_cast<std::int64_t>(moe.size()) && moe[l]; }
+  const std::vector<Op>& layer_ops(std::int64_t l) const { return is_moe(l) ? moe_layer : layer; }
+  // MoE layers among [first, first + n).
+  int moe_layers_in(int first, int n) const;
 };
 
 // Builds the graph for a model trained in training.dtype with training.attention.

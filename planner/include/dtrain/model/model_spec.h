@@ -4,6 +4,8 @@
 //   [model]    name, arch (gpt | llama), layers, hidden, ffn_hidden, heads, kv_heads, vocab, seq_len,
 //              tied_embeddings, norm, activation, position, linear_bias, qkv_bias, dropout, norm_eps, rope_theta,
 //              ffn_multiple_of
+//   [model.moe] experts, top_k, ffn_hidden, shared_ffn_hidden, shared_gate, interval, first_dense,
+//              normalize_top_k, aux_loss_coeff, capacity_factor (a mixture-of-experts model; absent: dense)
 //   [training] global_batch, dtype, optimizer, lr, min_lr, warmup_steps, decay_steps, weight_decay, beta1, beta2,
 //              eps, grad_clip, attention, grad_reduce_dtype, overlap_grad_reduce
 // Unknown keys are errors with the nearest valid key suggested; every error names file, line and key.
@@ -36,6 +38,35 @@ std::string_view to_string(ActivationKind act);
 std::string_view to_string(PositionKind pos);
 std::string_view to_string(AttentionImpl impl);
 
+// Mixture of experts ([model.moe]). An MoE layer replaces the dense MLP with `experts` MLPs of width ffn_hidden (the
+// model's activation, no biases) and a router: a linear layer hidden -> experts, a softmax over all experts in fp32,
+// and the top_k of them per token, whose probabilities (renormalised to sum 1 when normalize_top_k) weight the
+// chosen experts' outputs. Shared experts are one more MLP every token goes through (of the shared experts' summed
+// width), its output scaled by sigmoid(x . w) when shared_gate (Qwen2-MoE).
+struct MoeSpec {
+  std::int64_t experts = 0;  // routed experts per MoE layer; 0: a dense model
+  std::int64_t top_k = 0;
+  std::int64_t ffn_hidden = 0;         // each routed expert's MLP width
+  std::int64_t shared_ffn_hidden = 0;  // the shared experts' MLP width, together (0: none)
+  bool shared_gate = false;
+  // Which layers are MoE: layer l (from 0) when l >= first_dense and (l - first_dense + 1) % interval == 0
+  // (HuggingFace's decoder_sparse_step and interleave_moe_layer_step; DeepSeek's first_k_dense_replace).
+  std::int64_t interval = 1;
+  std::int64_t first_dense = 0;
+  bool normalize_top_k = true;
+  // The load-balancing loss (Switch Transformer, as Megatron-Core computes it) over each sequence's tokens:
+  // aux_loss_coeff * experts / (top_k * seq_len) * sum_e count_e * mean_t p[t, e], added to the loss per MoE layer
+  // and averaged over the sequences of the batch. Per sequence, so that it does not depend on the layout.
+  double aux_loss_coeff = 0.0;
+  // Token dropping: each expert takes at most ceil(capacity_factor * seq_len * top_k / experts) tokens of each
+  // sequence, the earliest positions first; the rest of its assignments are dropped (they add nothing). 0: dropless.
+  double capacity_factor = 0.0;
+
+  bool enabled() const { return experts > 0; }
+  // Assignments an expert takes from one sequence of `seq_len` tokens (capacity_factor > 0).
+  std::int64_t capacity(std::int64_t seq_len) const;
+};
+
 struct ModelSpec {
   std::string name;
   Arch arch = Arch::kGpt;
@@ -56,6 +87,20 @@ struct ModelSpec {
   double dropout = 0.0;  // hidden and attention dropout probability
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
+  MoeSpec moe;
+
+  // Whether layer l's MLP is a mixture of experts.
+  bool is_moe_layer(std::int64_t l) const {
+    return moe.enabled() && l >= moe.first_dense && (l - moe.first_dense + 1) % moe.interval == 0;
+  }
+  std::int64_t moe_layers() const;
+  // Columns of an expert's first matrix (gate and up fused for SwiGLU), as fc1_columns().
+  std::int64_t expert_fc1_columns() const {
+    return activation == ActivationKind::kSwiGlu ? 2 * moe.ffn_hidden : moe.ffn_hidden;
+  }
+  std::int64_t shared_fc1_columns() const {
+    return activation == ActivationKind::kSwiGlu ? 2 * moe.shared_ffn_hidden : moe.shared_ffn_hidden;
+  }
 
   std::int64_t head_dim() const { return hidden / heads; }
   std::int64_t kv_dim() const { return kv_heads * head_dim(); }
@@ -64,8 +109,12 @@ struct ModelSpec {
   // Columns of the first MLP matrix: ffn_hidden, or 2 * ffn_hidden for SwiGLU (gate and up fused).
   std::int64_t fc1_columns() const { return activation == ActivationKind::kSwiGlu ? 2 * ffn_hidden : ffn_hidden; }
 
-  // Parameters of one transformer layer (weights, biases, norms).
+  // Parameters of one dense transformer layer (weights, biases, norms).
   std::int64_t layer_params() const;
+  // Parameters of one MoE layer: attention and norms, router, every expert, shared experts.
+  std::int64_t moe_layer_params() const;
+  // Of those, the ones one token's forward multiplies by: the router, top_k experts, the shared experts.
+  std::int64_t moe_layer_active_matmul_params() const;
   // Token embedding (+ learned positions).
   std::int64_t embedding_params() const;
   // Final norm + output projection (zero extra weights when tied).
@@ -74,7 +123,8 @@ struct ModelSpec {
 
   // Model FLOPs of one optimizer step over `tokens` tokens, forward + backward, no recomputation: the MFU numerator.
   // Dense GEMMs 6 x params-in-matmuls x tokens plus attention 12 x layers x hidden x seq_len x tokens (the score and
-  // value products counted in full, as Megatron, PaLM and Korthikanti do).
+  // value products counted in full, as Megatron, PaLM and Korthikanti do). An MoE layer counts its active weights
+  // (router, top_k experts, shared experts).
   double model_flops(double tokens) const;
 };
 

@@ -50,6 +50,8 @@ struct ParallelConfig {
   int chunks() const { return pp * vpp; }
   // Layers on pipeline stage s (summed over its chunks).
   int stage_layers(int stage) const;
+  // The first layer of model chunk `chunk` (chunks hold consecutive layers in chunk order).
+  int chunk_first_layer(int chunk) const;
   // "tp=8 pp=8 dp=16 vpp=2 mb=1 m=96 recompute=selective sp=on dopt=on schedule=interleaved"
   std::string summary() const;
   bool operator==(const ParallelConfig& o) const = default;

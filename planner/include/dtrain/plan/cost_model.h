@@ -94,9 +94,17 @@ struct Estimate {
 // Per-micro-batch costs of one transformer layer and of the embedding and head, for one (tp, micro_batch,
 // sequence_parallel, recompute) combination: what every stage time is assembled from.
 struct LayerCosts {
-  StageTimes layer;
+  StageTimes layer;      // a dense layer
+  StageTimes moe_layer;  // an MoE layer (an MoE model's)
   StageTimes embedding;
   StageTimes head;
+  const std::vector<bool>* moe = nullptr;  // per layer: MoE (the layer graph's), nullptr for a dense model
+
+  const StageTimes& at(int l) const {
+    return moe != nullptr && l >= 0 && static_cast<std::size_t>(l) < moe->size() && (*moe)[static_cast<std::size_t>(l)]
+               ? moe_layer
+               : layer;
+  }
 };
 
 // Shape of a communication group on the cluster.
@@ -160,26 +168,36 @@ class CostModel {
   // Tensor-parallel collective time of one transformer layer's forward / backward pass.
   double layer_tp_forward_seconds(const ParallelConfig& config) const;
   double layer_tp_backward_seconds(const ParallelConfig& config) const;
-  // Per-micro-batch cost of a model chunk with `layers` layers, with the embedding and/or head when asked.
-  StageTimes chunk_times(const ParallelConfig& config, int layers, bool embedding, bool head) const;
-  static StageTimes chunk_times(const LayerCosts& costs, int layers, bool embedding, bool head);
+  // Per-micro-batch cost of a model chunk of layers [first_layer, first_layer + layers), with the embedding and/or
+  // head when asked.
+  StageTimes chunk_times(const ParallelConfig& config, int first_layer, int layers, bool embedding, bool head) const;
+  static StageTimes chunk_times(const LayerCosts& costs, int first_layer, int layers, bool embedding, bool head);
   // Data-parallel gradient reduction of `params` parameters (sharded: reduce-scatter + parameter all-gather).
   double dp_reduce_seconds(const ParallelConfig& config, double params) const;
   double optimizer_seconds(const ParallelConfig& config, double params) const;
-  // Parameters one GPU holds for `layers` layers, with embedding/head.
-  double stage_params(const ParallelConfig& config, int layers, bool embedding, bool head) const;
+  // Parameters one GPU holds for layers [first_layer, first_layer + layers), with embedding/head.
+  double stage_params(const ParallelConfig& config, int first_layer, int layers, bool embedding, bool head) const;
+  // Parameters one GPU of pipeline stage `stage` holds (all its model chunks); config.chunk_layers must be set.
+  double stage_params(const ParallelConfig& config, int stage) const;
+  // Parameters one GPU holds of layer l (dense or MoE).
+  double layer_params(const ParallelConfig& config, int layer) const;
   double bucket_bytes() const { return kBucketBytes; }
 
   static constexpr double kBucketBytes = 40.0 * 1024 * 1024;  // Megatron's default DDP bucket (40 MB)
 
  private:
   double collective_seconds(double bytes, const GroupGeometry& g, double bw_factor, int steps_factor) const;
+  // Saved activation bytes per token of a layer's ops for one micro-batch (full recomputation aside).
+  double saved_per_token(const std::vector<model::Op>& ops, const ParallelConfig& config, bool selective) const;
+  StageTimes layer_times(const std::vector<model::Op>& ops, const ParallelConfig& config) const;
 
   model::ModelDescription model_;
   topology::ClusterSpec cluster_;
   model::LayerGraph graph_;
-  double layer_params_sharded_ = 0;     // layer parameters split by tp
+  double layer_params_sharded_ = 0;     // dense layer parameters split by tp
   double layer_params_replicated_ = 0;  // norms, row-parallel biases
+  double moe_params_sharded_ = 0;       // the same of an MoE layer (experts split by tp, as a dense MLP)
+  double moe_params_replicated_ = 0;    // ... and the router, replicated
 };
 
 }  // namespace dtrain::plan

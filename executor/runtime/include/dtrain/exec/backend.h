@@ -42,6 +42,7 @@
 #include "dtrain/kernels/dropout.h"
 #include "dtrain/kernels/embedding.h"
 #include "dtrain/kernels/linear.h"
+#include "dtrain/kernels/moe.h"
 #include "dtrain/kernels/norm.h"
 #include "dtrain/kernels/optimizer.h"
 #include "dtrain/kernels/rope.h"
@@ -130,6 +131,19 @@ class Kernels {
   virtual void cross_entropy_backward(std::int64_t tokens, const A* logits, const std::int32_t* targets,
                                       kernels::VocabShard shard, const float* max, const float* sum_exp,
                                       const float* dloss, A* dlogits) = 0;
+
+  // Mixture of experts (dtrain/kernels/moe.h): the router's logits and their gradient are typed A; probabilities,
+  // gates and their gradients fp32; expert, rows and slot int32.
+  virtual void moe_route(const kernels::MoeRouteShape& shape, const A* logits, float* probs, std::int32_t* expert,
+                         float* gate) = 0;
+  virtual void moe_route_backward(const kernels::MoeRouteShape& shape, const float* probs, const std::int32_t* expert,
+                                  const float* dgate, const float* aux_grad, std::int64_t seq_len, A* dlogits) = 0;
+  virtual void moe_gather_rows(std::int64_t n, std::int64_t cols, const A* src, const std::int32_t* rows, A* dst) = 0;
+  virtual void moe_unpermute(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const A* src,
+                             const std::int32_t* slot, const float* weight, bool accumulate, A* out) = 0;
+  virtual void moe_unpermute_backward(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const A* dout,
+                                      const A* src, const std::int32_t* slot, const float* gate, A* dsrc,
+                                      float* dgate) = 0;
 };
 
 class Backend {

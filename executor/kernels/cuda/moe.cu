@@ -1,0 +1,204 @@
+// Mixture-of-experts kernels (dtrain/kernels/cuda/moe.h).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/check.h"
+#include "cuda/device.cuh"
+#include "dtrain/common/error.h"
+#include "dtrain/kernels/cuda/moe.h"
+
+namespace dtrain::kernels::cuda {
+
+namespace {
+
+using detail::as_device;
+using detail::block_reduce;
+using detail::global_thread;
+using detail::grid_for;
+using detail::grid_threads;
+using detail::kThreads;
+using detail::store_as;
+using detail::stream_of;
+using detail::SumOp;
+using detail::to_float;
+
+// One thread per token: softmax over the experts, then top-k by repeated selection (lower index on ties).
+__global__ void __launch_bounds__(kThreads)
+    route_kernel(MoeRouteShape s, const __nv_bfloat16* logits, float* probs, std::int32_t* expert, float* gate) {
+  const std::int64_t E = s.experts, K = s.top_k;
+  for (std::int64_t t = global_thread(); t < s.tokens; t += grid_threads()) {
+    const __nv_bfloat16* x = logits + t * E;
+    float* p = probs + t * E;
+    float max = to_float(x[0]);
+    for (std::int64_t e = 1; e < E; ++e) max = fmaxf(max, to_float(x[e]));
+    float sum = 0.0f;
+    for (std::int64_t e = 0; e < E; ++e) {
+      p[e] = expf(to_float(x[e]) - max);
+      sum += p[e];
+    }
+    for (std::int64_t e = 0; e < E; ++e) p[e] /= sum;
+    std::int32_t* ex = expert + t * K;
+    float* g = gate + t * K;
+    float chosen = 0.0f;
+    for (std::int64_t j = 0; j < K; ++j) {
+      std::int32_t best = -1;
+      for (std::int64_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (std::int64_t i = 0; i < j; ++i) taken = taken || ex[i] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = static_cast<std::int32_t>(e);
+      }
+      ex[j] = best;
+      g[j] = p[best];
+      chosen += p[best];
+    }
+    if (s.normalize) {
+      for (std::int64_t j = 0; j < K; ++j) g[j] /= chosen;
+    }
+  }
+}
+
+// The gradient on the probabilities of expert e of token t: the load-balancing term and the gates'.
+__device__ __forceinline__ float prob_grad(const MoeRouteShape& s, const float* p, const std::int32_t* ex,
+                                           const float* dg, float aux, float sum, float dot, std::int64_t e) {
+  float d = aux;
+  for (std::int64_t j = 0; j < s.top_k; ++j) {
+    if (ex[j] == e) d += s.normalize ? (dg[j] - dot) / sum : dg[j];
+  }
+  (void)p;
+  return d;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    route_backward_kernel(MoeRouteShape s, const float* probs, const std::int32_t* expert, const float* dgate,
+                          const float* aux_grad, std::int64_t seq_len, __nv_bfloat16* dlogits) {
+  const std::int64_t E = s.experts, K = s.top_k;
+  for (std::int64_t t = global_thread(); t < s.tokens; t += grid_threads()) {
+    const float* p = probs + t * E;
+    const std::int32_t* ex = expert + t * K;
+    const float* dg = dgate + t * K;
+    const float* aux = aux_grad != nullptr ? aux_grad + (t / seq_len) * E : nullptr;
+    float sum = 0.0f, dot = 0.0f;
+    if (s.normalize) {
+      for (std::int64_t j = 0; j < K; ++j) sum += p[ex[j]];
+      for (std::int64_t j = 0; j < K; ++j) dot += dg[j] * (p[ex[j]] / sum);
+    }
+    float pd = 0.0f;
+    for (std::int64_t e = 0; e < E; ++e) pd += p[e] * prob_grad(s, p, ex, dg, aux ? aux[e] : 0.0f, sum, dot, e);
+    for (std::int64_t e = 0; e < E; ++e) {
+      const float d = prob_grad(s, p, ex, dg, aux ? aux[e] : 0.0f, sum, dot, e);
+      store_as(dlogits + t * E + e, p[e] * (d - pd));
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    gather_rows_kernel(std::int64_t n, std::int64_t cols, const __nv_bfloat16* src, const std::int32_t* rows,
+                       __nv_bfloat16* dst) {
+  for (std::int64_t i = global_thread(); i < n * cols; i += grid_threads()) {
+    const std::int64_t r = i / cols, c = i % cols;
+    dst[i] = src[static_cast<std::int64_t>(rows[r]) * cols + c];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    unpermute_kernel(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const __nv_bfloat16* src,
+                     const std::int32_t* slot, const float* weight, bool accumulate, __nv_bfloat16* out) {
+  for (std::int64_t i = global_thread(); i < tokens * cols; i += grid_threads()) {
+    const std::int64_t t = i / cols, c = i % cols;
+    float acc = accumulate ? to_float(out[i]) : 0.0f;
+    for (std::int64_t j = 0; j < top_k; ++j) {
+      const std::int32_t row = slot[t * top_k + j];
+      if (row < 0) continue;
+      const float w = weight != nullptr ? weight[t * top_k + j] : 1.0f;
+      acc += w * to_float(src[static_cast<std::int64_t>(row) * cols + c]);
+    }
+    store_as(out + i, acc);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    unpermute_grad_rows_kernel(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const __nv_bfloat16* dout,
+                               const std::int32_t* slot, const float* gate, __nv_bfloat16* dsrc) {
+  for (std::int64_t i = global_thread(); i < tokens * top_k * cols; i += grid_threads()) {
+    const std::int64_t a = i / cols, c = i % cols, t = a / top_k;
+    const std::int32_t row = slot[a];
+    if (row < 0) continue;
+    store_as(dsrc + static_cast<std::int64_t>(row) * cols + c, gate[a] * to_float(dout[t * cols + c]));
+  }
+}
+
+// One block per assignment (t, j): dgate = dot(dout[t], src[slot]).
+__global__ void __launch_bounds__(kThreads)
+    unpermute_grad_gate_kernel(std::int64_t top_k, std::int64_t cols, const __nv_bfloat16* dout,
+                               const __nv_bfloat16* src, const std::int32_t* slot, float* dgate) {
+  __shared__ float shared[32];
+  const std::int64_t a = blockIdx.x, t = a / top_k;
+  const std::int32_t row = slot[a];
+  float acc = 0.0f;
+  if (row >= 0) {
+    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      acc += to_float(dout[t * cols + c]) * to_float(src[static_cast<std::int64_t>(row) * cols + c]);
+    }
+  }
+  acc = block_reduce(acc, SumOp{}, 0.0f, shared);
+  if (threadIdx.x == 0) dgate[a] = acc;
+}
+
+void check_shape(const MoeRouteShape& s, const char* name) {
+  DTRAIN_CHECK(s.tokens >= 0 && s.experts > 0 && s.top_k > 0 && s.top_k <= s.experts,
+               std::string(name) + ": bad router shape");
+}
+
+}  // namespace
+
+void moe_route(Context& ctx, const MoeRouteShape& s, const bf16* logits, float* probs, std::int32_t* expert,
+               float* gate) {
+  check_shape(s, "moe_route");
+  if (s.tokens == 0) return;
+  route_kernel<<<grid_for(s.tokens), kThreads, 0, stream_of(ctx)>>>(s, as_device(logits), probs, expert, gate);
+  DTRAIN_CUDA_CHECK_LAUNCH(ctx, "moe_route");
+}
+
+void moe_route_backward(Context& ctx, const MoeRouteShape& s, const float* probs, const std::int32_t* expert,
+                        const float* dgate, const float* aux_grad, std::int64_t seq_len, bf16* dlogits) {
+  check_shape(s, "moe_route_backward");
+  if (s.tokens == 0) return;
+  DTRAIN_CHECK(seq_len > 0, "moe_route_backward: seq_len must be positive");
+  route_backward_kernel<<<grid_for(s.tokens), kThreads, 0, stream_of(ctx)>>>(s, probs, expert, dgate, aux_grad, seq_len,
+                                                                             as_device(dlogits));
+  DTRAIN_CUDA_CHECK_LAUNCH(ctx, "moe_route_backward");
+}
+
+void moe_gather_rows(Context& ctx, std::int64_t n, std::int64_t cols, const bf16* src, const std::int32_t* rows,
+                     bf16* dst) {
+  if (n * cols == 0) return;
+  gather_rows_kernel<<<grid_for(n * cols), kThreads, 0, stream_of(ctx)>>>(n, cols, as_device(src), rows,
+                                                                          as_device(dst));
+  DTRAIN_CUDA_CHECK_LAUNCH(ctx, "moe_gather_rows");
+}
+
+void moe_unpermute(Context& ctx, std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const bf16* src,
+                   const std::int32_t* slot, const float* weight, bool accumulate, bf16* out) {
+  if (tokens * cols == 0) return;
+  unpermute_kernel<<<grid_for(tokens * cols), kThreads, 0, stream_of(ctx)>>>(tokens, top_k, cols, as_device(src), slot,
+                                                                             weight, accumulate, as_device(out));
+  DTRAIN_CUDA_CHECK_LAUNCH(ctx, "moe_unpermute");
+}
+
+void moe_unpermute_backward(Context& ctx, std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const bf16* dout,
+                            const bf16* src, const std::int32_t* slot, const float* gate, bf16* dsrc, float* dgate) {
+  if (tokens * top_k == 0) return;
+  if (cols > 0) {
+    unpermute_grad_rows_kernel<<<grid_for(tokens * top_k * cols), kThreads, 0, stream_of(ctx)>>>(
+        tokens, top_k, cols, as_device(dout), slot, gate, as_device(dsrc));
+    DTRAIN_CUDA_CHECK_LAUNCH(ctx, "moe_unpermute_backward");
+  }
+  unpermute_grad_gate_kernel<<<detail::checked_grid(tokens * top_k), kThreads, 0, stream_of(ctx)>>>(
+      top_k, cols, as_device(dout), as_device(src), slot, dgate);
+  DTRAIN_CUDA_CHECK_LAUNCH(ctx, "moe_unpermute_backward");
+}
+
+}  // namespace dtrain::kernels::cuda

@@ -1,0 +1,293 @@
+// An MoE layer's MLP in the interpreter (interpreter.h): the stage-body ops moe.route, moe.experts, moe.shared and
+// moe.combine, forward and backward. The body's current tensor enters moe.route as every token of the micro-batch
+// (gathered with sequence parallelism) and leaves moe.combine as the experts' weighted outputs, partial sums over
+// tensor parallelism (the experts' matrices are split as a dense MLP's), which the body's reduction sums.
+//
+// Routing is decided on the host: the top-k choices come back from the backend (T * top_k integers), and the
+// permutation (each expert's rows in token order), the capacity drops and the load-balancing loss are computed here,
+// so that every backend and layout routes alike. The tensor-parallel ranks route identically: same input, same
+// kernel.
+#include <fmt/format.h>
+
+#include "interpreter.h"
+
+namespace dtrain::exec::detail {
+
+namespace k = dtrain::kernels;
+using ir::BodyOp;
+using ir::Instr;
+
+namespace {
+
+std::string expert_weight(int layer, std::int64_t e, const char* name) {
+  return fmt::format("layers.{}.moe.experts.{}.{}.weight", layer, e, name);
+}
+
+bool backward_pass(const Instr& in) { return in.pass == ir::Pass::kBackward || in.pass == ir::Pass::kBackwardInput; }
+
+}  // namespace
+
+template <typename A>
+void Interpreter<A>::activation_forward(std::int64_t rows, std::int64_t width, const Tensor& a, Tensor& g) {
+  sized(g, static_cast<std::size_t>(rows * width));
+  if (m.activation == model::ActivationKind::kSwiGlu)
+    kern.swiglu_forward(rows, width, a.data(), g.data());
+  else
+    kern.gelu_forward(rows * width, a.data(), g.data());
+}
+
+// dy: the activation output's gradient in, the input's out.
+template <typename A>
+void Interpreter<A>::activation_backward(std::int64_t rows, std::int64_t width, const Tensor& a, Tensor& dy) {
+  Tensor dx(be, a.size());
+  if (m.activation == model::ActivationKind::kSwiGlu)
+    kern.swiglu_backward(rows, width, a.data(), dy.data(), dx.data());
+  else
+    kern.gelu_backward(rows * width, a.data(), dy.data(), dx.data());
+  dy.swap(dx);
+}
+
+template <typename A>
+void Interpreter<A>::moe_route_forward(const Instr& in, MoeState<A>& ms, const Tensor& x) {
+  const model::MoeSpec& moe = m.moe;
+  const std::int64_t E = moe.experts, K = moe.top_k, S = m.seq_len;
+  const std::int64_t sequences = T / S;
+  Tensor logits(be, static_cast<std::size_t>(T * E));
+  kern.linear_forward({T, h, E}, x.data(), W(L(in.layer, "moe.router.weight")), nullptr, logits.data());
+  sized(ms.probs, static_cast<std::size_t>(T * E));
+  sized(ms.expert, static_cast<std::size_t>(T * K));
+  sized(ms.gate, static_cast<std::size_t>(T * K));
+  kern.moe_route({T, E, K, moe.normalize_top_k}, logits.data(), ms.probs.data(), ms.expert.data(), ms.gate.data());
+
+  // The permutation: each expert's rows in token order; with a capacity, a sequence's earliest assignments first.
+  std::vector<std::int32_t> expert(static_cast<std::size_t>(T * K));
+  be.copy_to_host(expert.data(), ms.expert.data(), expert.size() * sizeof(std::int32_t));
+  std::vector<std::int64_t> count(static_cast<std::size_t>(sequences * E), 0);  // choices per (sequence, expert)
+  std::vector<char> kept(expert.size(), 1);
+  const std::int64_t capacity = moe.capacity_factor > 0 ? moe.capacity(S) : T * K;
+  for (std::int64_t t = 0; t < T; ++t) {
+    for (std::int64_t j = 0; j < K; ++j) {
+      const auto a = static_cast<std::size_t>(t * K + j);
+      std::int64_t& n = count[static_cast<std::size_t>((t / S) * E + expert[a])];
+      kept[a] = n < capacity ? 1 : 0;
+      ++n;
+    }
+  }
+  ms.offsets.assign(static_cast<std::size_t>(E + 1), 0);
+  for (std::size_t a = 0; a < expert.size(); ++a) {
+    if (kept[a]) ++ms.offsets[static_cast<std::size_t>(expert[a]) + 1];
+  }
+  for (std::int64_t e = 0; e < E; ++e)
+    ms.offsets[static_cast<std::size_t>(e + 1)] += ms.offsets[static_cast<std::size_t>(e)];
+  std::vector<std::int64_t> next(ms.offsets.begin(), ms.offsets.end() - 1);
+  std::vector<std::int32_t> rows(static_cast<std::size_t>(ms.offsets.back())), slot(expert.size(), -1);
+  for (std::int64_t t = 0; t < T; ++t) {
+    for (std::int64_t j = 0; j < K; ++j) {
+      const auto a = static_cast<std::size_t>(t * K + j);
+      if (!kept[a]) continue;
+      const std::int64_t row = next[static_cast<std::size_t>(expert[a])]++;
+      rows[static_cast<std::size_t>(row)] = static_cast<std::int32_t>(t);
+      slot[a] = static_cast<std::int32_t>(row);
+    }
+  }
+  ms.rows = upload(rows);
+  ms.slot = upload(slot);
+
+  // The load-balancing loss per sequence (moe.h's formula, on the choices before any drop), and its gradient on the
+  // probabilities, scaled as the loss is: a mean over the batch's sequences.
+  ms.aux_grad.clear();
+  if (moe.aux_loss_coeff > 0) {
+    std::vector<float> probs(static_cast<std::size_t>(T * E));
+    be.copy_to_host(probs.data(), ms.probs.data(), probs.size() * sizeof(float));
+    const double scale = moe.aux_loss_coeff * static_cast<double>(E) /
+                         (static_cast<double>(K) * static_cast<double>(S) * static_cast<double>(S)) /
+                         static_cast<double>(opt.global_batch);
+    std::vector<float> grad(static_cast<std::size_t>(sequences * E));
+    double loss = 0;
+    for (std::int64_t s = 0; s < sequences; ++s) {
+      for (std::int64_t e = 0; e < E; ++e) {
+        double p = 0;
+        for (std::int64_t t = s * S; t < (s + 1) * S; ++t) p += probs[static_cast<std::size_t>(t * E + e)];
+        const auto c = static_cast<double>(count[static_cast<std::size_t>(s * E + e)]);
+        loss += scale * c * p;
+        grad[static_cast<std::size_t>(s * E + e)] = static_cast<float>(scale * c);
+      }
+    }
+    ms.aux_grad = upload(grad);
+    // Once per micro-batch (not again when recomputed), by one rank of the tensor-parallel group.
+    if (in.pass != ir::Pass::kRecompute && prog.tp_rank == 0) step_.loss_sum += loss;
+  }
+  sized(ms.xe, static_cast<std::size_t>(ms.offsets.back() * h));
+  kern.moe_gather_rows(ms.offsets.back(), h, x.data(), ms.rows.data(), ms.xe.data());
+}
+
+template <typename A>
+void Interpreter<A>::moe_experts_forward(MoeState<A>& ms, int layer) {
+  const std::int64_t N = ms.offsets.back(), fw = expert_width(), fc = expert_fc1_cols();
+  sized(ms.ae, static_cast<std::size_t>(N * fc));
+  sized(ms.ye, static_cast<std::size_t>(N * h));
+  for (std::int64_t e = 0; e < m.moe.experts; ++e) {
+    const std::int64_t r0 = ms.offsets[static_cast<std::size_t>(e)],
+                       n = ms.offsets[static_cast<std::size_t>(e + 1)] - r0;
+    if (n == 0) continue;
+    kern.linear_forward({n, h, fc}, ms.xe.data() + r0 * h, W(expert_weight(layer, e, "fc1")), nullptr,
+                        ms.ae.data() + r0 * fc);
+  }
+  activation_forward(N, fw, ms.ae, ms.ge);
+  for (std::int64_t e = 0; e < m.moe.experts; ++e) {
+    const std::int64_t r0 = ms.offsets[static_cast<std::size_t>(e)],
+                       n = ms.offsets[static_cast<std::size_t>(e + 1)] - r0;
+    if (n == 0) continue;
+    kern.linear_forward({n, fw, h}, ms.ge.data() + r0 * fw, W(expert_weight(layer, e, "fc2")), nullptr,
+                        ms.ye.data() + r0 * h);
+  }
+}
+
+template <typename A>
+void Interpreter<A>::moe_shared_forward(MoeState<A>& ms, int layer) {
+  const std::int64_t fw = m.moe.shared_ffn_hidden / prog.tp;
+  const std::int64_t fc = m.activation == model::ActivationKind::kSwiGlu ? 2 * fw : fw;
+  sized(ms.sa, static_cast<std::size_t>(T * fc));
+  kern.linear_forward({T, h, fc}, ms.x.data(), W(L(layer, "moe.shared.fc1.weight")), nullptr, ms.sa.data());
+  activation_forward(T, fw, ms.sa, ms.sg);
+  sized(ms.sy, static_cast<std::size_t>(T * h));
+  kern.linear_forward({T, fw, h}, ms.sg.data(), W(L(layer, "moe.shared.fc2.weight")), nullptr, ms.sy.data());
+}
+
+template <typename A>
+void Interpreter<A>::moe_forward(const Instr& in, ChunkState<A>& st, Tensor& cur) {
+  MoeState<A>& ms = layer_state(st, in.layer).moe;
+  switch (in.body_op) {
+    case BodyOp::kMoeRoute:
+      ms.x = cur;
+      moe_route_forward(in, ms, ms.x);
+      return;
+    case BodyOp::kMoeExperts:
+      moe_experts_forward(ms, in.layer);
+      return;
+    case BodyOp::kMoeShared:
+      moe_shared_forward(ms, in.layer);
+      return;
+    case BodyOp::kMoeCombine:
+      sized(cur, static_cast<std::size_t>(T * h));
+      kern.moe_unpermute(T, m.moe.top_k, h, ms.ye.data(), ms.slot.data(), ms.gate.data(), false, cur.data());
+      if (!ms.sy.empty()) kern.residual_add(T * h, cur.data(), ms.sy.data(), cur.data());
+      return;
+    default:
+      throw internal_error(fmt::format("not an MoE op: {}", ir::to_text(in)));
+  }
+}
+
+template <typename A>
+void Interpreter<A>::moe_experts_backward(MoeState<A>& ms, int layer) {
+  const std::int64_t N = ms.offsets.back(), fw = expert_width(), fc = expert_fc1_cols();
+  Tensor dg(be, static_cast<std::size_t>(N * fw));
+  for (std::int64_t e = 0; e < m.moe.experts; ++e) {
+    const std::int64_t r0 = ms.offsets[static_cast<std::size_t>(e)],
+                       n = ms.offsets[static_cast<std::size_t>(e + 1)] - r0;
+    if (n == 0) continue;
+    const k::LinearShape shape{n, fw, h};
+    kern.linear_backward_weight(shape, ms.dye.data() + r0 * h, ms.ge.data() + r0 * fw,
+                                G(expert_weight(layer, e, "fc2")), nullptr);
+    kern.linear_backward_input(shape, ms.dye.data() + r0 * h, W(expert_weight(layer, e, "fc2")), dg.data() + r0 * fw);
+  }
+  activation_backward(N, fw, ms.ae, dg);  // dg: now the fc1 output's gradient [N, fc]
+  sized(ms.dxe, static_cast<std::size_t>(N * h));
+  for (std::int64_t e = 0; e < m.moe.experts; ++e) {
+    const std::int64_t r0 = ms.offsets[static_cast<std::size_t>(e)],
+                       n = ms.offsets[static_cast<std::size_t>(e + 1)] - r0;
+    if (n == 0) continue;
+    const k::LinearShape shape{n, h, fc};
+    kern.linear_backward_weight(shape, dg.data() + r0 * fc, ms.xe.data() + r0 * h, G(expert_weight(layer, e, "fc1")),
+                                nullptr);
+    kern.linear_backward_input(shape, dg.data() + r0 * fc, W(expert_weight(layer, e, "fc1")), ms.dxe.data() + r0 * h);
+  }
+}
+
+template <typename A>
+void Interpreter<A>::moe_shared_backward(MoeState<A>& ms, int layer) {
+  const std::int64_t fw = m.moe.shared_ffn_hidden / prog.tp;
+  const std::int64_t fc = m.activation == model::ActivationKind::kSwiGlu ? 2 * fw : fw;
+  Tensor dg(be, static_cast<std::size_t>(T * fw));
+  kern.linear_backward_weight({T, fw, h}, ms.dout.data(), ms.sg.data(), G(L(layer, "moe.shared.fc2.weight")), nullptr);
+  kern.linear_backward_input({T, fw, h}, ms.dout.data(), W(L(layer, "moe.shared.fc2.weight")), dg.data());
+  activation_backward(T, fw, ms.sa, dg);
+  kern.linear_backward_weight({T, h, fc}, dg.data(), ms.x.data(), G(L(layer, "moe.shared.fc1.weight")), nullptr);
+  sized(ms.dx, static_cast<std::size_t>(T * h));
+  kern.linear_backward_input({T, h, fc}, dg.data(), W(L(layer, "moe.shared.fc1.weight")), ms.dx.data());
+  ms.dout.clear();
+}
+
+// The router's backward, and the input gradient: the experts' rows summed back per token, the shared experts', and
+// (once over the tensor-parallel group, whose body reduction sums the partial gradients) the router's.
+template <typename A>
+void Interpreter<A>::moe_route_backward(MoeState<A>& ms, Tensor& cur, int layer) {
+  const model::MoeSpec& moe = m.moe;
+  const std::int64_t E = moe.experts, K = moe.top_k;
+  Tensor dlogits(be, static_cast<std::size_t>(T * E));
+  kern.moe_route_backward({T, E, K, moe.normalize_top_k}, ms.probs.data(), ms.expert.data(), ms.dgate.data(),
+                          ms.aux_grad.empty() ? nullptr : ms.aux_grad.data(), m.seq_len, dlogits.data());
+  // The router's weight gradient: over every token, or with sequence parallelism over this rank's sequence shard
+  // (the replicated gradients' all-reduce sums the shards).
+  const std::int64_t r0 = sp ? prog.tp_rank * Tl : 0, rows = sp ? Tl : T;
+  kern.linear_backward_weight({rows, h, E}, dlogits.data() + r0 * E, ms.x.data() + r0 * h,
+                              G(L(layer, "moe.router.weight")), nullptr);
+  sized(cur, static_cast<std::size_t>(T * h));
+  if (!ms.dx.empty()) {
+    be.copy(cur.data(), ms.dx.data(), cur.size() * sizeof(A));
+    kern.moe_unpermute(T, K, h, ms.dxe.data(), ms.slot.data(), nullptr, true, cur.data());
+  } else {
+    kern.moe_unpermute(T, K, h, ms.dxe.data(), ms.slot.data(), nullptr, false, cur.data());
+  }
+  if (prog.tp_rank == 0) {
+    Tensor dx(be, static_cast<std::size_t>(T * h));
+    kern.linear_backward_input({T, h, E}, dlogits.data(), W(L(layer, "moe.router.weight")), dx.data());
+    kern.residual_add(T * h, cur.data(), dx.data(), cur.data());
+  }
+}
+
+template <typename A>
+void Interpreter<A>::moe_backward(const Instr& in, ChunkState<A>& st, Tensor& cur) {
+  if (!backward_pass(in)) throw internal_error(fmt::format("an MoE op in a weight-gradient pass: {}", ir::to_text(in)));
+  MoeState<A>& ms = layer_state(st, in.layer).moe;
+  switch (in.body_op) {
+    case BodyOp::kMoeCombine: {
+      const std::int64_t K = m.moe.top_k;
+      sized(ms.dye, static_cast<std::size_t>(ms.offsets.back() * h));
+      sized(ms.dgate, static_cast<std::size_t>(T * K));
+      kern.moe_unpermute_backward(T, K, h, cur.data(), ms.ye.data(), ms.slot.data(), ms.gate.data(), ms.dye.data(),
+                                  ms.dgate.data());
+      if (m.moe.shared_ffn_hidden > 0) ms.dout = cur;
+      return;
+    }
+    case BodyOp::kMoeShared:
+      moe_shared_backward(ms, in.layer);
+      return;
+    case BodyOp::kMoeExperts:
+      moe_experts_backward(ms, in.layer);
+      return;
+    case BodyOp::kMoeRoute:
+      moe_route_backward(ms, cur, in.layer);
+      return;
+    default:
+      throw internal_error(fmt::format("not an MoE op: {}", ir::to_text(in)));
+  }
+}
+
+// This file's members for both activation types (interpreter.h).
+#define DTRAIN_INSTANTIATE_MOE_OPS(A)                                                                    \
+  template void Interpreter<A>::activation_forward(std::int64_t, std::int64_t, const Tensor&, Tensor&);  \
+  template void Interpreter<A>::activation_backward(std::int64_t, std::int64_t, const Tensor&, Tensor&); \
+  template void Interpreter<A>::moe_route_forward(const Instr&, MoeState<A>&, const Tensor&);            \
+  template void Interpreter<A>::moe_route_backward(MoeState<A>&, Tensor&, int);                          \
+  template void Interpreter<A>::moe_experts_forward(MoeState<A>&, int);                                  \
+  template void Interpreter<A>::moe_experts_backward(MoeState<A>&, int);                                 \
+  template void Interpreter<A>::moe_shared_forward(MoeState<A>&, int);                                   \
+  template void Interpreter<A>::moe_shared_backward(MoeState<A>&, int);                                  \
+  template void Interpreter<A>::moe_forward(const Instr&, ChunkState<A>&, Tensor&);                      \
+  template void Interpreter<A>::moe_backward(const Instr&, ChunkState<A>&, Tensor&);
+DTRAIN_INSTANTIATE_MOE_OPS(float)
+DTRAIN_INSTANTIATE_MOE_OPS(bf16)
+#undef DTRAIN_INSTANTIATE_MOE_OPS
+
+}  // namespace dtrain::exec::detail

@@ -1,0 +1,33 @@
+// What an MoE layer keeps between its forward and its backward on one micro-batch (moe_ops.cc), private to
+// dtrain::exec. Token rows are the micro-batch's, all of them (gathered with sequence parallelism); "rows" are the
+// permuted copies, grouped by expert.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dtrain/exec/backend.h"
+
+namespace dtrain::exec::detail {
+
+template <typename A>
+struct MoeState {
+  Buffer<A> x;                        // the MLP's input [T, h] (the router's and the shared experts')
+  Buffer<float> probs;                // router softmax [T, E]
+  Buffer<std::int32_t> expert;        // top-k choices [T, k]
+  Buffer<float> gate;                 // their weights [T, k]
+  Buffer<std::int32_t> rows;          // token of each permuted row [N]
+  Buffer<std::int32_t> slot;          // row of each choice [T, k], -1 when dropped
+  std::vector<std::int64_t> offsets;  // host: expert e's rows are [offsets[e], offsets[e + 1])
+  Buffer<float> aux_grad;             // the load-balancing loss's gradient on the probabilities [sequences, E]
+  Buffer<A> xe, ae, ge, ye;           // experts: input rows, fc1 output, activation output, fc2 output
+  Buffer<A> sa, sg, sy;               // shared experts: fc1 output, activation output, fc2 output (partial over tp)
+  // Backward.
+  Buffer<float> dgate;  // the gates' gradient [T, k] (partial over tp until the router_grad all-reduce)
+  Buffer<A> dye;        // the experts' output gradient rows [N, h]
+  Buffer<A> dout;       // the combine's output gradient, for the shared experts [T, h]
+  Buffer<A> dx;         // the input gradient so far (shared experts) [T, h]
+  Buffer<A> dxe;        // the experts' input gradient rows [N, h]
+};
+
+}  // namespace dtrain::exec::detail
