@@ -16,6 +16,10 @@
 #             then dtexec --device cuda --dtype bf16 with the same plan, synthetic data (bench/dtrain_step_report.py:
 #             median step after 3 warm-up steps, MFU, first and last loss) and the prediction's error;
 #   torch     PyTorch eager and torch.compile on the same models at the plan's micro-batch (bench/torch_gpu_train.py);
+#   moe       the MoE path: tiny-moe and tiny-moe-shared trained 20 steps on this GPU and on the CPU (bf16) with
+#             the loss curves side by side; bench/models/moe-1b.toml's predicted (catalog cluster) against measured
+#             step and peak memory at three layouts; and the peak memory of full recomputation against none on
+#             llama-1b and llama-8x4096 (predicted beside measured);
 #   calibrate dtplan calibrate --device cuda, twice (both runs' figures side by side), then predicted beside measured:
 #             for each model of DTRAIN_GPU_CAL_MODELS and single-GPU layouts (the planner's choice, other
 #             micro-batches, recomputation), the step dtplan predicts from the calibrated cluster and from the
@@ -38,7 +42,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-prebuilt="" phases="tests,memcheck,topo,kernels,nccl,dtrain,torch,calibrate" deadline=0 build=build-gpu
+prebuilt="" phases="tests,memcheck,topo,kernels,nccl,dtrain,torch,moe,calibrate" deadline=0 build=build-gpu
 while (($#)); do
   case $1 in
     --prebuilt) prebuilt=$2; shift 2 ;;
@@ -221,6 +225,76 @@ for model in ${DTRAIN_GPU_MODELS:-llama-8x4096 llama-1b}; do
   fi
 done
 
+# dtplan plan's "predicted 1.23 s per step" (or ms, us) in ms, and its "peak memory 28.8 of 79.7 GiB" in GiB.
+ms_predicted() {
+  sed -n 's/^ *predicted \([0-9.]*\) \(s\|ms\|us\) per step.*/\1 \2/p' |
+    awk '{ print ($2 == "s") ? $1 * 1000 : ($2 == "us") ? $1 / 1000 : $1 }'
+}
+gib_predicted() { sed -n 's/.*peak memory \([0-9.]*\) of .*/\1/p' | head -1; }
+
+if want moe && (($(time_left) > 60)); then
+  moe=$logs/moe
+  mkdir -p "$moe"
+  echo "== MoE: the tiny MoE models on this GPU against the CPU bf16 run (20 steps, micro-batch 4)"
+  for model in examples/models/tiny-moe.toml tests/data/models/tiny-moe-shared.toml; do
+    name=$(basename "$model" .toml)
+    ok=1
+    for device in cpu cuda; do
+      timeout "$(within 180)" "$build/bin/dtexec" train --model "$model" --device "$device" --dtype bf16 \
+        --data synthetic --steps 20 --seed 7 --fix micro_batch=4 --metrics "$moe/$name-$device.jsonl" \
+        >"$moe/$name-$device.log" 2>&1 || { put "moe $name" "FAIL on $device: $(tail -1 "$moe/$name-$device.log")"; ok=0; status=1; }
+    done
+    if ((ok)); then
+      line=$(python3 - "$moe/$name-cpu.jsonl" "$moe/$name-cuda.jsonl" <<'PY'
+import json, sys
+cpu = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+gpu = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+for i, (c, g) in enumerate(zip(cpu, gpu)):
+    print(f"   step {i + 1:2d}  cpu {c:.6f}  gpu {g:.6f}  {100 * (g - c) / c:+.3f}%", file=sys.stderr)
+worst = max(abs(g - c) / c for c, g in zip(cpu, gpu))
+print(f"loss {gpu[0]:.4f} -> {gpu[-1]:.4f} on the GPU, {cpu[0]:.4f} -> {cpu[-1]:.4f} on the CPU; largest difference {100 * worst:.3f}%")
+PY
+      )
+      put "moe $name" "$line"
+    fi
+  done
+  if [[ -x $sanitizer ]]; then
+    DTRAIN_CUDA_POOL=0 timeout "$(within 120)" "$sanitizer" --tool memcheck --leak-check full --report-api-errors no \
+      --error-exitcode 99 "$build/tests/kernels_cuda_test" --gtest_filter='Moe*' >"$moe/memcheck.log" 2>&1
+    rc=$?
+    summary=$(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$moe/memcheck.log" | sed 's/^========= //' | tr '\n' ' ')
+    if [[ $rc == 0 ]]; then put "memcheck moe kernels" "clean: $summary"; else put "memcheck moe kernels" "FAIL rc $rc: $summary"; status=1; fi
+  fi
+  echo "== MoE: moe-1b predicted (catalog $gpu_type) against measured"
+  printf '%-36s %10s %10s %8s %10s %10s\n' layout predicted measured error "pred GiB" "meas GiB" | tee "$moe/table.txt"
+  runs=("moe-1b micro_batch=1" "moe-1b micro_batch=2" "moe-1b micro_batch=2,recompute=full"
+    "llama-1b micro_batch=2" "llama-1b micro_batch=2,recompute=full"
+    "llama-8x4096 micro_batch=2" "llama-8x4096 micro_batch=2,recompute=full")
+  i=0
+  for run in "${runs[@]}"; do
+    (($(time_left) > 45)) || break
+    i=$((i + 1))
+    read -r model fix <<<"$run"
+    "$build/bin/dtplan" plan --model "bench/models/$model.toml" --cluster "$cluster" --gpus 1 --fix "$fix" \
+      -o "$moe/plan$i.toml" >"$moe/plan$i.txt" 2>&1 || { echo "$run: $(tail -1 "$moe/plan$i.txt")"; continue; }
+    if ! timeout "$(within 180)" "$build/bin/dtexec" train --model "bench/models/$model.toml" --plan "$moe/plan$i.toml" \
+      --device cuda --data synthetic --steps 8 --metrics "$moe/m$i.jsonl" >"$moe/run$i.log" 2>&1; then
+      echo "$run: the run failed: $(tail -1 "$moe/run$i.log")" | tee -a "$moe/table.txt"
+      status=1
+      continue
+    fi
+    read -r measured peak < <(python3 -c "
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(1000 * statistics.median(r['step_s'] for r in rows[3:]), max(max(r['peak_bytes']) for r in rows) / 2**30)" "$moe/m$i.jsonl")
+    predicted=$(ms_predicted <"$moe/plan$i.txt")
+    printf '%-36s %10.2f %10.2f %8s %10s %10.2f\n' "$model $fix" "$predicted" "$measured" \
+      "$(awk -v p="$predicted" -v m="$measured" 'BEGIN { printf "%+.1f%%", 100 * (p - m) / m }')" \
+      "$(gib_predicted <"$moe/plan$i.txt")" "$peak" | tee -a "$moe/table.txt"
+  done
+  put "moe timing and memory" "$moe/table.txt"
+fi
+
 if want calibrate && (($(time_left) > 120)); then
   cal=$logs/calibrate
   mkdir -p "$cal"
@@ -237,11 +311,6 @@ if want calibrate && (($(time_left) > 120)); then
         "$(grep -m1 "^$key = " "$cal/cal2.toml" 2>/dev/null | cut -d' ' -f3)"
     done | tee "$cal/figures.txt"
     put "calibrate" "$(grep -m1 duration_s "$cal/figures.txt" | awk '{print $2 " s and " $3 " s"}'); figures in $cal/figures.txt"
-    # dtplan plan's "predicted 1.23 s per step" (or ms, us) in ms.
-  ms_predicted() {
-    sed -n 's/^ *predicted \([0-9.]*\) \(s\|ms\|us\) per step.*/\1 \2/p' |
-      awk '{ print ($2 == "s") ? $1 * 1000 : ($2 == "us") ? $1 / 1000 : $1 }'
-  }
   sed 's/^dtype = .*/dtype = "bf16"/' bench/models/small-llama.toml >"$cal/small-llama.toml"
     : >"$cal/rows"
     printf '%-44s %11s %11s %11s %8s %8s\n' layout calibrated catalog measured error catalog | tee "$cal/table.txt"
