@@ -85,7 +85,7 @@ struct Line {
 };
 
 std::string render(const std::string& path, const std::string& architecture, const std::vector<Line>& model,
-                   const std::vector<Line>& training) {
+                   const std::vector<Line>& moe, const std::vector<Line>& training) {
   std::string out = fmt::format(
       "# Imported by dtrain from a HuggingFace config.json ({}, {}); each key's comment names the field it came "
       "from.\nformat = 1\n\n[model]\n",
@@ -99,6 +99,10 @@ std::string render(const std::string& path, const std::string& architecture, con
     }
   };
   lines(model);
+  if (!moe.empty()) {
+    out += "\n[model.moe]\n";
+    lines(moe);
+  }
   out += "\n[training]\n";
   lines(training);
   return out;
@@ -161,21 +165,28 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
   } else {
     c.fail("architectures", "required field is missing (the model class, e.g. [\"LlamaForCausalLM\"])");
   }
-  const bool qwen2 = architecture == "Qwen2ForCausalLM";
-  const bool llama_like = architecture == "LlamaForCausalLM" || architecture == "MistralForCausalLM" || qwen2;
+  const bool mixtral = architecture == "MixtralForCausalLM";
+  const bool qwen2_moe = architecture == "Qwen2MoeForCausalLM";
+  const bool qwen2 = architecture == "Qwen2ForCausalLM" || qwen2_moe;
+  const bool llama_like =
+      architecture == "LlamaForCausalLM" || architecture == "MistralForCausalLM" || qwen2 || mixtral;
   const bool gpt2 = architecture == "GPT2LMHeadModel";
-  if (architecture == "MixtralForCausalLM" || architecture == "Qwen2MoeForCausalLM") {
-    c.fail("architectures", fmt::format("{}: mixture-of-experts layers are not modelled by dtrain yet", architecture));
-  }
   if (!llama_like && !gpt2) {
     c.fail("architectures", fmt::format("{}: not an architecture dtrain models (LlamaForCausalLM, MistralForCausalLM, "
-                                        "Qwen2ForCausalLM, GPT2LMHeadModel)",
+                                        "MixtralForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, GPT2LMHeadModel)",
                                         architecture));
   }
   c.refuse("kv_lora_rank", "multi-head latent attention");
   c.refuse("q_lora_rank", "multi-head latent attention");
-  c.refuse("num_local_experts", "mixture-of-experts layers are not modelled by dtrain yet");
-  c.refuse("num_experts", "mixture-of-experts layers are not modelled by dtrain yet");
+  if (c.has("mlp_only_layers") && !(c.at("mlp_only_layers").is_array() && c.at("mlp_only_layers").empty())) {
+    c.fail("mlp_only_layers", fmt::format("{} is not supported: dtrain's dense layers are the first first_dense and "
+                                          "those between every interval-th",
+                                          c.at("mlp_only_layers").dump()));
+  }
+  if (!mixtral && !qwen2_moe) {
+    c.refuse("num_local_experts", fmt::format("{} has no experts (MixtralForCausalLM has)", architecture));
+    c.refuse("num_experts", fmt::format("{} has no experts (Qwen2MoeForCausalLM has)", architecture));
+  }
 
   std::vector<Line> m;
   auto put = [&](const std::string& key, const std::string& value, const std::string& source) {
@@ -229,7 +240,9 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
         c.source("tie_word_embeddings", "default false"));
     put("rope_theta", number_text(c.number("rope_theta", 10000.0)), c.source("rope_theta", "default 10000"));
     put("norm_eps", number_text(c.number("rms_norm_eps", 1e-6)), c.source("rms_norm_eps", "default 1e-6"));
-    if (qwen2) put("qkv_bias", "true", "architectures: Qwen2ForCausalLM (biases on q_proj, k_proj, v_proj)");
+    if (qwen2) {
+      put("qkv_bias", "true", fmt::format("architectures: {} (biases on q_proj, k_proj, v_proj)", architecture));
+    }
   } else {
     put("arch", "\"gpt\"", "architectures: " + architecture);
     const auto hidden = c.integer("n_embd");
@@ -268,6 +281,39 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
     put("norm_eps", number_text(c.number("layer_norm_epsilon", 1e-5)), c.source("layer_norm_epsilon", "default 1e-5"));
   }
 
+  // The experts: Mixtral's every MLP (softmax, top-k renormalised); Qwen2-MoE's every decoder_sparse_step-th MLP,
+  // with a gated shared expert beside the routed ones.
+  std::vector<Line> moe;
+  auto put_aux = [&] {
+    moe.push_back({"aux_loss_coeff", number_text(c.number("router_aux_loss_coef", 0.001)),
+                   c.has("router_aux_loss_coef")
+                       ? "router_aux_loss_coef (HuggingFace adds the loss only with output_router_logits; dtrain "
+                         "always does)"
+                       : "router_aux_loss_coef (default 0.001)"});
+  };
+  if (mixtral) {
+    moe.push_back({"experts", std::to_string(c.integer("num_local_experts", 2)), "num_local_experts"});
+    moe.push_back({"top_k", std::to_string(c.integer("num_experts_per_tok")), "num_experts_per_tok"});
+    moe.push_back({"ffn_hidden", std::to_string(c.integer("intermediate_size")), "intermediate_size"});
+    moe.push_back({"normalize_top_k", "true", "architectures: MixtralForCausalLM (top-k weights renormalised)"});
+    put_aux();
+  }
+  if (qwen2_moe) {
+    moe.push_back({"experts", std::to_string(c.integer("num_experts", 2)), "num_experts"});
+    moe.push_back({"top_k", std::to_string(c.integer("num_experts_per_tok")), "num_experts_per_tok"});
+    moe.push_back({"ffn_hidden", std::to_string(c.integer("moe_intermediate_size")), "moe_intermediate_size"});
+    const auto shared = c.optional_integer("shared_expert_intermediate_size").value_or(0);
+    if (shared > 0) {
+      moe.push_back({"shared_ffn_hidden", std::to_string(shared), "shared_expert_intermediate_size"});
+      moe.push_back({"shared_gate", "true", "architectures: Qwen2MoeForCausalLM (shared_expert_gate)"});
+    }
+    moe.push_back({"interval", std::to_string(c.optional_integer("decoder_sparse_step").value_or(1)),
+                   c.source("decoder_sparse_step", "default 1")});
+    moe.push_back({"normalize_top_k", c.boolean("norm_topk_prob", false) ? "true" : "false",
+                   c.source("norm_topk_prob", "default false")});
+    put_aux();
+  }
+
   std::vector<Line> t;
   t.push_back({"global_batch", std::to_string(defaults.global_batch > 0 ? defaults.global_batch : kDefaultGlobalBatch),
                defaults.global_batch > 0 ? "--global-batch" : "not in config.json: dtrain's default"});
@@ -275,7 +321,7 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
                defaults.dtype ? "--dtype" : "not in config.json: dtrain's default"});
   t.push_back({"optimizer", "\"adamw\"", "not in config.json: dtrain's default"});
   t.push_back({"lr", "3e-4", "not in config.json: dtrain's default"});
-  return render(path, architecture, m, t);
+  return render(path, architecture, m, moe, t);
 }
 
 ModelDescription load_hf_config(const std::string& path, const HfDefaults& defaults) {

@@ -129,8 +129,7 @@ void parse_moe(TableReader& t, ModelSpec& spec) {
   moe.top_k = t.get_int_at_least("top_k", 1).value_or(0);
   if (moe.top_k == 0) t.fail("top_k", "required key is missing (experts each token is routed to)");
   if (moe.top_k > moe.experts) {
-    t.fail("top_k", fmt::format("= {} is greater than experts = {} (a token goes to top_k different experts)",
-                                moe.top_k, moe.experts));
+    t.fail("top_k", fmt::format("is greater than experts = {} (a token goes to top_k different experts)", moe.experts));
   }
   moe.ffn_hidden = t.get_int_at_least("ffn_hidden", 1).value_or(spec.ffn_hidden);
   moe.shared_ffn_hidden = t.get_int_at_least("shared_ffn_hidden", 0).value_or(0);
@@ -141,10 +140,10 @@ void parse_moe(TableReader& t, ModelSpec& spec) {
   moe.interval = t.get_int_at_least("interval", 1).value_or(1);
   moe.first_dense = t.get_int_at_least("first_dense", 0).value_or(0);
   if (moe.first_dense >= spec.layers) {
-    t.fail("first_dense", fmt::format("= {} leaves no MoE layer among layers = {}", moe.first_dense, spec.layers));
+    t.fail("first_dense", fmt::format("leaves no MoE layer among layers = {}", spec.layers));
   }
   if (spec.moe_layers() == 0) {
-    t.fail("interval", fmt::format("= {} leaves no MoE layer among the {} layers after first_dense = {}", moe.interval,
+    t.fail("interval", fmt::format("leaves no MoE layer among the {} layers after first_dense = {}",
                                    spec.layers - moe.first_dense, moe.first_dense));
   }
   moe.normalize_top_k = t.get_bool("normalize_top_k").value_or(true);

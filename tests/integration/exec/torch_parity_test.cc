@@ -54,7 +54,7 @@ TEST(TorchParity, TinyMoeLossGradientsAndAdamW) {
   expect_torch_parity(std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny-moe.toml");
 }
 
-// Shared experts, un-normalised gates, a capacity that drops tokens, dense and MoE layers interleaved.
+// Shared experts, un-normalised gates, a capacity that drops tokens, dense and MoE layers mixed.
 TEST(TorchParity, TinyMoeSharedExpertsAndCapacity) {
   if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
   expect_torch_parity(std::string(DTRAIN_SOURCE_DIR) + "/tests/data/models/tiny-moe-shared.toml");

@@ -1,6 +1,6 @@
 // MoE layout parity: every layout of the MoE models reproduces their single-rank loss curve through the in-process
 // backend — tiny-moe (every layer MoE, top-2 renormalised, load-balancing loss) and tiny-moe-shared (dense and MoE
-// layers interleaved, shared experts, capacity drops). The experts are split over tensor parallelism as a dense MLP
+// layers mixed, shared experts, capacity drops). The experts are split over tensor parallelism as a dense MLP
 // (ep = 1); the router is replicated and routes alike on every tensor-parallel rank.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -64,28 +64,28 @@ TEST_P(MoeParity, LossCurveEqualsSingleRank) {
 constexpr const char* kMoe = "examples/models/tiny-moe.toml";
 constexpr const char* kShared = "tests/data/models/tiny-moe-shared.toml";
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, MoeParity,
-    ::testing::Values(MoeLayout{kMoe, 2, 1, 1, 1, "1f1b", false, false, "none"},
-                      MoeLayout{kMoe, 1, 2, 1, 1, "1f1b", false, false, "none"},
-                      MoeLayout{kMoe, 1, 2, 1, 1, "1f1b", true, false, "none"},
-                      MoeLayout{kMoe, 1, 1, 2, 1, "1f1b", false, false, "none"},
-                      MoeLayout{kMoe, 1, 1, 2, 1, "zb-h1", false, false, "none"},
-                      MoeLayout{kMoe, 1, 1, 2, 2, "interleaved", false, false, "selective"},
-                      MoeLayout{kMoe, 2, 2, 1, 1, "1f1b", true, true, "full"},
-                      MoeLayout{kShared, 2, 1, 1, 1, "1f1b", false, true, "none"},
-                      MoeLayout{kShared, 1, 2, 1, 1, "1f1b", true, false, "none"},
-                      MoeLayout{kShared, 1, 1, 2, 1, "1f1b", false, false, "full"},
-                      MoeLayout{kShared, 2, 2, 2, 1, "zb-h1", true, true, "none"}),
-    [](const ::testing::TestParamInfo<MoeLayout>& p) {
-      const MoeLayout& l = p.param;
-      std::string s = fmt::format("{}_dp{}tp{}pp{}vpp{}_{}{}{}_{}", l.model == kMoe ? "moe" : "shared", l.dp, l.tp,
-                                  l.pp, l.vpp, l.schedule, l.sp ? "_sp" : "", l.dopt ? "_dopt" : "", l.recompute);
-      for (char& c : s) {
-        if (c == '-') c = '_';
-      }
-      return s;
-    });
+INSTANTIATE_TEST_SUITE_P(Layouts, MoeParity,
+                         ::testing::Values(MoeLayout{kMoe, 2, 1, 1, 1, "1f1b", false, false, "none"},
+                                           MoeLayout{kMoe, 1, 2, 1, 1, "1f1b", false, false, "none"},
+                                           MoeLayout{kMoe, 1, 2, 1, 1, "1f1b", true, false, "none"},
+                                           MoeLayout{kMoe, 1, 1, 2, 1, "1f1b", false, false, "none"},
+                                           MoeLayout{kMoe, 1, 1, 2, 1, "zb-h1", false, false, "none"},
+                                           MoeLayout{kMoe, 1, 1, 2, 2, "interleaved", false, false, "selective"},
+                                           MoeLayout{kMoe, 2, 2, 1, 1, "1f1b", true, true, "full"},
+                                           MoeLayout{kShared, 2, 1, 1, 1, "1f1b", false, true, "none"},
+                                           MoeLayout{kShared, 1, 2, 1, 1, "1f1b", true, false, "none"},
+                                           MoeLayout{kShared, 1, 1, 2, 1, "1f1b", false, false, "full"},
+                                           MoeLayout{kShared, 2, 2, 2, 1, "zb-h1", true, true, "none"}),
+                         [](const ::testing::TestParamInfo<MoeLayout>& p) {
+                           const MoeLayout& l = p.param;
+                           std::string s = fmt::format(
+                               "{}_dp{}tp{}pp{}vpp{}_{}{}{}_{}", l.model == kMoe ? "moe" : "shared", l.dp, l.tp, l.pp,
+                               l.vpp, l.schedule, l.sp ? "_sp" : "", l.dopt ? "_dopt" : "", l.recompute);
+                           for (char& c : s) {
+                             if (c == '-') c = '_';
+                           }
+                           return s;
+                         });
 
 }  // namespace
 }  // namespace dtrain::exec

@@ -41,6 +41,43 @@ TEST(HfConfig, Llama3EightBImportsAsTheHandWrittenModel) {
   EXPECT_EQ(imported.model.total_params(), written.model.total_params());
 }
 
+// Mixtral 8x7B at --seq-len 4096 is examples/models/mixtral-8x7b.toml: 46.7B parameters, 12.9B active.
+TEST(HfConfig, MixtralImportsAsTheHandWrittenModel) {
+  HfDefaults d;
+  d.seq_len = 4096;
+  const ModelDescription imported = load_hf_config(hf("mixtral-8x7b"), d);
+  const ModelDescription written = load_model(std::string(DTRAIN_SOURCE_DIR) + "/examples/models/mixtral-8x7b.toml");
+  EXPECT_EQ(canonical_text(imported), canonical_text(written));
+  EXPECT_EQ(imported.digest, written.digest);
+  EXPECT_EQ(imported.model.moe.experts, 8);
+  EXPECT_EQ(imported.model.moe.top_k, 2);
+  EXPECT_EQ(imported.model.moe_layers(), 32);
+  EXPECT_EQ(imported.model.total_params(), 46702792704);  // Mixtral's 46.7B
+  // Active per token: 12.9B with both embedding tables; the matrices a token multiplies by, 12.75B.
+  const auto& m = imported.model;
+  const double attention_flops = 12.0 * m.layers * m.hidden * m.seq_len;
+  EXPECT_NEAR((m.model_flops(1.0) - attention_flops) / 6.0 / 1e9, 12.749, 0.001);
+}
+
+// Qwen1.5-MoE-A2.7B: 60 experts of width 1408, top-4 not renormalised, a gated shared expert of width 5632, biases on
+// the query, key and value projections.
+TEST(HfConfig, Qwen2MoeImportsWithAGatedSharedExpert) {
+  const ModelDescription q = load_model(hf("qwen1.5-moe-a2.7b"));
+  EXPECT_EQ(q.model.moe.experts, 60);
+  EXPECT_EQ(q.model.moe.top_k, 4);
+  EXPECT_EQ(q.model.moe.ffn_hidden, 1408);
+  EXPECT_EQ(q.model.moe.shared_ffn_hidden, 5632);
+  EXPECT_TRUE(q.model.moe.shared_gate);
+  EXPECT_FALSE(q.model.moe.normalize_top_k);
+  EXPECT_TRUE(q.model.qkv_bias);
+  EXPECT_DOUBLE_EQ(q.model.moe.aux_loss_coeff, 0.001);
+  EXPECT_NEAR(static_cast<double>(q.model.total_params()) / 1e9, 14.3, 0.1);  // the card's 14.3B
+  const std::string text = hf_config_to_toml(hf("qwen1.5-moe-a2.7b"));
+  EXPECT_THAT(text, HasSubstr("[model.moe]"));
+  EXPECT_THAT(text, HasSubstr("shared_ffn_hidden = 5632"));
+  EXPECT_THAT(text, HasSubstr("# shared_expert_intermediate_size"));
+}
+
 TEST(HfConfig, TheTomlNamesEachKeysSource) {
   const std::string text = hf_config_to_toml(hf("llama3-8b"));
   EXPECT_THAT(text, HasSubstr("kv_heads = 8"));
@@ -101,8 +138,6 @@ TEST(HfConfig, WhatChangesTheMathIsRefusedNamingTheField) {
               HasSubstr("mistral-7b-v0.1/config.json: \"sliding_window\": 4096 is not supported"));
   EXPECT_THAT(input_error_of([] { load_model(hf("llama-3.1-8b")); }),
               HasSubstr("llama-3.1-8b/config.json: \"rope_scaling\": "));
-  EXPECT_THAT(input_error_of([] { load_model(hf("mixtral-8x7b")); }),
-              HasSubstr("\"architectures\": MixtralForCausalLM: mixture-of-experts layers are not modelled"));
   EXPECT_THAT(input_error_of([] { load_model(hf("deepseek-v3")); }),
               HasSubstr("\"architectures\": DeepseekV3ForCausalLM: not an architecture dtrain models"));
 }
@@ -120,6 +155,17 @@ TEST(HfConfig, MalformedAndWrongFilesAreNamed) {
     "max_position_embeddings": 4096})";
   EXPECT_THAT(input_error_of([&] { load_model(path); }),
               HasSubstr("\"num_key_value_heads\": 5 does not divide num_attention_heads = 32"));
+  // Dense layers named one by one, and experts in a dense architecture.
+  std::ofstream(path) << R"({"architectures": ["Qwen2MoeForCausalLM"], "mlp_only_layers": [0, 5]})";
+  EXPECT_THAT(input_error_of([&] { load_model(path); }), HasSubstr("\"mlp_only_layers\": [0,5] is not supported"));
+  std::ofstream(path) << R"({"architectures": ["LlamaForCausalLM"], "num_local_experts": 8})";
+  EXPECT_THAT(input_error_of([&] { load_model(path); }),
+              HasSubstr("\"num_local_experts\": 8 is not supported: LlamaForCausalLM has no experts"));
+  std::ofstream(path) << R"({"architectures": ["MixtralForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64,
+    "num_local_experts": 4, "num_experts_per_tok": 6})";
+  EXPECT_THAT(input_error_of([&] { load_model(path); }),
+              HasSubstr("[model.moe] top_k = 6: is greater than experts = 4"));
   std::ofstream(path) << R"([1, 2])";
   EXPECT_THAT(input_error_of([&] { load_model(path); }), HasSubstr("not a HuggingFace config"));
 }

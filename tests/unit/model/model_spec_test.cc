@@ -71,12 +71,77 @@ TEST(ModelSpec, DigestIgnoresCommentsAndFormatting) {
 }
 
 TEST(ModelSpec, EveryShippedExampleLoads) {
-  for (const char* name : {"gpt3-175b", "llama3-8b", "llama3-70b", "llama3-405b", "tiny", "megatron-1.7b",
-                           "megatron-3.6b", "megatron-7.5b", "megatron-18b", "megatron-39b", "megatron-76b",
-                           "megatron-145b", "megatron-310b", "megatron-530b", "megatron-1t"}) {
+  for (const char* name :
+       {"gpt3-175b", "llama3-8b", "llama3-70b", "llama3-405b", "tiny", "megatron-1.7b", "megatron-3.6b",
+        "megatron-7.5b", "megatron-18b", "megatron-39b", "megatron-76b", "megatron-145b", "megatron-310b",
+        "megatron-530b", "megatron-1t", "tiny-moe", "mixtral-8x7b", "mixtral-8x22b"}) {
     SCOPED_TRACE(name);
     EXPECT_NO_THROW(load_model(kModels + name + ".toml"));
   }
+}
+
+// A tiny Llama with the [model.moe] lines given.
+std::string moe_model(const std::string& moe_lines) {
+  return "[model]\nname = \"m\"\narch = \"llama\"\nlayers = 4\nhidden = 64\nheads = 4\nvocab = 256\nseq_len = 8\n"
+         "ffn_hidden = 128\n[model.moe]\n" +
+         moe_lines + "[training]\nglobal_batch = 4\n";
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_model(TomlDocument::parse_string(text, "moe.toml"));
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), ExitCode::kBadInput) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModelSpec, MoeParametersAndActiveFlops) {
+  const ModelDescription d = parse_model(TomlDocument::parse_string(
+      moe_model("experts = 4\ntop_k = 2\nffn_hidden = 32\nshared_ffn_hidden = 16\ninterval = 2\n"), "moe.toml"));
+  const ModelSpec& m = d.model;
+  // Every second layer, counted from 1 (HuggingFace's decoder_sparse_step).
+  EXPECT_FALSE(m.is_moe_layer(0));
+  EXPECT_TRUE(m.is_moe_layer(1));
+  EXPECT_FALSE(m.is_moe_layer(2));
+  EXPECT_TRUE(m.is_moe_layer(3));
+  EXPECT_EQ(m.moe_layers(), 2);
+  ModelSpec later = m;
+  later.moe.first_dense = 1;  // then layer 2 alone (the 2nd after the first dense one)
+  EXPECT_EQ(later.moe_layers(), 1);
+  EXPECT_TRUE(later.is_moe_layer(2));
+  // Attention and norms 2*64 + 64*(64+2*64) + 64*64 = 16512; router 4*64; experts 4 * 3*64*32; shared 3*64*16.
+  EXPECT_EQ(m.moe_layer_params(), 16512 + 256 + 4 * 6144 + 3072);
+  EXPECT_EQ(m.layer_params(), 16512 + 3 * 64 * 128);
+  EXPECT_EQ(m.total_params(), 2 * m.layer_params() + 2 * m.moe_layer_params() + 256 * 64 + 64 + 256 * 64);
+  EXPECT_EQ(m.moe_layer_active_matmul_params(), 256 + 2 * 6144 + 3072);
+  EXPECT_TRUE(m.moe.normalize_top_k);
+  EXPECT_EQ(m.moe.capacity_factor, 0.0);
+  // The digest covers the experts; a dense model's canonical text has no moe line.
+  EXPECT_NE(canonical_text(d).find("model.moe.experts = 4"), std::string::npos);
+  const ModelDescription back = parse_model(TomlDocument::parse_string(model_toml(d, ""), "back.toml"));
+  EXPECT_EQ(back.digest, d.digest);
+  EXPECT_EQ(canonical_text(load_model(kModels + "tiny.toml")).find("moe"), std::string::npos);
+}
+
+TEST(ModelSpec, MoeKeysAreCheckedNamingTheKey) {
+  EXPECT_THAT(error_of(moe_model("experts = 4\ntop_k = 5\n")),
+              ::testing::HasSubstr("moe.toml:12: [model.moe] top_k = 5: is greater than experts = 4"));
+  EXPECT_THAT(error_of(moe_model("experts = 1\ntop_k = 1\n")), ::testing::HasSubstr("[model.moe] experts"));
+  EXPECT_THAT(error_of(moe_model("top_k = 1\n")), ::testing::HasSubstr("experts: required key is missing"));
+  EXPECT_THAT(error_of(moe_model("experts = 4\ntop_k = 2\nfirst_dense = 4\n")),
+              ::testing::HasSubstr("first_dense = 4: leaves no MoE layer among layers = 4"));
+  EXPECT_THAT(error_of(moe_model("experts = 4\ntop_k = 2\ninterval = 9\n")),
+              ::testing::HasSubstr("interval = 9: leaves no MoE layer"));
+  EXPECT_THAT(error_of(moe_model("experts = 4\ntop_k = 2\nshared_gate = true\n")),
+              ::testing::HasSubstr("shared_gate = true: gates the shared experts, but shared_ffn_hidden is 0"));
+  EXPECT_THAT(error_of(moe_model("experts = 4\ntop_k = 2\ncapacity_factor = -1\n")),
+              ::testing::HasSubstr("capacity_factor"));
+  EXPECT_THAT(error_of(moe_model("experts = 4\ntop_k = 2\naux_loss_coeff = -0.5\n")),
+              ::testing::HasSubstr("aux_loss_coeff = -0.5: must not be negative"));
+  EXPECT_THAT(error_of(moe_model("experts = 4\ntop_k = 2\nexpert = 3\n")),
+              ::testing::HasSubstr("unknown key (did you mean 'experts'?)"));
 }
 
 }  // namespace
