@@ -109,6 +109,10 @@ void read_calibration(TableReader& c, Calibration& cal) {
   nonneg("microbatch_overhead_s", cal.microbatch_overhead_s);
   nonneg("memory_fragmentation", cal.memory_fragmentation);
   nonneg("runtime_reserved_gib", cal.runtime_reserved_gib);
+  if (auto v = c.get_number("moe_imbalance")) {
+    if (*v < 1.0) c.fail("moe_imbalance", "must be at least 1 (the busiest rank's routed rows over the mean)");
+    cal.moe_imbalance = *v;
+  }
   c.reject_unknown();
 }
 
@@ -316,6 +320,7 @@ std::string cluster_toml(const ClusterSpec& s, const std::string& prefix) {
                   c.hbm_efficiency, c.step_overhead_s, c.microbatch_overhead_s, c.memory_fragmentation);
   out += fmt::format("runtime_reserved_gib = {}\n", c.runtime_reserved_gib);
   if (c.optimizer_hbm_efficiency > 0) out += fmt::format("optimizer_hbm_efficiency = {}\n", c.optimizer_hbm_efficiency);
+  if (c.moe_imbalance != 1.0) out += fmt::format("moe_imbalance = {}\n", c.moe_imbalance);
   out += "\n";
   out += fmt::format("[{}network]\nnvlink_latency_us = {}\nnetwork_latency_us = {}\np2p_latency_us = {}\n", p,
                      s.network.nvlink_latency_us, s.network.network_latency_us, s.network.p2p_latency_us);
@@ -342,6 +347,7 @@ std::string canonical_text(const ClusterSpec& s) {
                      c.memory_fragmentation, c.runtime_reserved_gib);
   // Written only when set, so that the digests of clusters without it stay what they were.
   if (c.optimizer_hbm_efficiency > 0) out += fmt::format("optimizer_hbm_efficiency = {}\n", c.optimizer_hbm_efficiency);
+  if (c.moe_imbalance != 1.0) out += fmt::format("moe_imbalance = {}\n", c.moe_imbalance);
   out += fmt::format("network = {} {} {}\n", s.network.nvlink_latency_us, s.network.network_latency_us,
                      s.network.p2p_latency_us);
   for (const auto& e : s.network.efficiency) {

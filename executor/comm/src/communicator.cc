@@ -264,6 +264,29 @@ void Communicator::broadcast(void* buffer, std::size_t count, DType dtype, int r
   run_checked(description, [&] { do_broadcast(buffer, count, dtype, root); });
 }
 
+void Communicator::all_to_all(const void* send, std::span<const std::size_t> send_counts, void* recv,
+                              std::span<const std::size_t> recv_counts, DType dtype, Tag tag) {
+  if (send_counts.size() != static_cast<std::size_t>(size()) || recv_counts.size() != send_counts.size()) {
+    throw internal_error(fmt::format("all_to_all in group '{}': {} send and {} receive counts for {} ranks", name(),
+                                     send_counts.size(), recv_counts.size(), size()));
+  }
+  const std::size_t bytes = element_bytes(dtype);
+  std::vector<P2POp> ops;
+  std::size_t sent = 0, received = 0;
+  for (int q = 0; q < size(); ++q) {
+    const auto i = static_cast<std::size_t>(q);
+    if (recv_counts[i] > 0) {
+      ops.push_back(P2POp::recv(static_cast<char*>(recv) + received * bytes, recv_counts[i], dtype, q, tag));
+    }
+    if (send_counts[i] > 0) {
+      ops.push_back(P2POp::send(static_cast<const char*>(send) + sent * bytes, send_counts[i], dtype, q, tag));
+    }
+    sent += send_counts[i];
+    received += recv_counts[i];
+  }
+  if (!ops.empty()) group(ops);
+}
+
 void Communicator::barrier() {
   run_checked("barrier()", [&] { do_barrier(); });
 }

@@ -24,6 +24,8 @@ Communicators split_communicators(comm::Communicator& world, const ir::Program& 
   c.pp = split(p.pp_group, "pp");
   c.dp = split(p.dp_group, "dp");
   c.embedding = split(p.embedding_group, "embedding");
+  c.ep = split(p.ep_group, "ep");
+  c.edp = split(p.edp_group, "edp");
   return c;
 }
 

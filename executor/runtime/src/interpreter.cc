@@ -35,6 +35,13 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
         "the CPU executor runs dropout without sequence parallelism only (set dropout = 0 or "
         "sequence_parallel=false)");
   }
+  if (prog.ep > 1 && prog.distributed_optimizer) {
+    throw input_error(
+        fmt::format("ep={} with the distributed optimizer is not supported by the executor yet "
+                    "(distributed_optimizer=false)",
+                    prog.ep));
+  }
+  if (prog.ep > 1 && !m.moe.enabled()) throw input_error(fmt::format("ep={} for a model without experts", prog.ep));
   if (m.moe.shared_gate) {
     throw input_error(
         "the executor does not train a gated shared expert yet ([model.moe] shared_gate = true, Qwen2-MoE's); "

@@ -128,6 +128,8 @@ class Interpreter final : public InterpreterBase {
   void moe_experts_forward(MoeState<A>& ms, int layer);
   void moe_experts_backward(MoeState<A>& ms, int layer);
   void moe_shared_forward(MoeState<A>& ms, int layer);
+  // An ALLTOALL over the expert-parallel group: the rows' counts, or rows to the experts' ranks and back.
+  void moe_exchange(const ir::Instr& in, ChunkState<A>& st);
   void moe_shared_backward(MoeState<A>& ms, int layer);
   // Experts' and shared experts' widths on this rank (split over tp as a dense MLP).
   std::int64_t expert_width() const { return m.moe.ffn_hidden / prog.tp; }

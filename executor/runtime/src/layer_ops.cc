@@ -439,6 +439,10 @@ void Interpreter<A>::free_recomputed(LayerState<A>& ls) {
 // A tensor-parallel collective inside a body.
 template <typename A>
 void Interpreter<A>::body_collective(const Instr& in, ChunkState<A>& st, Tensor& cur, Tensor& rcur) {
+  if (in.op == Opcode::kAllToAll) {
+    moe_exchange(in, st);
+    return;
+  }
   Tensor& t = in.pass == ir::Pass::kRecompute || step_.recomputing ? rcur : cur;
   comm::Communicator& tp = *comms.tp;
   auto all_reduce_fp32 = [&](F32& v, comm::ReduceOp op) {

@@ -121,25 +121,30 @@ void Interpreter<A>::moe_route_forward(const Instr& in, MoeState<A>& ms, const T
   kern.moe_gather_rows(ms.offsets.back(), h, x.data(), ms.rows.data(), ms.xe.data());
 }
 
+// The experts run on this rank's experts' rows: the permuted rows (every expert here), or with expert parallelism the
+// local rows the dispatch brought (experts [ep_rank * local, (ep_rank + 1) * local)).
 template <typename A>
 void Interpreter<A>::moe_experts_forward(MoeState<A>& ms, int layer) {
-  const std::int64_t N = ms.offsets.back(), fw = expert_width(), fc = expert_fc1_cols();
+  const bool ep = prog.ep > 1;
+  const Tensor& x = ep ? ms.lx : ms.xe;
+  Tensor& y = ep ? ms.ly : ms.ye;
+  const std::vector<std::int64_t>& off = ep ? ms.local_offsets : ms.offsets;
+  const std::int64_t local = m.moe.experts / prog.ep, base = prog.ep_rank * local;
+  const std::int64_t N = off.back(), fw = expert_width(), fc = expert_fc1_cols();
   sized(ms.ae, static_cast<std::size_t>(N * fc));
-  sized(ms.ye, static_cast<std::size_t>(N * h));
-  for (std::int64_t e = 0; e < m.moe.experts; ++e) {
-    const std::int64_t r0 = ms.offsets[static_cast<std::size_t>(e)],
-                       n = ms.offsets[static_cast<std::size_t>(e + 1)] - r0;
+  sized(y, static_cast<std::size_t>(N * h));
+  for (std::int64_t j = 0; j < local; ++j) {
+    const std::int64_t r0 = off[static_cast<std::size_t>(j)], n = off[static_cast<std::size_t>(j + 1)] - r0;
     if (n == 0) continue;
-    kern.linear_forward({n, h, fc}, ms.xe.data() + r0 * h, W(expert_weight(layer, e, "fc1")), nullptr,
+    kern.linear_forward({n, h, fc}, x.data() + r0 * h, W(expert_weight(layer, base + j, "fc1")), nullptr,
                         ms.ae.data() + r0 * fc);
   }
   activation_forward(N, fw, ms.ae, ms.ge);
-  for (std::int64_t e = 0; e < m.moe.experts; ++e) {
-    const std::int64_t r0 = ms.offsets[static_cast<std::size_t>(e)],
-                       n = ms.offsets[static_cast<std::size_t>(e + 1)] - r0;
+  for (std::int64_t j = 0; j < local; ++j) {
+    const std::int64_t r0 = off[static_cast<std::size_t>(j)], n = off[static_cast<std::size_t>(j + 1)] - r0;
     if (n == 0) continue;
-    kern.linear_forward({n, fw, h}, ms.ge.data() + r0 * fw, W(expert_weight(layer, e, "fc2")), nullptr,
-                        ms.ye.data() + r0 * h);
+    kern.linear_forward({n, fw, h}, ms.ge.data() + r0 * fw, W(expert_weight(layer, base + j, "fc2")), nullptr,
+                        y.data() + r0 * h);
   }
 }
 
@@ -180,28 +185,132 @@ void Interpreter<A>::moe_forward(const Instr& in, ChunkState<A>& st, Tensor& cur
 
 template <typename A>
 void Interpreter<A>::moe_experts_backward(MoeState<A>& ms, int layer) {
-  const std::int64_t N = ms.offsets.back(), fw = expert_width(), fc = expert_fc1_cols();
+  const bool ep = prog.ep > 1;
+  const Tensor& x = ep ? ms.lx : ms.xe;
+  const Tensor& dy = ep ? ms.ldy : ms.dye;
+  Tensor& dx = ep ? ms.ldx : ms.dxe;
+  const std::vector<std::int64_t>& off = ep ? ms.local_offsets : ms.offsets;
+  const std::int64_t local = m.moe.experts / prog.ep, base = prog.ep_rank * local;
+  const std::int64_t N = off.back(), fw = expert_width(), fc = expert_fc1_cols();
   Tensor dg(be, static_cast<std::size_t>(N * fw));
-  for (std::int64_t e = 0; e < m.moe.experts; ++e) {
-    const std::int64_t r0 = ms.offsets[static_cast<std::size_t>(e)],
-                       n = ms.offsets[static_cast<std::size_t>(e + 1)] - r0;
+  for (std::int64_t j = 0; j < local; ++j) {
+    const std::int64_t r0 = off[static_cast<std::size_t>(j)], n = off[static_cast<std::size_t>(j + 1)] - r0;
     if (n == 0) continue;
     const k::LinearShape shape{n, fw, h};
-    kern.linear_backward_weight(shape, ms.dye.data() + r0 * h, ms.ge.data() + r0 * fw,
-                                G(expert_weight(layer, e, "fc2")), nullptr);
-    kern.linear_backward_input(shape, ms.dye.data() + r0 * h, W(expert_weight(layer, e, "fc2")), dg.data() + r0 * fw);
+    kern.linear_backward_weight(shape, dy.data() + r0 * h, ms.ge.data() + r0 * fw,
+                                G(expert_weight(layer, base + j, "fc2")), nullptr);
+    kern.linear_backward_input(shape, dy.data() + r0 * h, W(expert_weight(layer, base + j, "fc2")),
+                               dg.data() + r0 * fw);
   }
   activation_backward(N, fw, ms.ae, dg);  // dg: now the fc1 output's gradient [N, fc]
-  sized(ms.dxe, static_cast<std::size_t>(N * h));
-  for (std::int64_t e = 0; e < m.moe.experts; ++e) {
-    const std::int64_t r0 = ms.offsets[static_cast<std::size_t>(e)],
-                       n = ms.offsets[static_cast<std::size_t>(e + 1)] - r0;
+  sized(dx, static_cast<std::size_t>(N * h));
+  for (std::int64_t j = 0; j < local; ++j) {
+    const std::int64_t r0 = off[static_cast<std::size_t>(j)], n = off[static_cast<std::size_t>(j + 1)] - r0;
     if (n == 0) continue;
     const k::LinearShape shape{n, h, fc};
-    kern.linear_backward_weight(shape, dg.data() + r0 * fc, ms.xe.data() + r0 * h, G(expert_weight(layer, e, "fc1")),
+    kern.linear_backward_weight(shape, dg.data() + r0 * fc, x.data() + r0 * h, G(expert_weight(layer, base + j, "fc1")),
                                 nullptr);
-    kern.linear_backward_input(shape, dg.data() + r0 * fc, W(expert_weight(layer, e, "fc1")), ms.dxe.data() + r0 * h);
+    kern.linear_backward_input(shape, dg.data() + r0 * fc, W(expert_weight(layer, base + j, "fc1")),
+                               dx.data() + r0 * h);
   }
+}
+
+// The all-to-alls of expert parallelism (moe_state.h). Counts first (once per forward, recomputation included):
+// each member learns how many rows every other member sends each of its experts. Rows then go to the experts' ranks
+// before the experts' op (the input rows in the forward, the output rows' gradients in the backward) and come back
+// after it (the output rows, the input rows' gradients), regrouped between "by sender" and "by local expert".
+template <typename A>
+void Interpreter<A>::moe_exchange(const Instr& in, ChunkState<A>& st) {
+  MoeState<A>& ms = layer_state(st, in.layer).moe;
+  comm::Communicator& c = *comms.ep;
+  const int P = prog.ep;
+  const std::int64_t local = m.moe.experts / P;
+  const comm::Tag tag = comm::message_tag(
+      fmt::format("moe {} layer {} index {} mb {}", ir::to_string(in.what), in.layer, in.index, step_.mb));
+  const auto at = [](const std::vector<std::int64_t>& v, std::int64_t i) { return v[static_cast<std::size_t>(i)]; };
+  if (in.what == ir::What::kExpertCounts) {
+    check_count(in, local);
+    std::vector<std::int32_t> sent(static_cast<std::size_t>(m.moe.experts)), got(sent.size());
+    for (std::int64_t e = 0; e < m.moe.experts; ++e) {
+      sent[static_cast<std::size_t>(e)] = static_cast<std::int32_t>(at(ms.offsets, e + 1) - at(ms.offsets, e));
+    }
+    Buffer<std::int32_t> sb = upload(sent), rb(be, got.size());
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(P), static_cast<std::size_t>(local));
+    communicate(c, [&] { c.all_to_all(sb.data(), counts, rb.data(), counts, DType::kInt32, tag); });
+    be.copy_to_host(got.data(), rb.data(), got.size() * sizeof(std::int32_t));
+    ms.recv_counts.assign(got.begin(), got.end());
+    ms.send_rows.assign(static_cast<std::size_t>(P), 0);
+    ms.recv_rows.assign(static_cast<std::size_t>(P), 0);
+    ms.local_offsets.assign(static_cast<std::size_t>(local + 1), 0);
+    for (int q = 0; q < P; ++q) {
+      ms.send_rows[static_cast<std::size_t>(q)] = at(ms.offsets, (q + 1) * local) - at(ms.offsets, q * local);
+      for (std::int64_t j = 0; j < local; ++j) {
+        const std::int64_t n = at(ms.recv_counts, q * local + j);
+        ms.recv_rows[static_cast<std::size_t>(q)] += n;
+        ms.local_offsets[static_cast<std::size_t>(j + 1)] += n;
+      }
+    }
+    for (std::int64_t j = 0; j < local; ++j) {
+      ms.local_offsets[static_cast<std::size_t>(j + 1)] += at(ms.local_offsets, j);
+    }
+    return;
+  }
+  // Which way: before the experts' op the rows go to them; the pass of the op after says forward or backward.
+  const ir::Body* body = step_.body;
+  const Instr* next = nullptr;
+  for (std::size_t i = step_.body_pc + 1; body != nullptr && i < body->instrs.size() && next == nullptr; ++i) {
+    if (body->instrs[i].op == ir::Opcode::kCompute) next = &body->instrs[i];
+  }
+  if (next == nullptr) throw internal_error(fmt::format("an expert all-to-all ends its body: {}", ir::to_text(in)));
+  const bool to_experts = next->body_op == BodyOp::kMoeExperts;
+  const bool backward = backward_pass(*next);
+  // Row blocks (p, j): by sender at sender_start, by local expert at local_start.
+  std::vector<std::int64_t> sender_start(static_cast<std::size_t>(P * local)), local_start(sender_start.size());
+  for (std::int64_t p = 0, r = 0; p < P; ++p) {
+    for (std::int64_t j = 0; j < local; ++j) {
+      sender_start[static_cast<std::size_t>(p * local + j)] = r;
+      r += at(ms.recv_counts, p * local + j);
+    }
+  }
+  for (std::int64_t j = 0; j < local; ++j) {
+    for (std::int64_t p = 0, r = at(ms.local_offsets, j); p < P; ++p) {
+      local_start[static_cast<std::size_t>(p * local + j)] = r;
+      r += at(ms.recv_counts, p * local + j);
+    }
+  }
+  const std::int64_t received = ms.local_offsets.back();
+  auto regroup = [&](const Tensor& from, Tensor& to, bool to_local) {
+    for (std::int64_t b = 0; b < P * local; ++b) {
+      const std::int64_t n = at(ms.recv_counts, b);
+      if (n == 0) continue;
+      const std::int64_t from_row = to_local ? at(sender_start, b) : at(local_start, b);
+      const std::int64_t to_row = to_local ? at(local_start, b) : at(sender_start, b);
+      be.copy(to.data() + to_row * h, from.data() + from_row * h, static_cast<std::size_t>(n * h) * sizeof(A));
+    }
+  };
+  auto elements = [&](const std::vector<std::int64_t>& rows) {
+    std::vector<std::size_t> out(rows.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) out[i] = static_cast<std::size_t>(rows[i] * h);
+    return out;
+  };
+  Tensor by_sender(be, static_cast<std::size_t>(received * h));
+  if (to_experts) {
+    const Tensor& src = backward ? ms.dye : ms.xe;
+    Tensor& dst = backward ? ms.ldy : ms.lx;
+    communicate(c, [&] {
+      c.all_to_all(src.data(), elements(ms.send_rows), by_sender.data(), elements(ms.recv_rows), kAct, tag);
+    });
+    dst = Tensor(be, static_cast<std::size_t>(received * h));
+    regroup(by_sender, dst, true);
+    return;
+  }
+  const Tensor& src = backward ? ms.ldx : ms.ly;
+  Tensor& dst = backward ? ms.dxe : ms.ye;
+  regroup(src, by_sender, false);
+  dst = Tensor(be, static_cast<std::size_t>(ms.offsets.back() * h));
+  communicate(c, [&] {
+    c.all_to_all(by_sender.data(), elements(ms.recv_rows), dst.data(), elements(ms.send_rows), kAct, tag);
+  });
 }
 
 template <typename A>
@@ -284,6 +393,7 @@ void Interpreter<A>::moe_backward(const Instr& in, ChunkState<A>& st, Tensor& cu
   template void Interpreter<A>::moe_experts_backward(MoeState<A>&, int);                                 \
   template void Interpreter<A>::moe_shared_forward(MoeState<A>&, int);                                   \
   template void Interpreter<A>::moe_shared_backward(MoeState<A>&, int);                                  \
+  template void Interpreter<A>::moe_exchange(const Instr&, ChunkState<A>&);                              \
   template void Interpreter<A>::moe_forward(const Instr&, ChunkState<A>&, Tensor&);                      \
   template void Interpreter<A>::moe_backward(const Instr&, ChunkState<A>&, Tensor&);
 DTRAIN_INSTANTIATE_MOE_OPS(float)

@@ -28,6 +28,15 @@ struct MoeState {
   Buffer<A> dout;       // the combine's output gradient, for the shared experts [T, h]
   Buffer<A> dx;         // the input gradient so far (shared experts) [T, h]
   Buffer<A> dxe;        // the experts' input gradient rows [N, h]
+
+  // Expert parallelism (ep > 1). The permuted rows above stay this rank's tokens, grouped by global expert, so that
+  // rank q's experts' rows are one block; the experts run on "local" rows: those every member of the ep group sent
+  // for this rank's experts, grouped by local expert (expert j's rows from member 0, then member 1, ...).
+  std::vector<std::int64_t> recv_counts;    // host: [p * local_experts + j] rows member p sends local expert j
+  std::vector<std::int64_t> send_rows;      // host: rows to each member (its experts' block of the permuted rows)
+  std::vector<std::int64_t> recv_rows;      // host: rows from each member
+  std::vector<std::int64_t> local_offsets;  // host: local expert j's rows are [local_offsets[j], local_offsets[j+1])
+  Buffer<A> lx, ly, ldy, ldx;               // local rows: input, output, their gradients
 };
 
 }  // namespace dtrain::exec::detail

@@ -16,7 +16,10 @@ template <typename A>
 double Interpreter<A>::local_grad_norm_squared() {
   settle();
   bool sharded = prog.distributed_optimizer && prog.dp > 1;
-  if (!sharded && prog.dp_rank != 0) return 0;  // data-parallel replicas hold the same reduced gradients
+  // Data-parallel replicas hold the same reduced gradients: the first one counts them. With expert parallelism the
+  // first of each expert group counts its experts' (the ranks of dp rank below ep).
+  const bool counts_dense = prog.dp_rank == 0, counts_experts = prog.dp_rank < prog.ep;
+  if (!sharded && !counts_dense && !counts_experts) return 0;
   std::vector<ConstSpan> spans;
   auto add = [&](std::int64_t b, std::int64_t e) {
     if (b < e) spans.push_back({grads.data() + b, e - b});
@@ -26,6 +29,7 @@ double Interpreter<A>::local_grad_norm_squared() {
     if (t.tp_replicated && prog.tp_rank != 0) continue;  // replicated over tensor parallelism
     std::int64_t b = t.offset, e = t.offset + t.numel();
     if (!sharded) {
+      if (!(t.expert ? counts_experts : counts_dense)) continue;
       add(b, e);
       continue;
     }

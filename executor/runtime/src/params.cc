@@ -125,6 +125,9 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
   need(m.kv_heads, "kv_heads");
   need(m.ffn_hidden, "ffn_hidden");
   if (m.moe.enabled()) {
+    if (prog.ep < 1 || m.moe.experts % prog.ep != 0) {
+      throw input_error(fmt::format("ep={} does not divide the {} experts", prog.ep, m.moe.experts));
+    }
     need(m.moe.ffn_hidden, "the experts' ffn_hidden");
     need(m.moe.shared_ffn_hidden, "shared_ffn_hidden");
   }
@@ -225,8 +228,13 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
             row_blocks(p + "moe.router.weight", moe.experts, h, {{0, moe.experts}}, InitKind::kNormal, true);
         router.tp_replicated = true;
         add_unit(router);
-        for (std::int64_t e = 0; e < moe.experts; ++e)
+        // This rank's experts: all of them, or with expert parallelism its ep_rank's share, by global index.
+        const std::int64_t local = moe.experts / prog.ep;
+        for (std::int64_t e = prog.ep_rank * local; e < (prog.ep_rank + 1) * local; ++e) {
+          const std::size_t before = tensors_.size();
           mlp(fmt::format("{}moe.experts.{}.", p, e), moe.ffn_hidden, false);
+          for (std::size_t i = before; i < tensors_.size(); ++i) tensors_[i].expert = true;
+        }
         if (moe.shared_ffn_hidden > 0) mlp(p + "moe.shared.", moe.shared_ffn_hidden, false);
         if (moe.shared_gate) {
           TensorSpec gate = row_blocks(p + "moe.shared.gate.weight", 1, h, {{0, 1}}, InitKind::kNormal, true);

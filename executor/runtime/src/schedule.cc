@@ -292,6 +292,31 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
     });
     return;
   }
+  if (prog.ep > 1 && (in.on == ir::CommGroup::kDp || in.on == ir::CommGroup::kEdp) && in.op == Opcode::kAllReduce) {
+    // Expert parallelism: a bucket's routed experts' gradients are summed over the ranks holding the same experts
+    // (edp), the rest over dp. The tensors of each kind are packed into one buffer and unpacked after.
+    const bool experts = in.on == ir::CommGroup::kEdp;
+    comm::Communicator& group = experts ? *comms.edp : *comms.dp;
+    const auto [bucket_b, bucket_e] = bucket_range(in);
+    std::vector<const TensorSpec*> parts;
+    std::size_t total = 0;
+    for (const auto& t : layout.tensors()) {
+      if (t.offset >= bucket_b && t.offset < bucket_e && t.expert == experts) {
+        parts.push_back(&t);
+        total += static_cast<std::size_t>(t.numel());
+      }
+    }
+    check_count(in, static_cast<std::int64_t>(total));
+    F32 buf(be, total);
+    for (std::size_t i = 0, at = 0; i < parts.size(); at += static_cast<std::size_t>(parts[i]->numel()), ++i) {
+      be.copy(buf.data() + at, grads.data() + parts[i]->offset, static_cast<std::size_t>(parts[i]->numel()) * 4);
+    }
+    communicate(group, [&] { group.all_reduce(buf.data(), buf.data(), buf.size(), comm::ReduceOp::kSum); });
+    for (std::size_t i = 0, at = 0; i < parts.size(); at += static_cast<std::size_t>(parts[i]->numel()), ++i) {
+      be.copy(grads.data() + parts[i]->offset, buf.data() + at, static_cast<std::size_t>(parts[i]->numel()) * 4);
+    }
+    return;
+  }
   if (in.on != ir::CommGroup::kDp) throw input_error("unexpected collective in the schedule");
   const auto [bucket_b, bucket_e] = bucket_range(in);
   const std::int64_t b = bucket_b, e = bucket_e;

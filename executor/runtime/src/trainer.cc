@@ -559,14 +559,16 @@ class Run {
     }
     for (const auto& t : layout.tensors()) {
       if (t.tied_copy || (t.tp_replicated && program_.tp_rank != 0)) continue;
+      // Data-parallel replicas hold the same values: the first writes them (an expert's: the first of its group).
+      const bool writer = t.expert ? program_.dp_rank < program_.ep : program_.dp_rank == 0;
       auto whole = [&](const std::string& kind, const float* src) {
         StoredTensor s{t.name, kind, t.full_rows, t.full_cols, {}, {}};
         element_blocks(t, 0, t.numel(), src + t.offset, s);
         stored.push_back(std::move(s));
       };
-      if (program_.dp_rank == 0) whole("param", params);
+      if (writer) whole("param", params);
       if (!sharded) {
-        if (program_.dp_rank == 0) {
+        if (writer) {
           whole("exp_avg", m.data());
           whole("exp_avg_sq", v.data());
         }
@@ -630,7 +632,7 @@ class Run {
           std::int64_t lo = std::max(b, t.offset), hi = std::min(e, t.offset + t.numel());
           if (lo < hi) element_blocks(t, lo - t.offset, hi - t.offset, g, st);
         }
-      } else if (program_.dp_rank == 0) {
+      } else if (t.expert ? program_.dp_rank < program_.ep : program_.dp_rank == 0) {
         element_blocks(t, 0, t.numel(), g, st);
       }
       if (!st.blocks.empty()) stored.push_back(std::move(st));

@@ -215,7 +215,8 @@ class Engine {
       }
       if (in.is_compute_pass() && options_.expand_bodies && !run_body(r, st, in)) return;
       if (in.is_collective()) {
-        bool async = options_.async_dp && (in.on == CommGroup::kDp || in.on == CommGroup::kEmbedding);
+        bool async = options_.async_dp &&
+                     (in.on == CommGroup::kDp || in.on == CommGroup::kEdp || in.on == CommGroup::kEmbedding);
         if (!collective(r, st, in, Site{r, st.pc, -1}, nullptr, async)) return;
         if (st.at_stop) return stop_past(st);
         ++st.pc;

@@ -242,10 +242,37 @@ class BodyBuilder {
   void moe_forward(std::vector<Instr>& out, int layer, Pass pass, int& index) const {
     if (sp()) gather(out, layer, index);
     out.push_back(compute(BodyOp::kMoeRoute, layer, pass));
+    if (ep()) {
+      out.push_back(expert_exchange(What::kExpertCounts, layer, index++));
+      out.push_back(expert_exchange(What::kExpertTokens, layer, index++));  // dispatch
+    }
     out.push_back(compute(BodyOp::kMoeExperts, layer, pass));
+    if (ep()) out.push_back(expert_exchange(What::kExpertTokens, layer, index++));  // combine
     if (m_.moe.shared_ffn_hidden > 0) out.push_back(compute(BodyOp::kMoeShared, layer, pass));
     out.push_back(compute(BodyOp::kMoeCombine, layer, pass));
     if (tp()) reduce(out, layer, index);
+  }
+
+  bool ep() const { return c_.ep > 1; }
+
+  // An all-to-all over the expert-parallel group: the rows' counts (one int32 per local expert of the receiver), or
+  // rows of hidden values, the balanced expectation per peer (the micro-batch's routed rows spread evenly).
+  // (Before the experts' op the rows go to their experts' ranks; after it they come back.)
+  Instr expert_exchange(What what, int layer, int index) const {
+    Instr in;
+    in.op = Opcode::kAllToAll;
+    in.on = CommGroup::kEp;
+    in.what = what;
+    in.layer = layer;
+    in.index = index;
+    if (what == What::kExpertCounts) {
+      in.count = m_.moe.experts / c_.ep;
+      in.dtype = DType::kInt32;
+    } else {
+      in.count = tokens_ * m_.moe.top_k * m_.hidden / c_.ep;
+      in.dtype = dtype_;
+    }
+    return in;
   }
 
   // Its backward, weight gradients included (a zero-bubble BWD_W has nothing left of an MoE layer's MLP): the
@@ -258,7 +285,10 @@ class BodyBuilder {
       out.push_back(tp_collective(Opcode::kAllReduce, What::kRouterGrad, layer, index++, count, ReduceOp::kSum));
     }
     if (m_.moe.shared_ffn_hidden > 0) out.push_back(compute(BodyOp::kMoeShared, layer, pass));
+    // The output rows' gradients go to the experts' ranks (the combine's way back), the input rows' gradients back.
+    if (ep()) out.push_back(expert_exchange(What::kExpertTokens, layer, index++));
     out.push_back(compute(BodyOp::kMoeExperts, layer, pass));
+    if (ep()) out.push_back(expert_exchange(What::kExpertTokens, layer, index++));
     out.push_back(compute(BodyOp::kMoeRoute, layer, pass));
     if (tp()) reduce(out, layer, index);
   }
@@ -337,6 +367,7 @@ class BodyBuilder {
 struct Bucket {
   int lo = 0, hi = 0;  // extended layer range [lo, hi): -1 embedding, L head
   std::int64_t params = 0;
+  std::int64_t expert_params = 0;  // of those, routed experts' (reduced over the edp group when ep > 1)
 };
 
 class Lowering {
@@ -387,6 +418,14 @@ class Lowering {
     p.tp_group = plan::tp_group_ranks(c_, rank);
     p.pp_group = plan::pp_group_ranks(c_, rank);
     p.dp_group = plan::dp_group_ranks(c_, rank);
+    if (c_.ep > 1) {
+      // Expert groups: ep consecutive data-parallel ranks; the ranks holding the same experts, every ep-th one.
+      p.ep = c_.ep;
+      p.ep_rank = pl.dp_rank % c_.ep;
+      const int first = pl.dp_rank - p.ep_rank;
+      for (int d = first; d < first + c_.ep; ++d) p.ep_group.push_back(p.dp_group[static_cast<std::size_t>(d)]);
+      for (int d = p.ep_rank; d < c_.dp; d += c_.ep) p.edp_group.push_back(p.dp_group[static_cast<std::size_t>(d)]);
+    }
     if (tied_across_stages_ && (pl.pp_rank == 0 || pl.pp_rank == c_.pp - 1)) {
       p.embedding_group = {plan::rank_of(c_, pl.tp_rank, 0, pl.dp_rank),
                            plan::rank_of(c_, pl.tp_rank, c_.pp - 1, pl.dp_rank)};
@@ -441,6 +480,7 @@ class Lowering {
     struct Unit {
       int layer;
       std::int64_t params;
+      std::int64_t expert_params = 0;
     };
     std::vector<Unit> units;
     auto params_of = [&](int layers, bool emb, bool head) {
@@ -453,7 +493,8 @@ class Lowering {
       units.push_back({L, head});
     }
     for (int l = ch.first_layer + ch.layers - 1; l >= ch.first_layer; --l) {
-      units.push_back({l, static_cast<std::int64_t>(std::llround(cost_.layer_params(c_, l)))});
+      units.push_back({l, static_cast<std::int64_t>(std::llround(cost_.layer_params(c_, l))),
+                       static_cast<std::int64_t>(std::llround(cost_.expert_layer_params(c_, l)))});
     }
     if (ch.embedding) {
       std::int64_t emb = params_of(0, true, false);
@@ -467,6 +508,7 @@ class Lowering {
       if (out.empty() || out.back().params + u.params > limit) out.push_back({u.layer, u.layer + 1, 0});
       out.back().lo = u.layer;
       out.back().params += u.params;
+      out.back().expert_params += u.expert_params;
     }
     return out;
   }
@@ -511,6 +553,25 @@ class Lowering {
     in.dtype = grad_dtype_;
     in.reduce = ReduceOp::kSum;
     out.push_back(in);
+  }
+
+  // A bucket's reduction: over dp, or with ep > 1 its routed experts' gradients over edp (the data-parallel ranks
+  // that hold the same experts) and the rest over dp.
+  void dp_reductions(std::vector<Instr>& out, int chunk, int index, const Bucket& b) const {
+    if (c_.ep <= 1 || b.expert_params == 0) {
+      out.push_back(dp_reduction(chunk, index, b));
+      return;
+    }
+    Bucket dense = b;
+    dense.params -= b.expert_params;
+    if (dense.params > 0) out.push_back(dp_reduction(chunk, index, dense));
+    if (c_.dp / c_.ep > 1) {
+      Instr in = dp_reduction(chunk, index, b);
+      in.on = CommGroup::kEdp;
+      in.what = What::kExpertGradBucket;
+      in.count = b.expert_params;
+      out.push_back(in);
+    }
   }
 
   Instr dp_reduction(int chunk, int index, const Bucket& b, bool tied = false) const {
@@ -608,14 +669,14 @@ class Lowering {
               piece.layer_end = b.hi;
               out.push_back(piece);
               replicated_reduction(out, a.chunk, b);
-              out.push_back(dp_reduction(a.chunk, bucket_index++, b));
+              dp_reductions(out, a.chunk, bucket_index++, b);
             }
           } else {
             out.push_back(compute);
             for (const Bucket& b : bs) {
               if (plan_.model.training.overlap_grad_reduce) {
                 replicated_reduction(out, a.chunk, b);
-                out.push_back(dp_reduction(a.chunk, bucket_index++, b));
+                dp_reductions(out, a.chunk, bucket_index++, b);
               } else {
                 deferred.push_back({a.chunk, b});
               }
@@ -645,7 +706,7 @@ class Lowering {
 
     for (const auto& d : deferred) {
       replicated_reduction(out, d.chunk, d.bucket);
-      out.push_back(dp_reduction(d.chunk, bucket_index++, d.bucket));
+      dp_reductions(out, d.chunk, bucket_index++, d.bucket);
     }
 
     const auto& m = plan_.model.model;

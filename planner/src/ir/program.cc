@@ -32,6 +32,8 @@ std::string_view to_string(Opcode op) {
       return "OPTIM";
     case Opcode::kCheckpoint:
       return "CKPT";
+    case Opcode::kAllToAll:
+      return "ALLTOALL";
     case Opcode::kCompute:
       return "COMPUTE";
   }
@@ -39,7 +41,7 @@ std::string_view to_string(Opcode op) {
 }
 
 std::optional<Opcode> parse_opcode(std::string_view t) {
-  for (int i = 0; i <= static_cast<int>(Opcode::kCompute); ++i) {
+  for (int i = 0; i <= static_cast<int>(Opcode::kAllToAll); ++i) {
     auto op = static_cast<Opcode>(i);
     if (to_string(op) == t) return op;
   }
@@ -60,6 +62,10 @@ std::string_view to_string(CommGroup g) {
       return "world";
     case CommGroup::kEmbedding:
       return "embedding";
+    case CommGroup::kEp:
+      return "ep";
+    case CommGroup::kEdp:
+      return "edp";
   }
   return "?";
 }
@@ -104,6 +110,12 @@ std::string_view to_string(What w) {
       return "replicated_grads";
     case What::kRouterGrad:
       return "router_grad";
+    case What::kExpertCounts:
+      return "expert_counts";
+    case What::kExpertTokens:
+      return "expert_tokens";
+    case What::kExpertGradBucket:
+      return "expert_grad_bucket";
   }
   return "?";
 }
@@ -258,6 +270,10 @@ std::vector<std::int32_t> Program::members(CommGroup g) const {
       return dp_group;
     case CommGroup::kEmbedding:
       return embedding_group;
+    case CommGroup::kEp:
+      return ep_group;
+    case CommGroup::kEdp:
+      return edp_group;
     case CommGroup::kWorld: {
       std::vector<std::int32_t> all(static_cast<std::size_t>(world));
       std::iota(all.begin(), all.end(), 0);
@@ -275,7 +291,8 @@ bool Program::operator==(const Program& o) const {
       dp_rank != o.dp_rank || micro_batch != o.micro_batch || num_microbatches != o.num_microbatches ||
       layers != o.layers || schedule_name != o.schedule_name || sequence_parallel != o.sequence_parallel ||
       distributed_optimizer != o.distributed_optimizer || tp_group != o.tp_group || pp_group != o.pp_group ||
-      dp_group != o.dp_group || embedding_group != o.embedding_group || chunks != o.chunks || schedule != o.schedule ||
+      dp_group != o.dp_group || embedding_group != o.embedding_group || ep != o.ep || ep_rank != o.ep_rank ||
+      ep_group != o.ep_group || edp_group != o.edp_group || chunks != o.chunks || schedule != o.schedule ||
       bodies.size() != o.bodies.size()) {
     return false;
   }

@@ -52,6 +52,7 @@ class Coster {
       case Opcode::kAllReduce:
       case Opcode::kAllGather:
       case Opcode::kReduceScatter:
+      case Opcode::kAllToAll:
         return options_.free_communication ? 0.0 : collective(p, in);
       case Opcode::kOptimizerStep: {
         double params = 0;
@@ -117,7 +118,8 @@ class Coster {
 
   double collective(const Program& p, const Instr& in) const {
     double elem = (in.what == What::kParamBucket || in.what == What::kEmbeddingParams) ? weight_bytes_
-                  : in.what == What::kGradBucket                                       ? grad_bytes_
+                  : in.what == What::kGradBucket || in.what == What::kExpertGradBucket ? grad_bytes_
+                  : in.what == What::kExpertTokens                                     ? weight_bytes_
                                                                                        : 4.0;
     if (in.what == What::kEmbeddingGrad) elem = grad_bytes_;
     double bytes = static_cast<double>(in.count) * elem;
@@ -129,6 +131,17 @@ class Coster {
       case CommGroup::kTp:
         g = cm_.tp_group(c_);
         break;
+      case CommGroup::kEp:
+        g = cm_.ep_group(c_);
+        break;
+      case CommGroup::kEdp: {
+        // The data-parallel ranks holding the same experts: every ep-th one.
+        plan::ParallelConfig edp = c_;
+        edp.dp = c_.dp / c_.ep;
+        edp.tp = c_.tp * c_.ep;
+        g = cm_.dp_group(edp);
+        break;
+      }
       case CommGroup::kEmbedding:
         g = cm_.pp_neighbours_share_node(c_) ? plan::GroupGeometry{2, 2, 1, true} : plan::GroupGeometry{2, 1, 2, false};
         break;
@@ -143,6 +156,8 @@ class Coster {
         return cm_.all_reduce_seconds(bytes, g);
       case Opcode::kAllGather:
         return cm_.all_gather_seconds(bytes, g);
+      case Opcode::kAllToAll:
+        return cm_.all_to_all_seconds(bytes * g.size, g);  // count: per peer
       default:
         return cm_.reduce_scatter_seconds(bytes, g);
     }

@@ -81,8 +81,15 @@ class Parser {
           p.dp_group = ranks;
         else if (g == "embedding")
           p.embedding_group = ranks;
+        else if (g == "ep")
+          p.ep_group = ranks;
+        else if (g == "edp")
+          p.edp_group = ranks;
         else
-          fail(fmt::format("unknown group '{}' (tp, pp, dp, embedding)", g));
+          fail(fmt::format("unknown group '{}' (tp, pp, dp, embedding, ep, edp)", g));
+      } else if (head == "experts") {
+        p.ep = integer(kv, "ep");
+        p.ep_rank = integer(kv, "ep_rank");
       } else if (head == "chunk") {
         ChunkInfo c;
         c.index = integer(kv, "index");
@@ -208,9 +215,9 @@ class Parser {
           fail(fmt::format("op={}: expected sum or max", value));
         }
       } else if (key == "on") {
-        in.on = enum_value<CommGroup>(value, CommGroup::kEmbedding, "on");
+        in.on = enum_value<CommGroup>(value, CommGroup::kEdp, "on");
       } else if (key == "what") {
-        in.what = enum_value<What>(value, What::kRouterGrad, "what");
+        in.what = enum_value<What>(value, What::kExpertGradBucket, "what");
       } else if (key == "pass") {
         in.pass = enum_value<Pass>(value, Pass::kRecompute, "pass");
       } else if (key == "chunk") {
@@ -235,8 +242,8 @@ class Parser {
         if (!v || *v < 0) fail(fmt::format("count={}: expected a non-negative integer", value));
         in.count = *v;
       } else if (key == "dtype") {
-        auto d = parse_dtype(value);
-        if (!d) fail(fmt::format("dtype={}: expected bf16, fp16, fp8 or fp32", value));
+        auto d = value == "int32" ? std::optional<DType>(DType::kInt32) : parse_dtype(value);
+        if (!d) fail(fmt::format("dtype={}: expected bf16, fp16, fp8, fp32 or int32", value));
         in.dtype = *d;
       } else {
         fail(fmt::format("unknown key '{}'", key));
@@ -284,6 +291,11 @@ std::string print_program(const Program& p) {
   out += fmt::format("group pp ranks={}\n", ranks_text(p.pp_group));
   out += fmt::format("group dp ranks={}\n", ranks_text(p.dp_group));
   out += fmt::format("group embedding ranks={}\n", ranks_text(p.embedding_group));
+  if (p.ep > 1) {
+    out += fmt::format("experts ep={} ep_rank={}\n", p.ep, p.ep_rank);
+    out += fmt::format("group ep ranks={}\n", ranks_text(p.ep_group));
+    out += fmt::format("group edp ranks={}\n", ranks_text(p.edp_group));
+  }
   for (const auto& c : p.chunks) {
     out += fmt::format("chunk index={} first_layer={} layers={} embedding={} head={}\n", c.index, c.first_layer,
                        c.layers, c.embedding, c.head);

@@ -158,7 +158,9 @@ StaticResult static_checks(const Program& p) {
       ++optim_count;
       continue;
     }
-    if (in.is_collective() && in.what == What::kGradBucket) dp_buckets.emplace_back(pc, &in);
+    if (in.is_collective() && (in.what == What::kGradBucket || in.what == What::kExpertGradBucket)) {
+      dp_buckets.emplace_back(pc, &in);
+    }
     if (in.is_collective() && (in.what == What::kParamBucket || in.what == What::kEmbeddingParams) && optim_pc < 0) {
       fail(pc, "gathers updated parameters before the optimizer step");
     }
@@ -334,7 +336,8 @@ VerifyReport verify(const std::vector<Program>& programs) {
       reason = fmt::format("rank {} differs from the other ranks of pipeline stage {}", p->rank, p->pp_rank);
     }
     // Communicators must be symmetric: every member of a group sees the same group.
-    for (CommGroup g : {CommGroup::kTp, CommGroup::kPp, CommGroup::kDp, CommGroup::kEmbedding}) {
+    for (CommGroup g :
+         {CommGroup::kTp, CommGroup::kPp, CommGroup::kDp, CommGroup::kEmbedding, CommGroup::kEp, CommGroup::kEdp}) {
       auto members = p->members(g);
       if (!members.empty() && std::find(members.begin(), members.end(), p->rank) == members.end()) {
         report.problems.push_back({ProblemKind::kStatic,

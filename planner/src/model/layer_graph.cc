@@ -170,12 +170,6 @@ void add_moe_layer(LayerGraph& g, const ModelSpec& m, double e) {
 
 }  // namespace
 
-int LayerGraph::moe_layers_in(int first, int n) const {
-  int count = 0;
-  for (int l = first; l < first + n; ++l) count += is_moe(l) ? 1 : 0;
-  return count;
-}
-
 LayerGraph build_layer_graph(const ModelSpec& m, const TrainingSpec& t) {
   const double e = activation_bytes(t.dtype);
   const double h = static_cast<double>(m.hidden);
@@ -257,8 +251,14 @@ LayerGraph build_layer_graph(const ModelSpec& m, const TrainingSpec& t) {
   g.layer.push_back(linear("mlp.fc2", TpSplit::kRow, m.ffn_hidden, m.hidden, m.linear_bias, e));
   g.layer.push_back(dropout_residual("mlp.residual", m, e));
 
-  if (m.moe.enabled()) add_moe_layer(g, m, e);
-  for (std::int64_t l = 0; l < m.layers; ++l) g.moe.push_back(m.is_moe_layer(l));
+  if (m.moe.enabled()) {
+    add_moe_layer(g, m, e);
+    g.moe_before.push_back(0);
+    for (std::int64_t l = 0; l < m.layers; ++l) {
+      g.moe.push_back(m.is_moe_layer(l));
+      g.moe_before.push_back(g.moe_before.back() + (g.moe.back() ? 1 : 0));
+    }
+  }
 
   // Head: final norm, output projection (the embedding matrix when tied), vocab-parallel cross entropy.
   g.head.push_back(norm("head.norm", m, e));

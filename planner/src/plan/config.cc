@@ -74,14 +74,15 @@ int ParallelConfig::chunk_first_layer(int chunk) const {
 }
 
 std::string ParallelConfig::summary() const {
-  return fmt::format("tp={} pp={} dp={} vpp={} mb={} m={} recompute={} sp={} dopt={} schedule={}", tp, pp, dp, vpp,
-                     micro_batch, num_microbatches, to_string(recompute), sequence_parallel ? "on" : "off",
-                     distributed_optimizer ? "on" : "off", to_string(schedule));
+  return fmt::format("tp={} pp={} dp={}{} vpp={} mb={} m={} recompute={} sp={} dopt={} schedule={}", tp, pp, dp,
+                     etp > 0 ? fmt::format(" ep={} etp={}", ep, etp) : "", vpp, micro_batch, num_microbatches,
+                     to_string(recompute), sequence_parallel ? "on" : "off", distributed_optimizer ? "on" : "off",
+                     to_string(schedule));
 }
 
 bool FixedDims::empty() const {
-  return !tp && !pp && !dp && !vpp && !micro_batch && !recompute && !sequence_parallel && !distributed_optimizer &&
-         !schedule && !placement && chunk_layers.empty();
+  return !tp && !pp && !dp && !vpp && !micro_batch && !ep && !etp && !recompute && !sequence_parallel &&
+         !distributed_optimizer && !schedule && !placement && chunk_layers.empty();
 }
 
 bool FixedDims::all_pinned() const {
@@ -100,7 +101,9 @@ const std::vector<std::string> kFixKeys = {"tp",
                                            "distributed_optimizer",
                                            "schedule",
                                            "placement",
-                                           "chunk_layers"};
+                                           "chunk_layers",
+                                           "ep",
+                                           "etp"};
 
 bool parse_bool_word(std::string_view v, bool& out) {
   std::string l = lowercase(v);
@@ -146,6 +149,10 @@ FixedDims parse_fixed(std::string_view text) {
       f.vpp = positive();
     else if (key == "micro_batch" || key == "mb")
       f.micro_batch = positive();
+    else if (key == "ep")
+      f.ep = positive();
+    else if (key == "etp")
+      f.etp = positive();
     else if (key == "recompute") {
       f.recompute = parse_recompute(value);
       if (!f.recompute) throw bad("none, selective or full");
@@ -185,6 +192,8 @@ FixedDims merge(FixedDims a, const FixedDims& b) {
   if (b.dp) a.dp = b.dp;
   if (b.vpp) a.vpp = b.vpp;
   if (b.micro_batch) a.micro_batch = b.micro_batch;
+  if (b.ep) a.ep = b.ep;
+  if (b.etp) a.etp = b.etp;
   if (b.recompute) a.recompute = b.recompute;
   if (b.sequence_parallel) a.sequence_parallel = b.sequence_parallel;
   if (b.distributed_optimizer) a.distributed_optimizer = b.distributed_optimizer;
@@ -201,6 +210,8 @@ std::string to_string(const FixedDims& f) {
   if (f.dp) parts.push_back(fmt::format("dp={}", *f.dp));
   if (f.vpp) parts.push_back(fmt::format("vpp={}", *f.vpp));
   if (f.micro_batch) parts.push_back(fmt::format("micro_batch={}", *f.micro_batch));
+  if (f.ep) parts.push_back(fmt::format("ep={}", *f.ep));
+  if (f.etp) parts.push_back(fmt::format("etp={}", *f.etp));
   if (f.recompute) parts.push_back(fmt::format("recompute={}", to_string(*f.recompute)));
   if (f.sequence_parallel) parts.push_back(fmt::format("sequence_parallel={}", *f.sequence_parallel));
   if (f.distributed_optimizer) parts.push_back(fmt::format("distributed_optimizer={}", *f.distributed_optimizer));

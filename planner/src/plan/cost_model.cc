@@ -33,6 +33,17 @@ double optimizer_bytes_per_param(const model::TrainingSpec& t) {
   return master + moments;
 }
 
+// Saved activation bytes per token of a layer's ops for one micro-batch (full recomputation aside); `selective`
+// leaves out the attention scores.
+inline double saved_per_token(const std::vector<Op>& ops, double tp, double seq_div, bool selective) {
+  double bytes = 0;
+  for (const Op& op : ops) {
+    bytes += op.saved_sharded_per_token / tp + op.saved_sequence_per_token / seq_div + op.saved_replicated_per_token;
+    if (!selective) bytes += op.saved_quadratic_per_token / tp;
+  }
+  return bytes;
+}
+
 }  // namespace
 
 CostModel::CostModel(model::ModelDescription model, topology::ClusterSpec cluster)
@@ -47,10 +58,12 @@ CostModel::CostModel(model::ModelDescription model, topology::ClusterSpec cluste
         "[gpu] table, or train in a dtype the GPU has",
         cluster_.name, cluster_.node.gpu.name, dtype, dtype));
   }
-  auto split_params = [](const std::vector<Op>& ops, double& sharded, double& replicated) {
+  auto split_params = [&](const std::vector<Op>& ops, double& sharded, double& replicated) {
     for (const Op& op : ops) {
       double p = static_cast<double>(op.params);
-      if (op.split == TpSplit::kSequence || op.split == TpSplit::kReplicated) {
+      if (op.experts > 0) {
+        moe_expert_params_ += p;
+      } else if (op.split == TpSplit::kSequence || op.split == TpSplit::kReplicated) {
         replicated += p;
       } else if (op.kind == OpKind::kLinear && op.split == TpSplit::kRow) {
         double bias =
@@ -72,6 +85,21 @@ std::optional<std::string> CostModel::structural_problem(const ParallelConfig& c
   if (m.heads % c.tp != 0) return fmt::format("tp={} does not divide heads={}", c.tp, m.heads);
   if (m.kv_heads % c.tp != 0) return fmt::format("tp={} does not divide kv_heads={}", c.tp, m.kv_heads);
   if (m.ffn_hidden % c.tp != 0) return fmt::format("tp={} does not divide ffn_hidden={}", c.tp, m.ffn_hidden);
+  if (!m.moe.enabled() && (c.ep != 1 || c.etp != 0)) return "ep and etp are a mixture of experts' degrees";
+  if (m.moe.enabled()) {
+    if (c.ep < 1 || m.moe.experts % c.ep != 0) {
+      return fmt::format("ep={} does not divide experts={}", c.ep, m.moe.experts);
+    }
+    if (c.dp % c.ep != 0)
+      return fmt::format("ep={} does not divide dp={} (experts are split over data parallelism)", c.ep, c.dp);
+    if (c.etp != 0 && c.etp != c.tp) return fmt::format("etp={} differs from tp={} (dtrain has etp = tp)", c.etp, c.tp);
+    if (c.ep > 1 && c.distributed_optimizer) {
+      return fmt::format(
+          "ep={} with the distributed optimizer: dtrain's executor shards neither expert groups' "
+          "optimizer state yet (distributed_optimizer=false)",
+          c.ep);
+    }
+  }
   if (m.moe.enabled() && m.moe.ffn_hidden % c.tp != 0) {
     return fmt::format("tp={} does not divide the experts' ffn_hidden={}", c.tp, m.moe.ffn_hidden);
   }
@@ -155,9 +183,11 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
     case OpKind::kLinear: {
       double in = static_cast<double>(op.in_features), out = static_cast<double>(op.out_features);
       if (op.experts > 0) {
-        // One GEMM per expert on its share of the routed rows (evenly balanced).
-        const double experts = static_cast<double>(op.experts);
-        const double rows = p.tokens * static_cast<double>(op.top_k) / experts;
+        // One GEMM per local expert (experts / ep of them) on its share of the routed rows: the rank's tokens times
+        // top_k spread evenly over the experts, times the load imbalance of the busiest rank (ep > 1).
+        const double experts = static_cast<double>(op.experts) / c.ep;
+        const double imbalance = c.ep > 1 ? cluster_.calibration().moe_imbalance : 1.0;
+        const double rows = p.tokens * static_cast<double>(op.top_k) / experts * imbalance;
         if (op.split == TpSplit::kRow) return experts * gemm_seconds(rows, out, in / p.tp);
         return experts * gemm_seconds(rows, std::ceil(out / p.tp), in);
       }
@@ -231,6 +261,39 @@ GroupGeometry CostModel::dp_group(const ParallelConfig& c) const {
   // Members on one node are `stride` GPUs apart: inside one NVLink domain when they fit in it.
   geo.nvlink = (geo.per_node - 1) * stride < cluster_.node.nvlink_domain;
   return geo;
+}
+
+GroupGeometry CostModel::ep_group(const ParallelConfig& c) const {
+  int g = cluster_.node.gpus;
+  int stride = c.placement == PlacementOrder::kTpDpPp ? c.tp : c.tp * c.pp;
+  GroupGeometry geo;
+  geo.size = c.ep;
+  geo.per_node = stride < g ? std::max(1, std::min(c.ep, g / stride)) : 1;
+  geo.nodes = (c.ep + geo.per_node - 1) / geo.per_node;
+  geo.nvlink = (geo.per_node - 1) * stride < cluster_.node.nvlink_domain;
+  return geo;
+}
+
+double CostModel::all_to_all_seconds(double bytes, const GroupGeometry& g) const {
+  // Each member keeps 1/size of its bytes and sends the rest, (per_node - 1)/size of them to members on its node
+  // (NVLink or PCIe) and (size - per_node)/size over the network at its share of the node's NICs, both at once;
+  // pairwise exchanges, one latency per peer.
+  if (g.size <= 1 || bytes <= 0) return 0;
+  const auto& node = cluster_.node;
+  const auto& net = cluster_.network;
+  const double n = g.size;
+  double local = 0, remote = 0;
+  if (g.per_node > 1) {
+    const double part = bytes * (g.per_node - 1) / n;
+    local = net.nvlink_latency_s() * (g.per_node - 1) + part / ((g.nvlink ? node.nvlink_gbps : node.pcie_gbps) * 1e9 *
+                                                                net.efficiency_at("nvlink", g.per_node, part));
+  }
+  if (g.nodes > 1) {
+    const double part = bytes * (n - g.per_node) / n;
+    remote = net.network_latency_s() * (n - g.per_node) +
+             part / (node.network_gbps_per_gpu() * 1e9 * net.efficiency_at("network", g.nodes, part));
+  }
+  return std::max(local, remote);
 }
 
 bool CostModel::pp_neighbours_share_node(const ParallelConfig& c) const {
@@ -320,10 +383,12 @@ StageTimes& operator+=(StageTimes& a, const StageTimes& b) {
   a.backward_weight_s += b.backward_weight_s;
   a.recompute_s += b.recompute_s;
   a.tp_comm_s += b.tp_comm_s;
+  a.ep_comm_s += b.ep_comm_s;
   return a;
 }
 StageTimes scaled(const StageTimes& a, double n) {
-  return {a.forward_s * n, a.backward_input_s * n, a.backward_weight_s * n, a.recompute_s * n, a.tp_comm_s * n};
+  return {a.forward_s * n,   a.backward_input_s * n, a.backward_weight_s * n,
+          a.recompute_s * n, a.tp_comm_s * n,        a.ep_comm_s * n};
 }
 }  // namespace
 
@@ -339,15 +404,27 @@ StageTimes CostModel::layer_times(const std::vector<Op>& ops, const ParallelConf
   }
   double tp_f = layer_tp_forward_seconds(c);
   double tp_b = layer_tp_backward_seconds(c);
-  if (&ops == &graph_.moe_layer && c.tp > 1) {
-    // The gates' gradients are partial sums over the experts' shards: one all-reduce of top_k fp32 per token.
+  double ep_f = 0;
+  if (&ops == &graph_.moe_layer) {
     const double tokens = static_cast<double>(c.micro_batch) * static_cast<double>(model_.model.seq_len);
-    tp_b += all_reduce_seconds(4.0 * tokens * static_cast<double>(model_.model.moe.top_k), tp_group(c));
+    const double k = static_cast<double>(model_.model.moe.top_k);
+    // The gates' gradients are partial sums over the experts' shards: one all-reduce of top_k fp32 per token.
+    if (c.tp > 1) tp_b += all_reduce_seconds(4.0 * tokens * k, tp_group(c));
+    // Expert parallelism: the routed rows go to their experts' ranks and back (dispatch and combine), in the
+    // forward and again in the backward, each after an all-to-all of the rows' counts; with imbalance the busiest
+    // rank receives more.
+    if (c.ep > 1) {
+      const GroupGeometry g = ep_group(c);
+      const double rows = tokens * k * cluster_.calibration().moe_imbalance;
+      const double bytes = rows * static_cast<double>(model_.model.hidden) * activation_bytes(model_.training.dtype);
+      ep_f = 2.0 * (all_to_all_seconds(bytes, g) + all_to_all_seconds(4.0 * c.ep * c.ep, g));
+    }
   }
-  if (c.recompute == Recompute::kFull) layer.recompute_s = layer.forward_s + tp_f;
-  layer.forward_s += tp_f;
-  layer.backward_input_s += tp_b + layer.recompute_s;
+  if (c.recompute == Recompute::kFull) layer.recompute_s = layer.forward_s + tp_f + ep_f;
+  layer.forward_s += tp_f + ep_f;
+  layer.backward_input_s += tp_b + ep_f + layer.recompute_s;
   layer.tp_comm_s = tp_f + tp_b + (c.recompute == Recompute::kFull ? tp_f : 0.0);
+  layer.ep_comm_s = 2.0 * ep_f + (c.recompute == Recompute::kFull ? ep_f : 0.0);
   return layer;
 }
 
@@ -395,6 +472,7 @@ StageTimes CostModel::chunk_times(const LayerCosts& lc, int first_layer, int lay
   if (lc.moe != nullptr) {
     for (int l = first_layer; l < first_layer + layers; ++l) moe += &lc.at(l) == &lc.moe_layer ? 1 : 0;
   }
+  // (A chunk holds few layers; the search calls this once per chunk and candidate.)
   StageTimes out = scaled(lc.layer, static_cast<double>(layers - moe));
   if (moe > 0) out += scaled(lc.moe_layer, static_cast<double>(moe));
   if (embedding) out += lc.embedding;
@@ -411,25 +489,39 @@ StageTimes CostModel::chunk_times(const ParallelConfig& c, int first_layer, int 
 // Data parallelism and optimizer
 
 double CostModel::layer_params(const ParallelConfig& c, int layer) const {
-  if (graph_.is_moe(layer)) return moe_params_sharded_ / c.tp + moe_params_replicated_;
+  if (graph_.is_moe(layer)) {
+    return moe_params_sharded_ / c.tp + moe_params_replicated_ + moe_expert_params_ / (c.tp * c.ep);
+  }
   return layer_params_sharded_ / c.tp + layer_params_replicated_;
 }
 
+double CostModel::expert_layer_params(const ParallelConfig& c, int layer) const {
+  return graph_.is_moe(layer) ? moe_expert_params_ / (c.tp * c.ep) : 0.0;
+}
+
 double CostModel::stage_params(const ParallelConfig& c, int stage) const {
-  double p = 0;
-  for (int v = 0; v < c.vpp; ++v) {
-    const int ch = v * c.pp + stage;
-    p += stage_params(c, c.chunk_first_layer(ch), c.chunk_layers[static_cast<std::size_t>(ch)], false, false);
+  // A dense model's layers are all alike: only their number matters.
+  if (graph_.moe.empty()) return stage_params(c, 0, c.stage_layers(stage), stage == 0, stage == c.pp - 1);
+  int moe = 0;
+  for (int v = 0, first = 0, ch = 0; v < c.vpp; ++v) {
+    // first: the first layer of chunk ch, walked up to chunk v * pp + stage.
+    for (; ch < v * c.pp + stage; ++ch) first += c.chunk_layers[static_cast<std::size_t>(ch)];
+    moe += graph_.moe_layers_in(first, c.chunk_layers[static_cast<std::size_t>(ch)]);
   }
-  return p + stage_params(c, 0, 0, stage == 0, stage == c.pp - 1);
+  const int layers = c.stage_layers(stage);
+  return stage_params(c, 0, 0, stage == 0, stage == c.pp - 1) +
+         static_cast<double>(layers - moe) * (layer_params_sharded_ / c.tp + layer_params_replicated_) +
+         static_cast<double>(moe) *
+             (moe_params_sharded_ / c.tp + moe_params_replicated_ + moe_expert_params_ / (c.tp * c.ep));
 }
 
 double CostModel::stage_params(const ParallelConfig& c, int first_layer, int layers, bool embedding, bool head) const {
   const auto& m = model_.model;
   double tp = c.tp;
   const int moe = graph_.moe_layers_in(first_layer, layers);
-  double p = static_cast<double>(layers - moe) * (layer_params_sharded_ / tp + layer_params_replicated_) +
-             static_cast<double>(moe) * (moe_params_sharded_ / tp + moe_params_replicated_);
+  double p =
+      static_cast<double>(layers - moe) * (layer_params_sharded_ / tp + layer_params_replicated_) +
+      static_cast<double>(moe) * (moe_params_sharded_ / tp + moe_params_replicated_ + moe_expert_params_ / (tp * c.ep));
   double vocab_shard = std::ceil(static_cast<double>(m.vocab) / tp) * static_cast<double>(m.hidden);
   if (embedding) {
     p += vocab_shard;
@@ -484,16 +576,17 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   mem.layers = c.stage_layers(stage);
   bool first = stage == 0;
   bool last = stage == c.pp - 1;
-  mem.params = stage_params(c, stage);
+  mem.params = graph_.moe.empty() ? stage_params(c, 0, mem.layers, first, last) : stage_params(c, stage);
   // The stage's layers, and of them the MoE layers (whose activations and parameters differ).
   int moe_layers = 0;
-  for (int v = 0; v < c.vpp; ++v) {
-    const int ch = v * c.pp + stage;
-    moe_layers += graph_.moe_layers_in(c.chunk_first_layer(ch), c.chunk_layers[static_cast<std::size_t>(ch)]);
+  for (int v = 0, at = 0, ch = 0; v < c.vpp && !graph_.moe.empty(); ++v) {
+    for (; ch < v * c.pp + stage; ++ch) at += c.chunk_layers[static_cast<std::size_t>(ch)];
+    moe_layers += graph_.moe_layers_in(at, c.chunk_layers[static_cast<std::size_t>(ch)]);
   }
   const int dense_layers = mem.layers - moe_layers;
   mem.layer_params = static_cast<double>(dense_layers) * (layer_params_sharded_ / c.tp + layer_params_replicated_) +
-                     static_cast<double>(moe_layers) * (moe_params_sharded_ / c.tp + moe_params_replicated_);
+                     static_cast<double>(moe_layers) *
+                         (moe_params_sharded_ / c.tp + moe_params_replicated_ + moe_expert_params_ / (c.tp * c.ep));
 
   double wb = weight_bytes_per_param(t.dtype);
   double gb = grad_bytes_per_param(t);
@@ -510,17 +603,16 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   // A stage's layers as their mean (dense and MoE layers differ; the peak is reached with all of them held).
   const double dense_share = mem.layers > 0 ? static_cast<double>(dense_layers) / mem.layers : 1.0;
   const double moe_share = 1.0 - dense_share;
-  auto mean_saved = [&](bool selective) {
-    double bytes = dense_share * saved_per_token(graph_.layer, c, selective);
-    if (moe_share > 0) bytes += moe_share * saved_per_token(graph_.moe_layer, c, selective);
-    return bytes * tokens;
-  };
+  const bool selective = c.recompute == Recompute::kSelective;
+  const double dense_full = dense_share > 0 ? saved_per_token(graph_.layer, tp, seq_div, false) : 0;
+  const double moe_full = moe_share > 0 ? saved_per_token(graph_.moe_layer, tp, seq_div, false) : 0;
   // The largest layer, recomputed in full.
-  double full_layer = saved_per_token(graph_.layer, c, false) * tokens;
-  if (moe_layers > 0) full_layer = std::max(full_layer, saved_per_token(graph_.moe_layer, c, false) * tokens);
-  double layer_bytes = mean_saved(false);
-  if (c.recompute == Recompute::kSelective) {
-    layer_bytes = mean_saved(true);
+  double full_layer = std::max(dense_full, moe_full) * tokens;
+  double layer_bytes = (dense_share * dense_full + moe_share * moe_full) * tokens;
+  if (selective) {
+    layer_bytes = (dense_share > 0 ? dense_share * saved_per_token(graph_.layer, tp, seq_div, true) : 0) +
+                  (moe_share > 0 ? moe_share * saved_per_token(graph_.moe_layer, tp, seq_div, true) : 0);
+    layer_bytes *= tokens;
   } else if (c.recompute == Recompute::kFull) {
     layer_bytes = tokens * static_cast<double>(m.hidden) * activation_bytes(t.dtype) / seq_div;  // the layer input
   }
@@ -572,23 +664,13 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   return mem;
 }
 
-double CostModel::saved_per_token(const std::vector<Op>& ops, const ParallelConfig& c, bool selective) const {
-  const double tp = c.tp;
-  const double seq_div = c.sequence_parallel ? tp : 1.0;
-  double bytes = 0;
-  for (const Op& op : ops) {
-    bytes += op.saved_sharded_per_token / tp + op.saved_sequence_per_token / seq_div + op.saved_replicated_per_token;
-    if (!selective) bytes += op.saved_quadratic_per_token / tp;
-  }
-  return bytes;
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // Whole step
 
 ParallelConfig CostModel::complete(ParallelConfig c, std::int64_t global_batch) const {
   c.num_microbatches = static_cast<int>(global_batch / (static_cast<std::int64_t>(c.micro_batch) * c.dp));
   if (c.chunk_layers.empty()) c.chunk_layers = even_chunk_layers(static_cast<int>(model_.model.layers), c.chunks());
+  if (model_.model.moe.enabled() && c.etp == 0) c.etp = c.tp;
   return c;
 }
 
@@ -609,10 +691,20 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
   StageTimes param_stage_times;
   for (int s = 0; s < p; ++s) {
     StageTimes st;
-    for (int j = 0; j < v; ++j) {
+    int layers = 0;
+    for (int j = 0, first = 0, walked = 0; j < v; ++j) {
       int ch = j * p + s;
       int n = c.chunk_layers[static_cast<std::size_t>(ch)];
-      st += chunk_times(lc, c.chunk_first_layer(ch), n, ch == 0, ch == chunks - 1);
+      layers += n;
+      if (lc.moe != nullptr) {
+        for (; walked < ch; ++walked) first += c.chunk_layers[static_cast<std::size_t>(walked)];
+        st += chunk_times(lc, first, n, ch == 0, ch == chunks - 1);
+        continue;
+      }
+      // A dense model: chunk_times without the layer count by kind (the search's innermost loop).
+      st += scaled(lc.layer, static_cast<double>(n));
+      if (ch == 0) st += lc.embedding;
+      if (ch == chunks - 1) st += lc.head;
     }
     if (stage_times != nullptr) (*stage_times)[static_cast<std::size_t>(s)] = st;
     double t = st.total() + overhead_per_mb;
@@ -626,7 +718,7 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
       bottleneck = st;
       fill_at_max = fill;
     }
-    double params = stage_params(c, s);
+    double params = lc.moe != nullptr ? stage_params(c, s) : stage_params(c, 0, layers, s == 0, s == p - 1);
     if (params > max_params) {
       max_params = params;
       param_stage = s;
@@ -650,7 +742,8 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
   TimeBreakdown b;
   b.recompute_s = mbs * bottleneck.recompute_s;
   b.tp_comm_s = mbs * bottleneck.tp_comm_s;
-  b.compute_s = mbs * t_max - b.recompute_s - b.tp_comm_s;
+  b.ep_comm_s = mbs * bottleneck.ep_comm_s;
+  b.compute_s = mbs * t_max - b.recompute_s - b.tp_comm_s - b.ep_comm_s;
   b.bubble_s = pipe - mbs * t_max;
 
   // Pipeline transfers on the critical path: one per micro-batch and model chunk in the steady state, plus the

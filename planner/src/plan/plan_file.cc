@@ -111,8 +111,10 @@ std::string render_plan(const Plan& p) {
                    c.vpp, c.micro_batch, c.num_microbatches);
   s += fmt::format("recompute = \"{}\"\nsequence_parallel = {}\ndistributed_optimizer = {}\nschedule = \"{}\"\n",
                    to_string(c.recompute), c.sequence_parallel, c.distributed_optimizer, to_string(c.schedule));
-  s += fmt::format("placement = \"{}\"\nchunk_layers = {}\n\n", to_string(c.placement),
+  s += fmt::format("placement = \"{}\"\nchunk_layers = {}\n", to_string(c.placement),
                    int_array(c.chunk_layers, [](int v) { return v; }));
+  if (c.etp > 0) s += fmt::format("ep = {}\netp = {}\n", c.ep, c.etp);  // an MoE model's
+  s += "\n";
   s += "[predicted]\n";
   s += fmt::format("iteration_s = {}\ntokens_per_s = {}\ntflops_per_gpu = {}\nmfu = {}\nhfu = {}\n", pr.iteration_s,
                    pr.tokens_per_s, pr.tflops_per_gpu, pr.mfu, pr.hfu);
@@ -223,6 +225,8 @@ Plan parse_plan(const std::string& text, const std::string& name) {
   if (static_cast<int>(c.chunk_layers.size()) != c.pp * c.vpp) {
     config->fail("chunk_layers", fmt::format("needs pp*vpp = {} entries", c.pp * c.vpp));
   }
+  c.ep = static_cast<int>(config->get_int_at_least("ep", 1).value_or(1));
+  c.etp = static_cast<int>(config->get_int_at_least("etp", 1).value_or(0));
   config->reject_unknown();
   if (c.world_size() != in.gpus) {
     config->fail_table(fmt::format("tp*pp*dp = {} but [inputs] gpus = {}", c.world_size(), in.gpus));

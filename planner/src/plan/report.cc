@@ -23,6 +23,7 @@ constexpr Category kCategories[] = {
     {"compute", "compute", &TimeBreakdown::compute_s},
     {"recompute", "recomputation", &TimeBreakdown::recompute_s},
     {"tp_comm", "tensor-parallel communication (exposed)", &TimeBreakdown::tp_comm_s},
+    {"ep_comm", "expert-parallel all-to-all", &TimeBreakdown::ep_comm_s},
     {"bubble", "pipeline bubble", &TimeBreakdown::bubble_s},
     {"pp_comm", "pipeline transfers (exposed)", &TimeBreakdown::pp_comm_s},
     {"dp_comm", "data-parallel reduction (exposed)", &TimeBreakdown::dp_comm_s},
@@ -34,6 +35,7 @@ const char* short_label(const char* key) {
   std::string_view k = key;
   if (k == "tp_comm") return "tp comm";
   if (k == "pp_comm") return "pp transfers";
+  if (k == "ep_comm") return "ep all-to-all";
   if (k == "dp_comm") return "dp reduction";
   return key;
 }
@@ -85,6 +87,10 @@ nlohmann::json config_json(const ParallelConfig& c) {
   j["schedule"] = std::string(to_string(c.schedule));
   j["placement"] = std::string(to_string(c.placement));
   j["chunk_layers"] = c.chunk_layers;
+  if (c.etp > 0) {
+    j["ep"] = c.ep;
+    j["etp"] = c.etp;
+  }
   return j;
 }
 
@@ -98,6 +104,7 @@ std::string config_difference(const ParallelConfig& a, const ParallelConfig& b) 
   std::vector<std::string> d;
   if (a.tp != b.tp) d.push_back(fmt::format("tp={}", b.tp));
   if (a.pp != b.pp) d.push_back(fmt::format("pp={}", b.pp));
+  if (a.ep != b.ep) d.push_back(fmt::format("ep={}", b.ep));
   if (a.dp != b.dp) d.push_back(fmt::format("dp={}", b.dp));
   if (a.vpp != b.vpp) d.push_back(fmt::format("vpp={}", b.vpp));
   if (a.micro_batch != b.micro_batch) d.push_back(fmt::format("micro_batch={}", b.micro_batch));
@@ -177,6 +184,9 @@ std::vector<std::string> why_lines(const Explanation& e) {
   for (const auto& [rc, est] : e.search->best_per_recompute) {
     if (rc != to_string(c.recompute)) add(fmt::format("recompute={}", rc), est);
   }
+  for (const auto& [ep, est] : e.search->best_per_ep) {
+    if (ep != c.ep) add(fmt::format("ep={}", ep), est);
+  }
   return lines;
 }
 
@@ -206,6 +216,7 @@ std::vector<std::string> why_lines_short(const Explanation& e) {
   };
   neighbours(e.search->best_per_tp, c.tp, "tp");
   neighbours(e.search->best_per_pp, c.pp, "pp");
+  neighbours(e.search->best_per_ep, c.ep, "ep");
   for (const auto& [rc, est] : e.search->best_per_recompute) {
     if (rc != to_string(c.recompute)) {
       out.push_back(fmt::format("recompute={} instead: {} ({})", rc, quantified_difference(e.chosen, est),
@@ -256,6 +267,15 @@ std::string layout_block(const Explanation& e) {
   s += fmt::format("  tensor parallel      tp = {:<5} {}\n", c.tp, tp_where);
   s += fmt::format("  pipeline parallel    pp = {:<5} {}, {}\n", c.pp, layers_words(c), schedule_words(c));
   s += fmt::format("  data parallel        dp = {}\n", c.dp);
+  if (c.etp > 0) {
+    const auto& moe = e.model->model().model.moe;
+    const auto g = e.model->ep_group(c);
+    std::string where = c.ep == 1      ? "every rank holds every expert"
+                        : g.nodes == 1 ? fmt::format("all-to-all inside one node{}", g.nvlink ? " (NVLink)" : " (PCIe)")
+                                       : fmt::format("all-to-all across {} nodes", g.nodes);
+    s += fmt::format("  expert parallel      ep = {:<5} {} of {} experts per rank, {}; experts split over etp = {}\n",
+                     c.ep, moe.experts / c.ep, moe.experts, where, c.etp);
+  }
   s += fmt::format("  micro-batch          {} sequence{}, {} micro-batches per step\n", c.micro_batch,
                    c.micro_batch == 1 ? "" : "s", c.num_microbatches);
   s += fmt::format("  recomputation        {:<10} sequence parallel: {}   distributed optimizer: {}\n",
@@ -278,6 +298,7 @@ std::string prediction_block(const Estimate& est, const CostModel& cm) {
   s += "\nWhere the time goes                              seconds    share\n";
   for (const auto& cat : kCategories) {
     double v = est.breakdown.*cat.field;
+    if (cat.field == &TimeBreakdown::ep_comm_s && est.config.etp == 0) continue;  // a dense model
     s += fmt::format("  {:<44} {:>8.3f} {:>8}\n", cat.label, v, pct(v / est.iteration_s));
   }
   s += fmt::format("  {:<44} {:>8.3f}\n", "total", est.iteration_s);
@@ -332,6 +353,7 @@ std::string explain_text(const Explanation& e) {
     s += "                                                 chosen   compared    delta\n";
     for (const auto& cat : kCategories) {
       double a = e.chosen.breakdown.*cat.field, b = o.breakdown.*cat.field;
+      if (cat.field == &TimeBreakdown::ep_comm_s && e.chosen.config.etp == 0) continue;  // a dense model
       s += fmt::format("  {:<44} {:>8.3f} {:>10.3f} {:>+8.3f}\n", cat.label, a, b, b - a);
     }
     s += fmt::format("  {:<44} {:>8.2f} {:>10.2f} {:>+8.2f}\n", "peak memory (GiB)", e.chosen.peak_memory_bytes / kGiB,
@@ -451,6 +473,7 @@ nlohmann::json explain_json(const Explanation& e) {
     j["best_per_tp"] = per(r.best_per_tp);
     j["best_per_pp"] = per(r.best_per_pp);
     j["best_per_recompute"] = per(r.best_per_recompute);
+    if (!r.best_per_ep.empty()) j["best_per_ep"] = per(r.best_per_ep);
     if (r.fastest_oom) {
       j["fastest_out_of_memory"] = {{"config", config_json(r.fastest_oom->config)},
                                     {"iteration_s", r.fastest_oom->iteration_s},

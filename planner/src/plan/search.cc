@@ -170,7 +170,10 @@ class Searcher {
               reject(reason);
               continue;
             }
-            enumerate_micro_batches(c, micro_batches);
+            for (int ep : expert_degrees(c.dp)) {
+              c.ep = ep;
+              enumerate_micro_batches(c, micro_batches);
+            }
           }
         }
       }
@@ -187,6 +190,7 @@ class Searcher {
       }
       c.micro_batch = mb;
       c.num_microbatches = static_cast<int>(opt_.global_batch / (static_cast<std::int64_t>(mb) * c.dp));
+      c.etp = cm_.model().model.moe.enabled() ? c.tp : 0;
       if (auto problem = cm_.structural_problem(c, opt_.global_batch)) {
         reject(classify(*problem));
         continue;
@@ -210,7 +214,27 @@ class Searcher {
       offer(best_tp_, c.tp, s);
       offer(best_pp_, c.pp, s);
       offer(best_rc_, std::string(to_string(c.recompute)), s);
+      if (c.etp > 0) offer(best_ep_, c.ep, s);
     }
+  }
+
+  // The expert-parallel degrees to try: for an MoE model every ep that divides dp and the experts (or the pinned
+  // one); a dense model has none but 1.
+  // (Computed once per dp.)
+  const std::vector<int>& expert_degrees(int dp) {
+    auto it = expert_degrees_.find(dp);
+    if (it != expert_degrees_.end()) return it->second;
+    const auto& moe = cm_.model().model.moe;
+    std::vector<int> out;
+    if (!moe.enabled()) {
+      out.push_back(1);
+    } else {
+      for (int ep : divisors(dp)) {
+        if (moe.experts % ep != 0 || (opt_.fixed.ep && ep != *opt_.fixed.ep)) continue;
+        out.push_back(ep);
+      }
+    }
+    return expert_degrees_.emplace(dp, std::move(out)).first->second;
   }
 
   template <typename K>
@@ -240,6 +264,7 @@ class Searcher {
     for (const auto& [k, s] : best_tp_) result_.best_per_tp.emplace(k, full(s));
     for (const auto& [k, s] : best_pp_) result_.best_per_pp.emplace(k, full(s));
     for (const auto& [k, s] : best_rc_) result_.best_per_recompute.emplace(k, full(s));
+    for (const auto& [k, s] : best_ep_) result_.best_per_ep.emplace(k, full(s));
   }
 
   const CostModel& cm_;
@@ -248,7 +273,8 @@ class Searcher {
   TopK top_;
   TopK misses_;  // ordered by excess memory (stored in `seconds`)
   std::optional<Scored> fastest_oom_;
-  std::map<int, Scored> best_tp_, best_pp_;
+  std::map<int, Scored> best_tp_, best_pp_, best_ep_;
+  std::map<int, std::vector<int>> expert_degrees_;
   std::map<std::string, Scored> best_rc_;
   std::int64_t order_ = 0;
 };
@@ -272,6 +298,35 @@ void check_options(const CostModel& cm, const SearchOptions& opt) {
       throw input_error(
           fmt::format("--fix tp={} does not divide kv_heads = {} of model '{}'", *f.tp, m.kv_heads, m.name));
     }
+  }
+  if ((f.ep || f.etp) && !m.moe.enabled()) {
+    throw input_error(fmt::format("--fix {}: model '{}' has no experts (ep and etp are a mixture of experts' degrees)",
+                                  to_string(f), m.name));
+  }
+  if (f.ep) {
+    if (m.moe.experts % *f.ep != 0) {
+      throw input_error(
+          fmt::format("--fix ep={} does not divide the {} experts of model '{}' (experts = {} in [model.moe])", *f.ep,
+                      m.moe.experts, m.name, m.moe.experts));
+    }
+    // The experts are split over data-parallel ranks: ep must divide some data-parallel degree the GPUs allow.
+    bool possible = false;
+    for (int dp : divisors(opt.gpus)) {
+      const bool pinned_dp_ok = !f.dp || *f.dp == dp;
+      possible = possible || (pinned_dp_ok && dp % *f.ep == 0 && opt.global_batch % dp == 0);
+    }
+    if (!possible) {
+      throw input_error(
+          fmt::format("--fix ep={}: no layout of {} GPUs has a data-parallel degree that ep divides (the "
+                      "experts are split over data-parallel ranks: ep must divide dp{})",
+                      *f.ep, opt.gpus, f.dp ? fmt::format(" = {}", *f.dp) : ""));
+    }
+  }
+  if (f.etp && (!f.tp || *f.etp != *f.tp)) {
+    throw input_error(
+        fmt::format("--fix etp={}: dtrain splits the experts over tensor parallelism as the dense MLP "
+                    "(etp = tp); pin tp={} too, or leave etp out",
+                    *f.etp, *f.etp));
   }
   if (f.pp && *f.pp > m.layers) {
     throw input_error(fmt::format("--fix pp={} exceeds the {} layers of model '{}'", *f.pp, m.layers, m.name));

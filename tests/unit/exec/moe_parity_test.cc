@@ -1,7 +1,9 @@
 // MoE layout parity: every layout of the MoE models reproduces their single-rank loss curve through the in-process
 // backend — tiny-moe (every layer MoE, top-2 renormalised, load-balancing loss) and tiny-moe-shared (dense and MoE
 // layers mixed, shared experts, capacity drops). The experts are split over tensor parallelism as a dense MLP
-// (ep = 1); the router is replicated and routes alike on every tensor-parallel rank.
+// (etp = tp); the router is replicated and routes alike on every tensor-parallel rank. With expert parallelism (ep > 1)
+// each expert lives on one rank of its expert group, the routed rows travel by all-to-all, and the experts'
+// gradients are summed over the ranks that hold the same experts.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -17,7 +19,7 @@ using namespace exec::testing;
 
 struct MoeLayout {
   const char* model;  // file under the source tree
-  int dp, tp, pp, vpp;
+  int ep, dp, tp, pp, vpp;
   const char* schedule;
   bool sp, dopt;
   const char* recompute;
@@ -38,7 +40,8 @@ const std::vector<double>& reference_curve(const std::string& model) {
   static std::map<std::string, std::vector<double>> curves;
   auto it = curves.find(model);
   if (it == curves.end()) {
-    it = curves.emplace(model, losses(train_threads(1, options(model, "dp=1,tp=1,pp=1,vpp=1,micro_batch=4")))).first;
+    it = curves.emplace(model, losses(train_threads(1, options(model, "ep=1,dp=1,tp=1,pp=1,vpp=1,micro_batch=4"))))
+             .first;
   }
   return it->second;
 }
@@ -47,9 +50,9 @@ class MoeParity : public ::testing::TestWithParam<MoeLayout> {};
 
 TEST_P(MoeParity, LossCurveEqualsSingleRank) {
   const MoeLayout& l = GetParam();
-  const std::string fix =
-      fmt::format("dp={},tp={},pp={},vpp={},schedule={},sequence_parallel={},distributed_optimizer={},recompute={}",
-                  l.dp, l.tp, l.pp, l.vpp, l.schedule, l.sp, l.dopt, l.recompute);
+  const std::string fix = fmt::format(
+      "ep={},dp={},tp={},pp={},vpp={},schedule={},sequence_parallel={},distributed_optimizer={},recompute={}", l.ep,
+      l.dp, l.tp, l.pp, l.vpp, l.schedule, l.sp, l.dopt, l.recompute);
   std::vector<double> curve = losses(train_threads(l.dp * l.tp * l.pp, options(model_path(l), fix)));
   const std::vector<double>& ref = reference_curve(model_path(l));
   ASSERT_EQ(curve.size(), ref.size());
@@ -64,28 +67,36 @@ TEST_P(MoeParity, LossCurveEqualsSingleRank) {
 constexpr const char* kMoe = "examples/models/tiny-moe.toml";
 constexpr const char* kShared = "tests/data/models/tiny-moe-shared.toml";
 
-INSTANTIATE_TEST_SUITE_P(Layouts, MoeParity,
-                         ::testing::Values(MoeLayout{kMoe, 2, 1, 1, 1, "1f1b", false, false, "none"},
-                                           MoeLayout{kMoe, 1, 2, 1, 1, "1f1b", false, false, "none"},
-                                           MoeLayout{kMoe, 1, 2, 1, 1, "1f1b", true, false, "none"},
-                                           MoeLayout{kMoe, 1, 1, 2, 1, "1f1b", false, false, "none"},
-                                           MoeLayout{kMoe, 1, 1, 2, 1, "zb-h1", false, false, "none"},
-                                           MoeLayout{kMoe, 1, 1, 2, 2, "interleaved", false, false, "selective"},
-                                           MoeLayout{kMoe, 2, 2, 1, 1, "1f1b", true, true, "full"},
-                                           MoeLayout{kShared, 2, 1, 1, 1, "1f1b", false, true, "none"},
-                                           MoeLayout{kShared, 1, 2, 1, 1, "1f1b", true, false, "none"},
-                                           MoeLayout{kShared, 1, 1, 2, 1, "1f1b", false, false, "full"},
-                                           MoeLayout{kShared, 2, 2, 2, 1, "zb-h1", true, true, "none"}),
-                         [](const ::testing::TestParamInfo<MoeLayout>& p) {
-                           const MoeLayout& l = p.param;
-                           std::string s = fmt::format(
-                               "{}_dp{}tp{}pp{}vpp{}_{}{}{}_{}", l.model == kMoe ? "moe" : "shared", l.dp, l.tp, l.pp,
-                               l.vpp, l.schedule, l.sp ? "_sp" : "", l.dopt ? "_dopt" : "", l.recompute);
-                           for (char& c : s) {
-                             if (c == '-') c = '_';
-                           }
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, MoeParity,
+    ::testing::Values(MoeLayout{kMoe, 1, 2, 1, 1, 1, "1f1b", false, false, "none"},
+                      MoeLayout{kMoe, 1, 1, 2, 1, 1, "1f1b", false, false, "none"},
+                      MoeLayout{kMoe, 1, 1, 2, 1, 1, "1f1b", true, false, "none"},
+                      MoeLayout{kMoe, 1, 1, 1, 2, 1, "1f1b", false, false, "none"},
+                      MoeLayout{kMoe, 1, 1, 1, 2, 1, "zb-h1", false, false, "none"},
+                      MoeLayout{kMoe, 1, 1, 1, 2, 2, "interleaved", false, false, "selective"},
+                      MoeLayout{kMoe, 1, 2, 2, 1, 1, "1f1b", true, true, "full"},
+                      MoeLayout{kShared, 1, 2, 1, 1, 1, "1f1b", false, true, "none"},
+                      MoeLayout{kShared, 1, 1, 2, 1, 1, "1f1b", true, false, "none"},
+                      MoeLayout{kShared, 1, 1, 1, 2, 1, "1f1b", false, false, "full"},
+                      MoeLayout{kShared, 1, 2, 2, 2, 1, "zb-h1", true, true, "none"},
+                      // Expert parallelism: ep2; with tp2; with pp2; over dp4 (two ranks hold each expert).
+                      MoeLayout{kMoe, 2, 2, 1, 1, 1, "1f1b", false, false, "none"},
+                      MoeLayout{kMoe, 2, 2, 2, 1, 1, "1f1b", true, false, "none"},
+                      MoeLayout{kMoe, 2, 2, 1, 2, 1, "1f1b", false, false, "none"},
+                      MoeLayout{kMoe, 2, 4, 1, 1, 1, "1f1b", false, false, "none"},
+                      MoeLayout{kMoe, 4, 4, 1, 1, 1, "1f1b", false, false, "full"},
+                      MoeLayout{kShared, 2, 2, 1, 2, 1, "zb-h1", false, false, "none"},
+                      MoeLayout{kShared, 2, 4, 1, 1, 1, "1f1b", false, false, "selective"}),
+    [](const ::testing::TestParamInfo<MoeLayout>& p) {
+      const MoeLayout& l = p.param;
+      std::string s = fmt::format("{}_ep{}dp{}tp{}pp{}vpp{}_{}{}{}_{}", l.model == kMoe ? "moe" : "shared", l.ep, l.dp,
+                                  l.tp, l.pp, l.vpp, l.schedule, l.sp ? "_sp" : "", l.dopt ? "_dopt" : "", l.recompute);
+      for (char& c : s) {
+        if (c == '-') c = '_';
+      }
+      return s;
+    });
 
 }  // namespace
 }  // namespace dtrain::exec

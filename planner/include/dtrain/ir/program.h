@@ -43,36 +43,46 @@ enum class Opcode : std::uint8_t {
   kCheckpoint,      // CKPT (the executor decides whether this step writes one)
   // stage bodies
   kCompute,  // COMPUTE op=attn.qkv layer=L pass=fwd|bwd|bwd_i|bwd_w|recompute
+  // ALLTOALL on=ep what=expert_counts|expert_tokens count=N dtype=D: every member sends count elements to every
+  // member (itself included) and receives as many from each. For expert_tokens the count is the balanced expectation
+  // (the micro-batch's routed rows spread evenly); the executor sends the rows the router chose, whose per-peer
+  // numbers the expert_counts all-to-all before it exchanged.
+  kAllToAll,
 };
 
 // The communicator a collective runs on.
-enum class CommGroup : std::uint8_t { kNone, kTp, kPp, kDp, kWorld, kEmbedding };
+// kEp: the expert-parallel group (ep consecutive data-parallel ranks); kEdp: the expert-data-parallel group (the
+// data-parallel ranks holding the same experts), over which the experts' gradients are reduced.
+enum class CommGroup : std::uint8_t { kNone, kTp, kPp, kDp, kWorld, kEmbedding, kEp, kEdp };
 
 // What an instruction moves or computes on.
 enum class What : std::uint8_t {
   kNone,
-  kTokens,           // LOAD: input token ids (first chunk)
-  kTargets,          // LOAD: target token ids (last chunk)
-  kBatch,            // LOAD: both (one stage)
-  kActivation,       // SEND/RECV: a chunk's output, forward
-  kGradient,         // SEND/RECV: the gradient of a chunk's input, backward
-  kHidden,           // tensor-parallel collective on the hidden state (or its gradient)
-  kLogitsMax,        // vocab-parallel cross entropy: per-token max
-  kLogitsSumExp,     // vocab-parallel cross entropy: per-token sum of exponentials
-  kTargetLogit,      // vocab-parallel cross entropy: the target's logit
-  kGradBucket,       // data-parallel gradient bucket: the gradients of layers [layer, layer_end) of a chunk
-  kParamBucket,      // distributed optimizer: updated parameters of a bucket
-  kEmbeddingGrad,    // tied word-embedding gradients (on=embedding: summed between the first and last stage; on=dp:
-                     // reduced over data parallelism)
-  kGradNorm,         // sum of squares of the gradients
-  kLoss,             // sum of the micro-batch losses (reported by global rank 0)
-  kEmbeddingParams,  // distributed optimizer: updated tied word embeddings
-  kSavedInput,       // sequence parallelism: a column-parallel layer's saved input shard, re-gathered for its
-                     // weight gradient
-  kReplicatedGrads,  // sequence parallelism: gradients of parameters replicated over the tensor-parallel group
-                     // (norms, row-parallel biases, positions) are partial sums over sequence shards
-  kRouterGrad,       // mixture of experts: the gates' gradients (top_k per token, and the shared experts' gate),
-                     // partial sums over the experts' tensor-parallel shards
+  kTokens,            // LOAD: input token ids (first chunk)
+  kTargets,           // LOAD: target token ids (last chunk)
+  kBatch,             // LOAD: both (one stage)
+  kActivation,        // SEND/RECV: a chunk's output, forward
+  kGradient,          // SEND/RECV: the gradient of a chunk's input, backward
+  kHidden,            // tensor-parallel collective on the hidden state (or its gradient)
+  kLogitsMax,         // vocab-parallel cross entropy: per-token max
+  kLogitsSumExp,      // vocab-parallel cross entropy: per-token sum of exponentials
+  kTargetLogit,       // vocab-parallel cross entropy: the target's logit
+  kGradBucket,        // data-parallel gradient bucket: the gradients of layers [layer, layer_end) of a chunk
+  kParamBucket,       // distributed optimizer: updated parameters of a bucket
+  kEmbeddingGrad,     // tied word-embedding gradients (on=embedding: summed between the first and last stage; on=dp:
+                      // reduced over data parallelism)
+  kGradNorm,          // sum of squares of the gradients
+  kLoss,              // sum of the micro-batch losses (reported by global rank 0)
+  kEmbeddingParams,   // distributed optimizer: updated tied word embeddings
+  kSavedInput,        // sequence parallelism: a column-parallel layer's saved input shard, re-gathered for its
+                      // weight gradient
+  kReplicatedGrads,   // sequence parallelism: gradients of parameters replicated over the tensor-parallel group
+                      // (norms, row-parallel biases, positions) are partial sums over sequence shards
+  kRouterGrad,        // mixture of experts: the gates' gradients (top_k per token, and the shared experts' gate),
+                      // partial sums over the experts' tensor-parallel shards
+  kExpertCounts,      // ALLTOALL on=ep: how many routed rows each member sends each of the receiver's experts
+  kExpertTokens,      // ALLTOALL on=ep: routed rows (index 0 dispatch, 1 combine; their gradients in the backward)
+  kExpertGradBucket,  // ALLREDUCE on=edp: the routed experts' gradients of a bucket (the rest is on=dp)
 };
 
 // The model op a COMPUTE instruction of a stage body runs: the layer graph's ops (dtrain/model/layer_graph.h) plus
@@ -137,7 +147,8 @@ struct Instr {
 
   bool is_p2p() const { return op == Opcode::kSend || op == Opcode::kRecv; }
   bool is_collective() const {
-    return op == Opcode::kAllReduce || op == Opcode::kAllGather || op == Opcode::kReduceScatter;
+    return op == Opcode::kAllReduce || op == Opcode::kAllGather || op == Opcode::kReduceScatter ||
+           op == Opcode::kAllToAll;
   }
   bool is_compute_pass() const {
     return op == Opcode::kForward || op == Opcode::kBackward || op == Opcode::kBackwardInput ||
@@ -179,6 +190,8 @@ struct Program {
   // layout
   std::int32_t tp = 1, pp = 1, dp = 1, vpp = 1;
   std::int32_t tp_rank = 0, pp_rank = 0, dp_rank = 0;
+  // Expert parallelism (an MoE model's, ep > 1): this rank holds experts [ep_rank * E / ep, (ep_rank + 1) * E / ep).
+  std::int32_t ep = 1, ep_rank = 0;
   std::int32_t micro_batch = 1, num_microbatches = 1;
   std::int32_t layers = 0;    // of the whole model
   std::string schedule_name;  // gpipe | 1f1b | interleaved | zb-h1
@@ -186,6 +199,7 @@ struct Program {
   bool distributed_optimizer = false;
   // communicators, as global ranks in group-rank order
   std::vector<std::int32_t> tp_group, pp_group, dp_group, embedding_group;
+  std::vector<std::int32_t> ep_group, edp_group;  // empty unless ep > 1
   std::vector<ChunkInfo> chunks;
   // Bodies are shared between the ranks of one stage (they differ only in their communicators).
   std::vector<std::shared_ptr<const Body>> bodies;

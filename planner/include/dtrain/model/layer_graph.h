@@ -75,13 +75,17 @@ struct LayerGraph {
   // One MoE layer (an MoE model's; empty for a dense model): the dense layer's attention and norm, then the router,
   // the experts (grouped GEMMs), the shared experts and the permutations, in place of the MLP.
   std::vector<Op> moe_layer;
-  std::vector<bool> moe;  // per layer: whether it is an MoE layer
-  std::vector<Op> head;   // last pipeline stage: final norm, output projection, cross entropy
+  std::vector<bool> moe;        // per layer: whether it is an MoE layer (empty for a dense model)
+  std::vector<int> moe_before;  // MoE layers among [0, l), layers + 1 entries (empty for a dense model)
+  std::vector<Op> head;         // last pipeline stage: final norm, output projection, cross entropy
 
   bool is_moe(std::int64_t l) const { return l >= 0 && l < static_cast<std::int64_t>(moe.size()) && moe[l]; }
   const std::vector<Op>& layer_ops(std::int64_t l) const { return is_moe(l) ? moe_layer : layer; }
   // MoE layers among [first, first + n).
-  int moe_layers_in(int first, int n) const;
+  int moe_layers_in(int first, int n) const {
+    if (moe_before.empty() || n <= 0) return 0;  // a dense model
+    return moe_before[static_cast<std::size_t>(first + n)] - moe_before[static_cast<std::size_t>(first)];
+  }
 };
 
 // Builds the graph for a model trained in training.dtype with training.attention.

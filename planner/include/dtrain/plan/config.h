@@ -2,7 +2,8 @@
 //
 // Keys (the same in plan.toml [config], the JSON `config` object and `dtplan --fix`):
 //   tp, pp, dp, vpp, micro_batch, num_microbatches, recompute (none | selective | full), sequence_parallel,
-//   distributed_optimizer, schedule (gpipe | 1f1b | interleaved | zb-h1), placement (tp-dp-pp | tp-pp-dp).
+//   distributed_optimizer, schedule (gpipe | 1f1b | interleaved | zb-h1), placement (tp-dp-pp | tp-pp-dp); for a
+//   mixture-of-experts model ep and etp.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,11 @@ struct ParallelConfig {
   int pp = 1;
   int dp = 1;
   int vpp = 1;  // model chunks per pipeline stage
+  // Expert parallelism (an MoE model's): the experts are split over ep data-parallel ranks (Megatron-Core's expert
+  // groups, carved from the data-parallel group: ep consecutive data-parallel ranks), each expert's MLP over etp
+  // tensor-parallel ranks. etp = 0 for a dense model; dtrain splits experts as the dense MLP (etp = tp).
+  int ep = 1;
+  int etp = 0;
   int micro_batch = 1;
   int num_microbatches = 1;  // global_batch / (micro_batch * dp)
   Recompute recompute = Recompute::kNone;
@@ -59,7 +65,7 @@ struct ParallelConfig {
 
 // Dimensions pinned with --fix (unset = searched).
 struct FixedDims {
-  std::optional<int> tp, pp, dp, vpp, micro_batch;
+  std::optional<int> tp, pp, dp, vpp, micro_batch, ep, etp;
   std::optional<Recompute> recompute;
   std::optional<bool> sequence_parallel, distributed_optimizer;
   std::optional<Schedule> schedule;

@@ -30,13 +30,15 @@ struct TimeBreakdown {
   double compute_s = 0;    // forward + backward math on the slowest stage, all micro-batches
   double recompute_s = 0;  // forward recomputation (selective or full)
   double tp_comm_s = 0;    // exposed tensor-parallel collectives
+  double ep_comm_s = 0;    // expert-parallel all-to-all (an MoE model's dispatch and combine)
   double bubble_s = 0;     // pipeline fill and drain
   double pp_comm_s = 0;    // exposed pipeline point-to-point transfers
   double dp_comm_s = 0;    // exposed data-parallel reduction (and parameter all-gather)
   double optimizer_s = 0;  // optimizer step, gradient norm, tied-embedding reduction
   double overhead_s = 0;   // fixed per-step overhead
   double total() const {
-    return compute_s + recompute_s + tp_comm_s + bubble_s + pp_comm_s + dp_comm_s + optimizer_s + overhead_s;
+    return compute_s + recompute_s + tp_comm_s + ep_comm_s + bubble_s + pp_comm_s + dp_comm_s + optimizer_s +
+           overhead_s;
   }
 };
 
@@ -69,6 +71,7 @@ struct StageTimes {
   double backward_weight_s = 0;  // weight gradients (separable in zero-bubble schedules)
   double recompute_s = 0;        // part of backward_input_s that is recomputation
   double tp_comm_s = 0;          // part of forward_s + backward_input_s that is tp communication
+  double ep_comm_s = 0;          // part of forward_s + backward_input_s that is expert-parallel all-to-all
   double total() const { return forward_s + backward_input_s + backward_weight_s; }
 };
 
@@ -160,6 +163,10 @@ class CostModel {
 
   GroupGeometry tp_group(const ParallelConfig& config) const;
   GroupGeometry dp_group(const ParallelConfig& config) const;
+  // The expert-parallel group: ep consecutive data-parallel ranks.
+  GroupGeometry ep_group(const ParallelConfig& config) const;
+  // One all-to-all in which every member sends `bytes` in all, split evenly over the members (itself included).
+  double all_to_all_seconds(double bytes, const GroupGeometry& g) const;
   // Whether pipeline neighbours always share a node.
   bool pp_neighbours_share_node(const ParallelConfig& config) const;
 
@@ -181,14 +188,14 @@ class CostModel {
   double stage_params(const ParallelConfig& config, int stage) const;
   // Parameters one GPU holds of layer l (dense or MoE).
   double layer_params(const ParallelConfig& config, int layer) const;
+  // Of those, the routed experts' (split over etp and ep; 0 for a dense layer).
+  double expert_layer_params(const ParallelConfig& config, int layer) const;
   double bucket_bytes() const { return kBucketBytes; }
 
   static constexpr double kBucketBytes = 40.0 * 1024 * 1024;  // Megatron's default DDP bucket (40 MB)
 
  private:
   double collective_seconds(double bytes, const GroupGeometry& g, double bw_factor, int steps_factor) const;
-  // Saved activation bytes per token of a layer's ops for one micro-batch (full recomputation aside).
-  double saved_per_token(const std::vector<model::Op>& ops, const ParallelConfig& config, bool selective) const;
   StageTimes layer_times(const std::vector<model::Op>& ops, const ParallelConfig& config) const;
 
   model::ModelDescription model_;
@@ -196,8 +203,9 @@ class CostModel {
   model::LayerGraph graph_;
   double layer_params_sharded_ = 0;     // dense layer parameters split by tp
   double layer_params_replicated_ = 0;  // norms, row-parallel biases
-  double moe_params_sharded_ = 0;       // the same of an MoE layer (experts split by tp, as a dense MLP)
+  double moe_params_sharded_ = 0;       // the same of an MoE layer without its experts
   double moe_params_replicated_ = 0;    // ... and the router, replicated
+  double moe_expert_params_ = 0;        // an MoE layer's routed experts (split by tp and by ep)
 };
 
 }  // namespace dtrain::plan

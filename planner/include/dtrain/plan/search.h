@@ -46,6 +46,7 @@ struct SearchResult {
   std::map<int, Estimate> best_per_tp;
   std::map<int, Estimate> best_per_pp;
   std::map<std::string, Estimate> best_per_recompute;
+  std::map<int, Estimate> best_per_ep;  // an MoE model's expert-parallel degrees
 };
 
 // Throws dtrain::Error (input) for options that contradict each other or the model (pinned tp not dividing heads,

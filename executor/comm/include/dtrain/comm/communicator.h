@@ -185,6 +185,13 @@ class Communicator {
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op);
   void broadcast(void* buffer, std::size_t count, DType dtype, int root);
 
+  // All-to-all with per-peer counts (a mixture of experts' dispatch and combine; on NCCL grouped sends and
+  // receives): sends send_counts[q] elements of `dtype`, block q of `send` (the blocks back to back in rank order),
+  // to rank q, and receives recv_counts[p] elements from rank p into block p of `recv`. The counts must agree
+  // pairwise (this rank's send_counts[q] is rank q's recv_counts[rank()]), which a peer's receive checks; a zero
+  // count moves nothing. One group() of every send and receive, each with `tag`; throws as group().
+  void all_to_all(const void* send, std::span<const std::size_t> send_counts, void* recv,
+                  std::span<const std::size_t> recv_counts, DType dtype, Tag tag);
   // Returns once every rank of the group has entered it (on a device backend: and every operation this rank issued
   // before it has completed).
   void barrier();

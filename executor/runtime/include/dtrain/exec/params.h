@@ -46,6 +46,7 @@ struct TensorSpec {
   bool decay = true;           // AdamW weight decay (matrices); norms and biases are not decayed
   bool tp_replicated = false;  // the same values on every tensor-parallel rank
   bool tied_copy = false;      // the last stage's copy of tied word embeddings (not saved; not in the norm)
+  bool expert = false;         // a routed expert's (held by one expert-parallel rank; reduced over edp)
   std::int32_t chunk = 0;
   std::int32_t unit = 0;    // -1 embedding, 0..layers-1, layers = head; -2 the tied matrix region
   std::int64_t offset = 0;  // in the flat buffer
