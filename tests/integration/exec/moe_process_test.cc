@@ -1,0 +1,104 @@
+// Mixture of experts in real dtexec processes over Gloo: expert-parallel layouts follow the single rank, a checkpoint
+// taken under ep = 2 resumes under ep = 1 (experts are stored by global index), and impossible expert layouts are
+// refused with exit 2 before anything trains.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "job.h"
+
+namespace dtrain::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kTinyMoe = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny-moe.toml";
+
+std::vector<std::string> moe_args(const std::string& metrics, int steps, const std::string& fix) {
+  return {"train", "--model", kTinyMoe, "--plan", "auto", "--data", "synthetic", "--steps", std::to_string(steps),
+          "--seed", "5", "--metrics", metrics, "--threads", "1", "--timeout-s", "60", "--fix", fix};
+}
+
+void expect_ok(const std::vector<RankOutcome>& ranks) {
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    EXPECT_EQ(ranks[r].exit_code, 0) << "rank " << r << ":\n" << ranks[r].log;
+  }
+}
+
+TEST(MoeProcesses, ExpertParallelLayoutsOverGlooEqualTheSingleRankCurve) {
+  TempDir dir;
+  JobOptions single;
+  single.args = moe_args(dir.path("ref.jsonl"), 12, "ep=1,dp=1,tp=1,pp=1,micro_batch=4");
+  expect_ok(run_dtexec_job(single));
+  const std::vector<double> ref = loss_values(dir.path("ref.jsonl"));
+  ASSERT_EQ(ref.size(), 12u);
+  struct Layout {
+    int world;
+    const char* fix;
+  };
+  for (const Layout& l : {Layout{2, "ep=2,dp=2,tp=1,pp=1"}, Layout{4, "ep=2,dp=2,tp=2,pp=1,sequence_parallel=true"},
+                          Layout{4, "ep=2,dp=2,tp=1,pp=2"}, Layout{4, "ep=2,dp=4,tp=1,pp=1"}}) {
+    SCOPED_TRACE(l.fix);
+    const std::string m = dir.path(fmt::format("w{}-{}.jsonl", l.world, std::hash<std::string>{}(l.fix)));
+    JobOptions o;
+    o.world = l.world;
+    o.args = moe_args(m, 12, l.fix);
+    const auto ranks = run_dtexec_job(o);
+    expect_ok(ranks);
+    EXPECT_THAT(ranks[0].log, HasSubstr(" ep=2 etp="));  // the plan it trained with
+    const std::vector<double> curve = loss_values(m);
+    ASSERT_EQ(curve.size(), ref.size());
+    for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(curve[i], ref[i], 1e-5 * ref[i]) << "step " << i + 1;
+  }
+}
+
+// 20 steps under ep = 2 over dp = 2; the same run stopped at step 10 with a checkpoint and resumed on one rank
+// (ep = 1, every expert on it) continues equal to the uninterrupted run.
+TEST(MoeProcesses, CheckpointAtEpTwoResumesAtEpOne) {
+  TempDir dir;
+  JobOptions full;
+  full.world = 2;
+  full.args = moe_args(dir.path("full.jsonl"), 20, "ep=2,dp=2,tp=1,pp=1");
+  expect_ok(run_dtexec_job(full));
+  const std::string ckpt = dir.path("ckpt");
+  JobOptions first = full;
+  first.args = moe_args(dir.path("part.jsonl"), 10, "ep=2,dp=2,tp=1,pp=1");
+  first.args.insert(first.args.end(), {"--checkpoint-dir", ckpt});
+  expect_ok(run_dtexec_job(first));
+  JobOptions second;
+  second.world = 1;
+  second.args = moe_args(dir.path("part.jsonl"), 20, "ep=1,dp=1,tp=1,pp=1");
+  second.args.insert(second.args.end(), {"--checkpoint-dir", ckpt, "--resume"});
+  expect_ok(run_dtexec_job(second));
+  const std::vector<double> a = loss_values(dir.path("full.jsonl")), b = loss_values(dir.path("part.jsonl"));
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  for (std::size_t i = 10; i < 20; ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
+}
+
+TEST(MoeProcesses, ImpossibleExpertLayoutsAreRefused) {
+  TempDir dir;
+  struct Case {
+    int world;
+    const char* fix;
+    const char* says;
+  };
+  for (const Case& c : {Case{1, "ep=3", "--fix ep=3 does not divide the 4 experts of model 'tiny-moe'"},
+                        Case{1, "ep=2", "--fix ep=2: no layout of 1 GPUs has a data-parallel degree that ep divides"},
+                        Case{1, "etp=2", "--fix etp=2: dtrain splits the experts over tensor parallelism"}}) {
+    SCOPED_TRACE(c.fix);
+    JobOptions o;
+    o.world = c.world;
+    o.args = moe_args(dir.path("m.jsonl"), 2, c.fix);
+    for (const auto& r : run_dtexec_job(o)) {
+      EXPECT_EQ(r.exit_code, 2) << r.log;
+      EXPECT_THAT(r.log, HasSubstr(c.says));
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path("m.jsonl")));
+}
+
+}  // namespace
+}  // namespace dtrain::testing
