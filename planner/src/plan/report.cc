@@ -574,6 +574,38 @@ std::string megatron_args(const CostModel& cm, const ParallelConfig& c) {
     a.push_back(fmt::format("--decoder-first-pipeline-num-layers {} --decoder-last-pipeline-num-layers {}",
                             c.chunk_layers.front(), c.chunk_layers.back()));
   }
+  if (m.moe.enabled()) {
+    // Megatron-Core's MoE: the alltoall dispatcher with grouped GEMMs; dtrain's router (softmax, then top-k), its
+    // per-sequence load-balancing loss, dropless unless a capacity factor is given.
+    const auto& moe = m.moe;
+    a.push_back(fmt::format("--num-experts {} --moe-router-topk {} --moe-ffn-hidden-size {}", moe.experts, moe.top_k,
+                            moe.ffn_hidden));
+    a.push_back(fmt::format("--expert-model-parallel-size {} --expert-tensor-parallel-size {}", c.ep,
+                            c.etp > 0 ? c.etp : c.tp));
+    a.push_back("--moe-token-dispatcher-type alltoall --moe-grouped-gemm --moe-router-dtype fp32");
+    // Megatron's default router takes the top-k logits and soft-maxes them: the renormalised top-k probabilities.
+    // With --moe-router-pre-softmax it soft-maxes over every expert first: the probabilities as they are.
+    if (!moe.normalize_top_k) a.push_back("--moe-router-pre-softmax");
+    if (moe.aux_loss_coeff > 0) {
+      a.push_back(
+          fmt::format("--moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff {}", moe.aux_loss_coeff));
+    } else {
+      a.push_back("--moe-router-load-balancing-type none");
+    }
+    if (moe.capacity_factor > 0) {
+      a.push_back(fmt::format("--moe-expert-capacity-factor {} --moe-token-drop-policy position", moe.capacity_factor));
+    }
+    if (moe.shared_ffn_hidden > 0) {
+      a.push_back(fmt::format("--moe-shared-expert-intermediate-size {}", moe.shared_ffn_hidden));
+      if (moe.shared_gate) a.push_back("--moe-shared-expert-gate");
+    }
+    if (moe.interval > 1 || moe.first_dense > 0) {
+      std::string pattern = "[";
+      for (std::int64_t l = 0; l < m.layers; ++l)
+        pattern += fmt::format("{}{}", l > 0 ? "," : "", m.is_moe_layer(l) ? 1 : 0);
+      a.push_back(fmt::format("--moe-layer-freq \"{}]\"", pattern));
+    }
+  }
   a.push_back(fmt::format("--micro-batch-size {} --global-batch-size {}", c.micro_batch,
                           static_cast<std::int64_t>(c.micro_batch) * c.dp * c.num_microbatches));
   if (c.sequence_parallel) a.push_back("--sequence-parallel");

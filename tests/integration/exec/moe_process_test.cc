@@ -17,8 +17,25 @@ using ::testing::HasSubstr;
 const std::string kTinyMoe = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny-moe.toml";
 
 std::vector<std::string> moe_args(const std::string& metrics, int steps, const std::string& fix) {
-  return {"train", "--model", kTinyMoe, "--plan", "auto", "--data", "synthetic", "--steps", std::to_string(steps),
-          "--seed", "5", "--metrics", metrics, "--threads", "1", "--timeout-s", "60", "--fix", fix};
+  return {"train",
+          "--model",
+          kTinyMoe,
+          "--plan",
+          "auto",
+          "--data",
+          "synthetic",
+          "--steps",
+          std::to_string(steps),
+          "--seed",
+          "5",
+          "--metrics",
+          metrics,
+          "--threads",
+          "1",
+          "--timeout-s",
+          "60",
+          "--fix",
+          fix};
 }
 
 void expect_ok(const std::vector<RankOutcome>& ranks) {

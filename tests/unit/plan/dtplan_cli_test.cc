@@ -12,6 +12,10 @@
 
 namespace {
 
+std::string fmt_arg(const std::string& s) { return s; }
+std::string fmt_arg(const char* s) { return s; }
+std::string fmt_arg(int v) { return std::to_string(v); }
+
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
@@ -49,6 +53,16 @@ class TempDir {
  private:
   fs::path path_;
 };
+
+template <typename... Args>
+std::string fmt_args(const char* pattern, const Args&... args) {
+  std::string out = pattern;
+  for (const std::string& a : {std::string(fmt_arg(args))...}) {
+    const auto at = out.find("{}");
+    out.replace(at, 2, a);
+  }
+  return out;
+}
 
 Result run(const std::string& args) {
   TempDir tmp;
@@ -182,6 +196,43 @@ TEST(DtplanCli, EmitMegatronFlags) {
                            "--bf16", "--untie-embeddings-and-output-weights"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
+}
+
+// Mixtral 8x7B on 64 H100s and Mixtral 8x22B on 1024: each picks an expert-parallel degree, shows it, and says in
+// seconds what another ep would cost; the Megatron flags carry the MoE arguments.
+TEST(DtplanCli, MoeExplainPicksAnEpAndSaysWhy) {
+  for (const auto& [model, gpus] : {std::pair{"mixtral-8x7b", 64}, std::pair{"mixtral-8x22b", 1024}}) {
+    SCOPED_TRACE(model);
+    Result r =
+        run(fmt_args("explain --model {}/examples/models/{}.toml --cluster {}/examples/clusters/dgx-h100.toml "
+                     "--gpus {}",
+                     kRoot, model, kRoot, gpus));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("  expert parallel      ep = "));
+    EXPECT_THAT(r.out, HasSubstr("expert-parallel all-to-all"));
+    // (A line may name several choices that lead to one layout: "pp=8 / ep=4 instead: ...".)
+    EXPECT_THAT(r.out, ::testing::ContainsRegex("ep=[0-9]+ instead: [+-][0-9.]+% \\([+-][0-9.]+ s\\)"));
+    Result j =
+        run(fmt_args("explain --json --model {}/examples/models/{}.toml --cluster "
+                     "{}/examples/clusters/dgx-h100.toml --gpus {}",
+                     kRoot, model, kRoot, gpus));
+    ASSERT_EQ(j.exit_code, 0) << j.err;
+    auto json = nlohmann::json::parse(j.out);
+    EXPECT_GE(json["config"]["ep"].get<int>(), 1);
+    EXPECT_EQ(json["config"]["etp"], json["config"]["tp"]);
+    EXPECT_FALSE(json["best_per_ep"].empty());
+  }
+  Result m = run("explain --emit megatron --model " + kRoot + "/examples/models/mixtral-8x7b.toml --cluster " + kRoot +
+                 "/examples/clusters/dgx-h100.toml --gpus 64");
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  for (const char* flag : {"--num-experts 8", "--moe-router-topk 2", "--expert-model-parallel-size",
+                           "--moe-token-dispatcher-type alltoall", "--moe-aux-loss-coeff 0.02"}) {
+    EXPECT_THAT(m.out, HasSubstr(flag));
+  }
+  Result bad = run("explain --model " + kRoot + "/examples/models/mixtral-8x7b.toml --cluster " + kRoot +
+                   "/examples/clusters/dgx-h100.toml --gpus 64 --fix ep=3");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--fix ep=3 does not divide the 8 experts of model 'mixtral-8x7b'"));
 }
 
 // Each Table 1 setting planned freely and compared with its published layout: the report quantifies the

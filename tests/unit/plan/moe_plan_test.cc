@@ -1,0 +1,128 @@
+// Planning a mixture of experts: the cost model's MoE terms (routed FLOPs, experts split over ep, the all-to-all by
+// where the ep group lands, the imbalance factor), the search over ep with Megatron-Core's constraints, and the plan
+// file carrying ep and etp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "dtrain/common/error.h"
+#include "dtrain/model/model_spec.h"
+#include "dtrain/plan/cost_model.h"
+#include "dtrain/plan/plan_file.h"
+#include "dtrain/plan/search.h"
+
+namespace dtrain::plan {
+namespace {
+
+const std::string kRoot = DTRAIN_SOURCE_DIR;
+
+CostModel mixtral_on(int nodes, double imbalance = 1.0) {
+  auto model = model::load_model(kRoot + "/examples/models/mixtral-8x7b.toml");
+  auto cluster = topology::load_cluster(kRoot + "/examples/clusters/dgx-h100.toml");
+  cluster.nodes = nodes;
+  cluster.node.gpu.calibration.moe_imbalance = imbalance;
+  return CostModel(model, cluster);
+}
+
+ParallelConfig layout(int tp, int pp, int dp, int ep, int mb) {
+  ParallelConfig c;
+  c.tp = tp;
+  c.pp = pp;
+  c.dp = dp;
+  c.ep = ep;
+  c.micro_batch = mb;
+  return c;
+}
+
+TEST(MoePlan, ExpertsSplitOverEpAndTheirAllToAllIsPriced) {
+  CostModel cm = mixtral_on(8);
+  const std::int64_t batch = cm.model().training.global_batch;
+  Estimate ep1 = cm.evaluate(layout(1, 4, 16, 1, 1), batch);
+  Estimate ep8 = cm.evaluate(layout(1, 4, 16, 8, 1), batch);
+  EXPECT_EQ(ep1.config.etp, 1);  // completed: etp = tp for an MoE model
+  // Each rank holds 1/8 of the experts: the stage's parameters drop by 7/8 of its experts'.
+  const auto& m = cm.model().model;
+  const double experts_per_layer = static_cast<double>(m.moe.experts) * 3.0 * m.hidden * m.moe.ffn_hidden;
+  EXPECT_NEAR(ep1.stages[0].params - ep8.stages[0].params, 8 * experts_per_layer * 7.0 / 8.0,
+              1e-6 * ep1.stages[0].params);
+  EXPECT_EQ(ep1.breakdown.ep_comm_s, 0.0);
+  EXPECT_GT(ep8.breakdown.ep_comm_s, 0.0);
+  // Inside one node (tp 1 x ep 8 = 8 GPUs) the all-to-all is on NVLink; ep 16 reaches a second node and costs more
+  // per byte.
+  const GroupGeometry in_node = cm.ep_group(layout(1, 4, 16, 8, 1));
+  EXPECT_EQ(in_node.nodes, 1);
+  EXPECT_TRUE(in_node.nvlink);
+  const double bytes = 1e8;
+  EXPECT_GT(cm.all_to_all_seconds(bytes, cm.ep_group(layout(1, 2, 32, 16, 1))) / 16 * 15,
+            cm.all_to_all_seconds(bytes, in_node) / 8 * 7);
+  // The imbalance factor slows the busiest rank's experts and exchange.
+  Estimate skewed = mixtral_on(8, 1.3).evaluate(layout(1, 4, 16, 8, 1), batch);
+  EXPECT_GT(skewed.iteration_s, ep8.iteration_s);
+  // (Not quite 1.3 times: latencies stay, and bandwidth efficiency grows with the message.)
+  EXPECT_GT(skewed.breakdown.ep_comm_s, 1.1 * ep8.breakdown.ep_comm_s);
+  EXPECT_LT(skewed.breakdown.ep_comm_s, 1.3 * ep8.breakdown.ep_comm_s);
+}
+
+TEST(MoePlan, RoutedFlopsAreTopKOfTheExperts) {
+  // A layer's expert GEMMs take the time of top_k dense MLPs of the experts' width (balanced), not of every expert.
+  CostModel cm = mixtral_on(1);
+  const auto& g = cm.graph();
+  ASSERT_FALSE(g.moe_layer.empty());
+  double routed = 0;
+  for (const auto& op : g.moe_layer) {
+    if (op.experts > 0) routed += op.flops_per_token;
+  }
+  const auto& m = cm.model().model;
+  EXPECT_DOUBLE_EQ(routed, 2.0 * m.moe.top_k * 3.0 * m.hidden * m.moe.ffn_hidden);
+}
+
+TEST(MoePlan, SearchPicksAnEpThatDividesDpAndTheExperts) {
+  CostModel cm = mixtral_on(8);
+  SearchOptions o;
+  o.gpus = 64;
+  o.global_batch = cm.model().training.global_batch;
+  SearchResult r = search(cm, o);
+  ASSERT_TRUE(r.best);
+  const ParallelConfig& c = r.best->config;
+  EXPECT_EQ(c.dp % c.ep, 0);
+  EXPECT_EQ(cm.model().model.moe.experts % c.ep, 0);
+  EXPECT_EQ(c.etp, c.tp);
+  EXPECT_GE(r.best_per_ep.size(), 2u);  // the why-lines have other ep values to compare
+  o.fixed.ep = 2;
+  SearchResult pinned = search(cm, o);
+  ASSERT_TRUE(pinned.best);
+  EXPECT_EQ(pinned.best->config.ep, 2);
+  o.fixed.ep = 3;
+  EXPECT_THROW(search(cm, o), Error);  // 3 does not divide 8 experts
+}
+
+TEST(MoePlan, ADenseModelKeepsEpOneAndRefusesIt) {
+  auto model = model::load_model(kRoot + "/examples/models/llama3-8b.toml");
+  auto cluster = topology::load_cluster(kRoot + "/examples/clusters/dgx-h100.toml");
+  CostModel cm(model, cluster);
+  SearchOptions o;
+  o.gpus = 8;
+  o.global_batch = 512;
+  SearchResult r = search(cm, o);
+  ASSERT_TRUE(r.best);
+  EXPECT_EQ(r.best->config.ep, 1);
+  EXPECT_EQ(r.best->config.etp, 0);
+  EXPECT_TRUE(r.best_per_ep.empty());
+  o.fixed.ep = 2;
+  EXPECT_THROW(search(cm, o), Error);
+}
+
+TEST(MoePlan, ThePlanFileCarriesEpAndEtp) {
+  CostModel cm = mixtral_on(8);
+  Estimate e = cm.evaluate(layout(2, 4, 8, 4, 1), cm.model().training.global_batch);
+  Plan p = make_plan(e, cm, FixedDims{});
+  const std::string text = render_plan(p);
+  EXPECT_NE(text.find("ep = 4\netp = 2\n"), std::string::npos);
+  Plan back = parse_plan(text, "plan.toml");
+  EXPECT_EQ(back.config.ep, 4);
+  EXPECT_EQ(back.config.etp, 2);
+  EXPECT_EQ(back.digest, p.digest);
+}
+
+}  // namespace
+}  // namespace dtrain::plan
