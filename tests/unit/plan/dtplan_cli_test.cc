@@ -581,10 +581,22 @@ TEST(DtplanCli, ImportAHuggingFaceConfigAndPlanEitherWay) {
   ASSERT_EQ(from_json.exit_code, 0) << from_json.err;
   EXPECT_EQ(from_toml.out.substr(0, from_toml.out.find('\n')), from_json.out.substr(0, from_json.out.find('\n')));
 
-  const std::string refused = (tmp / "mixtral.toml").string();
-  Result moe = run("import " + kRoot + "/tests/data/hf/mixtral-8x7b/config.json -o " + refused);
-  EXPECT_EQ(moe.exit_code, 2);
-  EXPECT_THAT(moe.err, HasSubstr("\"architectures\": MixtralForCausalLM: mixture-of-experts"));
+  // Mixtral imports and plans as the hand-written TOML does; an architecture dtrain does not model is refused.
+  const std::string mixtral = (tmp / "mixtral.toml").string();
+  Result moe = run("import " + kRoot + "/tests/data/hf/mixtral-8x7b/config.json --seq-len 4096 -o " + mixtral);
+  ASSERT_EQ(moe.exit_code, 0) << moe.err;
+  EXPECT_THAT(slurp(mixtral), HasSubstr("[model.moe]\nexperts = 8"));
+  Result hand = run("plan --model " + kRoot + "/examples/models/mixtral-8x7b.toml --cluster " + kRoot +
+                    "/examples/clusters/dgx-h100.toml --gpus 64");
+  Result from_import =
+      run("plan --model " + mixtral + " --cluster " + kRoot + "/examples/clusters/dgx-h100.toml --gpus 64");
+  ASSERT_EQ(hand.exit_code, 0) << hand.err;
+  ASSERT_EQ(from_import.exit_code, 0) << from_import.err;
+  EXPECT_EQ(hand.out.substr(0, hand.out.find('\n')), from_import.out.substr(0, from_import.out.find('\n')));
+  const std::string refused = (tmp / "deepseek.toml").string();
+  Result other = run("import " + kRoot + "/tests/data/hf/deepseek-v3/config.json -o " + refused);
+  EXPECT_EQ(other.exit_code, 2);
+  EXPECT_THAT(other.err, HasSubstr("\"architectures\": DeepseekV3ForCausalLM: not an architecture dtrain models"));
   EXPECT_FALSE(fs::exists(refused));
 }
 
