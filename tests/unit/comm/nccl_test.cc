@@ -503,6 +503,13 @@ TEST_P(NcclDeviceTest, WorldOfOneRunsEveryOperationThroughNccl) {
     comm.barrier();
     EXPECT_EQ(download(self, dtype), values) << "send/recv to self";
 
+    // The all-to-all of an MoE dispatch: grouped sends and receives (here to self).
+    DeviceBuffer routed(kCount * element_bytes(dtype));
+    const std::size_t counts[] = {kCount};
+    comm.all_to_all(send->get(), counts, routed.get(), counts, dtype, 2);
+    comm.synchronize();
+    EXPECT_EQ(download(routed, dtype), values) << "all_to_all";
+
     std::unique_ptr<Communicator> sub = comm.split(0, 0, "sub");
     ASSERT_NE(sub, nullptr);
     EXPECT_EQ(sub->name(), "sub");
