@@ -134,6 +134,12 @@ Context::Impl::~Impl() {
   if (stream != nullptr) report("cudaStreamSynchronize", cudaStreamSynchronize(stream));
   matmul_plans.clear();
   pool.reset();
+  if (blas != nullptr) {
+    const cublasStatus_t s = cublasDestroy(blas);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "dtrain: cuda: cublasDestroy failed: %s\n", cublasLtGetStatusString(s));
+    }
+  }
   if (workspace != nullptr) report("cudaFree(workspace)", cudaFree(workspace));
   if (lt != nullptr) {
     const cublasStatus_t s = cublasLtDestroy(lt);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <compare>
@@ -62,6 +63,7 @@ struct Context::Impl {
   bool owns_stream = false;
   bool sync_after_launch = false;
   cublasLtHandle_t lt = nullptr;
+  cublasHandle_t blas = nullptr;  // cuBLAS (grouped GEMMs), made on first use (grouped_linear.cc)
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   std::unique_ptr<DevicePool> pool;

@@ -16,6 +16,7 @@
 #include "dtrain/kernels/cuda/dropout.h"
 #include "dtrain/kernels/cuda/elementwise.h"
 #include "dtrain/kernels/cuda/embedding.h"
+#include "dtrain/kernels/cuda/grouped_linear.h"
 #include "dtrain/kernels/cuda/linear.h"
 #include "dtrain/kernels/cuda/moe.h"
 #include "dtrain/kernels/cuda/norm.h"
@@ -217,6 +218,19 @@ class CudaBackend final : public Backend, public Kernels<bf16> {
   void cross_entropy_backward(std::int64_t tokens, const bf16* logits, const std::int32_t* targets, k::VocabShard shard,
                               const float* max, const float* sum_exp, const float* dloss, bf16* dlogits) override {
     kc::cross_entropy_backward(ctx_, tokens, logits, targets, shard, max, sum_exp, dloss, dlogits);
+  }
+
+  void grouped_linear_forward(std::int64_t groups, const std::int64_t* rows, std::int64_t in, std::int64_t out,
+                              const bf16* x, const bf16* const* weights, bf16* y) override {
+    kc::grouped_linear_forward(ctx_, groups, rows, in, out, x, weights, y);
+  }
+  void grouped_linear_backward_input(std::int64_t groups, const std::int64_t* rows, std::int64_t in, std::int64_t out,
+                                     const bf16* dy, const bf16* const* weights, bf16* dx) override {
+    kc::grouped_linear_backward_input(ctx_, groups, rows, in, out, dy, weights, dx);
+  }
+  void grouped_linear_backward_weight(std::int64_t groups, const std::int64_t* rows, std::int64_t in, std::int64_t out,
+                                      const bf16* dy, const bf16* x, float* const* dweights) override {
+    kc::grouped_linear_backward_weight(ctx_, groups, rows, in, out, dy, x, dweights);
   }
 
   void moe_route(const k::MoeRouteShape& shape, const bf16* logits, float* probs, std::int32_t* expert,

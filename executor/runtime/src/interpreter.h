@@ -128,6 +128,13 @@ class Interpreter final : public InterpreterBase {
   void moe_experts_forward(MoeState<A>& ms, int layer);
   void moe_experts_backward(MoeState<A>& ms, int layer);
   void moe_shared_forward(MoeState<A>& ms, int layer);
+  struct ExpertGroups {
+    std::vector<std::int64_t> rows;  // per local expert
+    std::vector<const A*> fc1, fc2;
+    std::vector<float*> dfc1, dfc2;
+    std::int64_t total = 0;
+  };
+  ExpertGroups expert_groups(const std::vector<std::int64_t>& offsets, int layer);
   // An ALLTOALL over the expert-parallel group: the rows' counts, or rows to the experts' ranks and back.
   void moe_exchange(const ir::Instr& in, ChunkState<A>& st);
   void moe_shared_backward(MoeState<A>& ms, int layer);

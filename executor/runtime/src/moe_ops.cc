@@ -121,31 +121,40 @@ void Interpreter<A>::moe_route_forward(const Instr& in, MoeState<A>& ms, const T
   kern.moe_gather_rows(ms.offsets.back(), h, x.data(), ms.rows.data(), ms.xe.data());
 }
 
+// This rank's experts as groups of rows: the rows of each local expert (from its offsets) and the pointers to its
+// weights and gradients.
+template <typename A>
+typename Interpreter<A>::ExpertGroups Interpreter<A>::expert_groups(const std::vector<std::int64_t>& offsets,
+                                                                    int layer) {
+  ExpertGroups g;
+  const std::int64_t local = m.moe.experts / prog.ep, base = prog.ep_rank * local;
+  for (std::int64_t j = 0; j < local; ++j) {
+    g.rows.push_back(offsets[static_cast<std::size_t>(j + 1)] - offsets[static_cast<std::size_t>(j)]);
+    g.fc1.push_back(W(expert_weight(layer, base + j, "fc1")));
+    g.fc2.push_back(W(expert_weight(layer, base + j, "fc2")));
+    g.dfc1.push_back(G(expert_weight(layer, base + j, "fc1")));
+    g.dfc2.push_back(G(expert_weight(layer, base + j, "fc2")));
+  }
+  g.total = offsets.back();
+  return g;
+}
+
 // The experts run on this rank's experts' rows: the permuted rows (every expert here), or with expert parallelism the
-// local rows the dispatch brought (experts [ep_rank * local, (ep_rank + 1) * local)).
+// local rows the dispatch brought (experts [ep_rank * local, (ep_rank + 1) * local)). Each of fc1 and fc2 is one
+// grouped GEMM over the experts (Kernels::grouped_linear_*).
 template <typename A>
 void Interpreter<A>::moe_experts_forward(MoeState<A>& ms, int layer) {
   const bool ep = prog.ep > 1;
   const Tensor& x = ep ? ms.lx : ms.xe;
   Tensor& y = ep ? ms.ly : ms.ye;
-  const std::vector<std::int64_t>& off = ep ? ms.local_offsets : ms.offsets;
-  const std::int64_t local = m.moe.experts / prog.ep, base = prog.ep_rank * local;
-  const std::int64_t N = off.back(), fw = expert_width(), fc = expert_fc1_cols();
+  const ExpertGroups g = expert_groups(ep ? ms.local_offsets : ms.offsets, layer);
+  const std::int64_t N = g.total, fw = expert_width(), fc = expert_fc1_cols();
   sized(ms.ae, static_cast<std::size_t>(N * fc));
   sized(y, static_cast<std::size_t>(N * h));
-  for (std::int64_t j = 0; j < local; ++j) {
-    const std::int64_t r0 = off[static_cast<std::size_t>(j)], n = off[static_cast<std::size_t>(j + 1)] - r0;
-    if (n == 0) continue;
-    kern.linear_forward({n, h, fc}, x.data() + r0 * h, W(expert_weight(layer, base + j, "fc1")), nullptr,
-                        ms.ae.data() + r0 * fc);
-  }
+  const auto n = static_cast<std::int64_t>(g.rows.size());
+  kern.grouped_linear_forward(n, g.rows.data(), h, fc, x.data(), g.fc1.data(), ms.ae.data());
   activation_forward(N, fw, ms.ae, ms.ge);
-  for (std::int64_t j = 0; j < local; ++j) {
-    const std::int64_t r0 = off[static_cast<std::size_t>(j)], n = off[static_cast<std::size_t>(j + 1)] - r0;
-    if (n == 0) continue;
-    kern.linear_forward({n, fw, h}, ms.ge.data() + r0 * fw, W(expert_weight(layer, base + j, "fc2")), nullptr,
-                        y.data() + r0 * h);
-  }
+  kern.grouped_linear_forward(n, g.rows.data(), fw, h, ms.ge.data(), g.fc2.data(), y.data());
 }
 
 template <typename A>
@@ -189,30 +198,16 @@ void Interpreter<A>::moe_experts_backward(MoeState<A>& ms, int layer) {
   const Tensor& x = ep ? ms.lx : ms.xe;
   const Tensor& dy = ep ? ms.ldy : ms.dye;
   Tensor& dx = ep ? ms.ldx : ms.dxe;
-  const std::vector<std::int64_t>& off = ep ? ms.local_offsets : ms.offsets;
-  const std::int64_t local = m.moe.experts / prog.ep, base = prog.ep_rank * local;
-  const std::int64_t N = off.back(), fw = expert_width(), fc = expert_fc1_cols();
+  const ExpertGroups g = expert_groups(ep ? ms.local_offsets : ms.offsets, layer);
+  const std::int64_t N = g.total, fw = expert_width(), fc = expert_fc1_cols();
+  const auto n = static_cast<std::int64_t>(g.rows.size());
   Tensor dg(be, static_cast<std::size_t>(N * fw));
-  for (std::int64_t j = 0; j < local; ++j) {
-    const std::int64_t r0 = off[static_cast<std::size_t>(j)], n = off[static_cast<std::size_t>(j + 1)] - r0;
-    if (n == 0) continue;
-    const k::LinearShape shape{n, fw, h};
-    kern.linear_backward_weight(shape, dy.data() + r0 * h, ms.ge.data() + r0 * fw,
-                                G(expert_weight(layer, base + j, "fc2")), nullptr);
-    kern.linear_backward_input(shape, dy.data() + r0 * h, W(expert_weight(layer, base + j, "fc2")),
-                               dg.data() + r0 * fw);
-  }
+  kern.grouped_linear_backward_weight(n, g.rows.data(), fw, h, dy.data(), ms.ge.data(), g.dfc2.data());
+  kern.grouped_linear_backward_input(n, g.rows.data(), fw, h, dy.data(), g.fc2.data(), dg.data());
   activation_backward(N, fw, ms.ae, dg);  // dg: now the fc1 output's gradient [N, fc]
   sized(dx, static_cast<std::size_t>(N * h));
-  for (std::int64_t j = 0; j < local; ++j) {
-    const std::int64_t r0 = off[static_cast<std::size_t>(j)], n = off[static_cast<std::size_t>(j + 1)] - r0;
-    if (n == 0) continue;
-    const k::LinearShape shape{n, h, fc};
-    kern.linear_backward_weight(shape, dg.data() + r0 * fc, x.data() + r0 * h, G(expert_weight(layer, base + j, "fc1")),
-                                nullptr);
-    kern.linear_backward_input(shape, dg.data() + r0 * fc, W(expert_weight(layer, base + j, "fc1")),
-                               dx.data() + r0 * h);
-  }
+  kern.grouped_linear_backward_weight(n, g.rows.data(), h, fc, dg.data(), x.data(), g.dfc1.data());
+  kern.grouped_linear_backward_input(n, g.rows.data(), h, fc, dg.data(), g.fc1.data(), dx.data());
 }
 
 // The all-to-alls of expert parallelism (moe_state.h). Counts first (once per forward, recomputation included):
@@ -384,17 +379,18 @@ void Interpreter<A>::moe_backward(const Instr& in, ChunkState<A>& st, Tensor& cu
 }
 
 // This file's members for both activation types (interpreter.h).
-#define DTRAIN_INSTANTIATE_MOE_OPS(A)                                                                    \
-  template void Interpreter<A>::activation_forward(std::int64_t, std::int64_t, const Tensor&, Tensor&);  \
-  template void Interpreter<A>::activation_backward(std::int64_t, std::int64_t, const Tensor&, Tensor&); \
-  template void Interpreter<A>::moe_route_forward(const Instr&, MoeState<A>&, const Tensor&);            \
-  template void Interpreter<A>::moe_route_backward(MoeState<A>&, Tensor&, int);                          \
-  template void Interpreter<A>::moe_experts_forward(MoeState<A>&, int);                                  \
-  template void Interpreter<A>::moe_experts_backward(MoeState<A>&, int);                                 \
-  template void Interpreter<A>::moe_shared_forward(MoeState<A>&, int);                                   \
-  template void Interpreter<A>::moe_shared_backward(MoeState<A>&, int);                                  \
-  template void Interpreter<A>::moe_exchange(const Instr&, ChunkState<A>&);                              \
-  template void Interpreter<A>::moe_forward(const Instr&, ChunkState<A>&, Tensor&);                      \
+#define DTRAIN_INSTANTIATE_MOE_OPS(A)                                                                         \
+  template void Interpreter<A>::activation_forward(std::int64_t, std::int64_t, const Tensor&, Tensor&);       \
+  template void Interpreter<A>::activation_backward(std::int64_t, std::int64_t, const Tensor&, Tensor&);      \
+  template void Interpreter<A>::moe_route_forward(const Instr&, MoeState<A>&, const Tensor&);                 \
+  template void Interpreter<A>::moe_route_backward(MoeState<A>&, Tensor&, int);                               \
+  template Interpreter<A>::ExpertGroups Interpreter<A>::expert_groups(const std::vector<std::int64_t>&, int); \
+  template void Interpreter<A>::moe_experts_forward(MoeState<A>&, int);                                       \
+  template void Interpreter<A>::moe_experts_backward(MoeState<A>&, int);                                      \
+  template void Interpreter<A>::moe_shared_forward(MoeState<A>&, int);                                        \
+  template void Interpreter<A>::moe_shared_backward(MoeState<A>&, int);                                       \
+  template void Interpreter<A>::moe_exchange(const Instr&, ChunkState<A>&);                                   \
+  template void Interpreter<A>::moe_forward(const Instr&, ChunkState<A>&, Tensor&);                           \
   template void Interpreter<A>::moe_backward(const Instr&, ChunkState<A>&, Tensor&);
 DTRAIN_INSTANTIATE_MOE_OPS(float)
 DTRAIN_INSTANTIATE_MOE_OPS(bf16)

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "dtrain/kernels/cuda/grouped_linear.h"
+#include "dtrain/kernels/linear.h"
 #include "dtrain/kernels/moe.h"
 #include "support.h"
 
@@ -92,6 +94,53 @@ TEST_F(MoeTest, PermutationsMatchTheCpu) {
                          d_dgate.data());
   EXPECT_LT(rel_error(to_host_float(ctx(), d_dxe), dxe), kBf16Tolerance);
   EXPECT_LT(rel_error(to_host(ctx(), d_dgate), dgate), kFp32Tolerance);
+}
+
+// The experts' grouped GEMMs against the CPU's linear layers group by group: uneven rows, an empty group, the weight
+// gradient accumulated onto what the buffers held.
+TEST_F(MoeTest, GroupedLinearMatchesTheCpuGroupByGroup) {
+  auto rng = make_rng(63);
+  const std::int64_t in = 96, out = 80;
+  const std::vector<std::int64_t> rows = {37, 0, 64, 5};
+  std::int64_t total = 0;
+  for (auto r : rows) total += r;
+  const auto groups = static_cast<std::int64_t>(rows.size());
+  const FVec x = random_bf16_values(rng, total * in), dy = random_bf16_values(rng, total * out);
+  std::vector<FVec> w, dw0;
+  for (std::int64_t g = 0; g < groups; ++g) {
+    w.push_back(random_bf16_values(rng, out * in, 0.1));
+    dw0.push_back(random_floats(rng, out * in));
+  }
+  FVec y(total * out), dx(total * in);
+  std::vector<FVec> dw = dw0;
+  for (std::int64_t g = 0, r = 0; g < groups; r += rows[g], ++g) {
+    if (rows[g] == 0) continue;
+    const LinearShape s{rows[g], in, out};
+    cpu::linear_forward(s, x.data() + r * in, w[g].data(), nullptr, y.data() + r * out);
+    cpu::linear_backward_input(s, dy.data() + r * out, w[g].data(), dx.data() + r * in);
+    cpu::linear_backward_weight(s, dy.data() + r * out, x.data() + r * in, dw[g].data(), nullptr);
+  }
+  const auto d_x = to_device_bf16(ctx(), x), d_dy = to_device_bf16(ctx(), dy);
+  std::vector<DeviceBuffer<bf16>> d_w;
+  std::vector<DeviceBuffer<float>> d_dw;
+  std::vector<const bf16*> wp;
+  std::vector<float*> dwp;
+  for (std::int64_t g = 0; g < groups; ++g) {
+    d_w.push_back(to_device_bf16(ctx(), w[g]));
+    d_dw.push_back(to_device(ctx(), dw0[g]));
+    wp.push_back(d_w.back().data());
+    dwp.push_back(d_dw.back().data());
+  }
+  auto d_y = poisoned<bf16>(ctx(), y.size());
+  auto d_dx = poisoned<bf16>(ctx(), dx.size());
+  grouped_linear_forward(ctx(), groups, rows.data(), in, out, d_x.data(), wp.data(), d_y.data());
+  grouped_linear_backward_input(ctx(), groups, rows.data(), in, out, d_dy.data(), wp.data(), d_dx.data());
+  grouped_linear_backward_weight(ctx(), groups, rows.data(), in, out, d_dy.data(), d_x.data(), dwp.data());
+  EXPECT_LT(rel_error(to_host_float(ctx(), d_y), y), kBf16Tolerance);
+  EXPECT_LT(rel_error(to_host_float(ctx(), d_dx), dx), kBf16Tolerance);
+  for (std::int64_t g = 0; g < groups; ++g) {
+    EXPECT_LT(rel_error(to_host(ctx(), d_dw[g]), dw[g]), kFp32Tolerance) << "group " << g;
+  }
 }
 
 }  // namespace

@@ -132,6 +132,28 @@ class Kernels {
                                       kernels::VocabShard shard, const float* max, const float* sum_exp,
                                       const float* dloss, A* dlogits) = 0;
 
+  // Grouped linear layers (a mixture of experts' experts): group g multiplies rows[g] consecutive rows (host array)
+  // by its own weight weights[g] (host array of backend pointers), with linear_*'s layouts. The default runs one
+  // linear_* call per non-empty group (what the CPU backend does); the CUDA backend runs one grouped GEMM.
+  virtual void grouped_linear_forward(std::int64_t groups, const std::int64_t* rows, std::int64_t in, std::int64_t out,
+                                      const A* x, const A* const* weights, A* y) {
+    for (std::int64_t g = 0, r = 0; g < groups; r += rows[g], ++g) {
+      if (rows[g] > 0) linear_forward({rows[g], in, out}, x + r * in, weights[g], nullptr, y + r * out);
+    }
+  }
+  virtual void grouped_linear_backward_input(std::int64_t groups, const std::int64_t* rows, std::int64_t in,
+                                             std::int64_t out, const A* dy, const A* const* weights, A* dx) {
+    for (std::int64_t g = 0, r = 0; g < groups; r += rows[g], ++g) {
+      if (rows[g] > 0) linear_backward_input({rows[g], in, out}, dy + r * out, weights[g], dx + r * in);
+    }
+  }
+  virtual void grouped_linear_backward_weight(std::int64_t groups, const std::int64_t* rows, std::int64_t in,
+                                              std::int64_t out, const A* dy, const A* x, float* const* dweights) {
+    for (std::int64_t g = 0, r = 0; g < groups; r += rows[g], ++g) {
+      if (rows[g] > 0) linear_backward_weight({rows[g], in, out}, dy + r * out, x + r * in, dweights[g], nullptr);
+    }
+  }
+
   // Mixture of experts (dtrain/kernels/moe.h): the router's logits and their gradient are typed A; probabilities,
   // gates and their gradients fp32; expert, rows and slot int32.
   virtual void moe_route(const kernels::MoeRouteShape& shape, const A* logits, float* probs, std::int32_t* expert,
