@@ -64,6 +64,7 @@ struct Context::Impl {
   bool sync_after_launch = false;
   cublasLtHandle_t lt = nullptr;
   cublasHandle_t blas = nullptr;  // cuBLAS (grouped GEMMs), made on first use (grouped_linear.cc)
+  std::int64_t grouped_fallbacks = 0;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   std::unique_ptr<DevicePool> pool;

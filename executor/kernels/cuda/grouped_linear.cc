@@ -68,13 +68,18 @@ bool run_grouped(Context& ctx, const Problems& p, cudaDataType_t c_type, const c
       blas(ctx), p.ta.data(), p.tb.data(), p.m.data(), p.n.data(), p.k.data(), p.alpha.data(), a.data(), CUDA_R_16BF,
       p.lda.data(), b.data(), CUDA_R_16BF, p.ldb.data(), p.beta.data(), c.data(), c_type, p.ldc.data(),
       static_cast<int>(count), p.size.data(), CUBLAS_COMPUTE_32F);
-  if (s == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED) {
+    ++ctx.impl().grouped_fallbacks;
+    return false;
+  }
   DTRAIN_CUBLAS_CHECK(s);
   DTRAIN_CUDA_CHECK_LAUNCH(ctx, what);
   return true;
 }
 
 }  // namespace
+
+std::int64_t grouped_linear_fallbacks(Context& ctx) { return ctx.impl().grouped_fallbacks; }
 
 void grouped_linear_forward(Context& ctx, std::int64_t groups, const std::int64_t* rows, std::int64_t in,
                             std::int64_t out, const bf16* x, const bf16* const* weights, bf16* y) {

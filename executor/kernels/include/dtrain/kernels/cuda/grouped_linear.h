@@ -22,4 +22,8 @@ void grouped_linear_backward_input(Context& ctx, std::int64_t groups, const std:
 void grouped_linear_backward_weight(Context& ctx, std::int64_t groups, const std::int64_t* rows, std::int64_t in,
                                     std::int64_t out, const bf16* dy, const bf16* x, float* const* dweights);
 
+// How many grouped calls on this context ran group by group because cuBLAS had no grouped kernel (tests and
+// benchmarks report it).
+std::int64_t grouped_linear_fallbacks(Context& ctx);
+
 }  // namespace dtrain::kernels::cuda
