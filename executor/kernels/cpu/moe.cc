@@ -3,39 +3,14 @@
 #include <cmath>
 #include <cstddef>
 
+#include "dtrain/kernels/moe_route.h"
+
 namespace dtrain::kernels::cpu {
 
 void moe_route(const MoeRouteShape& s, const float* logits, float* probs, std::int32_t* expert, float* gate) {
-  const std::int64_t E = s.experts, K = s.top_k;
   for (std::int64_t t = 0; t < s.tokens; ++t) {
-    const float* x = logits + t * E;
-    float* p = probs + t * E;
-    float max = x[0];
-    for (std::int64_t e = 1; e < E; ++e) max = std::fmax(max, x[e]);
-    float sum = 0;
-    for (std::int64_t e = 0; e < E; ++e) {
-      p[e] = std::exp(x[e] - max);
-      sum += p[e];
-    }
-    for (std::int64_t e = 0; e < E; ++e) p[e] /= sum;
-    // Top-k by repeated selection: the largest not yet taken, the lower index on ties.
-    std::int32_t* ex = expert + t * K;
-    float* g = gate + t * K;
-    float chosen = 0;
-    for (std::int64_t j = 0; j < K; ++j) {
-      std::int32_t best = -1;
-      for (std::int64_t e = 0; e < E; ++e) {
-        bool taken = false;
-        for (std::int64_t i = 0; i < j; ++i) taken = taken || ex[i] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = static_cast<std::int32_t>(e);
-      }
-      ex[j] = best;
-      g[j] = p[best];
-      chosen += p[best];
-    }
-    if (s.normalize) {
-      for (std::int64_t j = 0; j < K; ++j) g[j] /= chosen;
-    }
+    route_token(s.experts, s.top_k, s.normalize, logits + t * s.experts, probs + t * s.experts, expert + t * s.top_k,
+                gate + t * s.top_k);
   }
 }
 
@@ -43,24 +18,10 @@ void moe_route_backward(const MoeRouteShape& s, const float* probs, const std::i
                         const float* aux_grad, std::int64_t seq_len, float* dlogits) {
   const std::int64_t E = s.experts, K = s.top_k;
   for (std::int64_t t = 0; t < s.tokens; ++t) {
-    const float* p = probs + t * E;
-    const std::int32_t* ex = expert + t * K;
-    const float* dg = dgate + t * K;
-    float* dl = dlogits + t * E;  // first the gradient on the probabilities, then on the logits
-    for (std::int64_t e = 0; e < E; ++e) dl[e] = aux_grad != nullptr ? aux_grad[(t / seq_len) * E + e] : 0.0f;
-    if (s.normalize) {
-      // gate_j = p_j / S, S = sum of the chosen p: d p_j = (dgate_j - sum_i dgate_i gate_i) / S.
-      float sum = 0, dot = 0;
-      for (std::int64_t j = 0; j < K; ++j) sum += p[ex[j]];
-      for (std::int64_t j = 0; j < K; ++j) dot += dg[j] * (p[ex[j]] / sum);
-      for (std::int64_t j = 0; j < K; ++j) dl[ex[j]] += (dg[j] - dot) / sum;
-    } else {
-      for (std::int64_t j = 0; j < K; ++j) dl[ex[j]] += dg[j];
-    }
-    // Softmax: dlogit_e = p_e (dp_e - sum_i p_i dp_i).
-    float pd = 0;
-    for (std::int64_t e = 0; e < E; ++e) pd += p[e] * dl[e];
-    for (std::int64_t e = 0; e < E; ++e) dl[e] = p[e] * (dl[e] - pd);
+    float* dl = dlogits + t * E;
+    route_token_backward(E, K, s.normalize, probs + t * E, expert + t * K, dgate + t * K,
+                         aux_grad != nullptr ? aux_grad + (t / seq_len) * E : nullptr,
+                         [dl](std::int64_t e, float v) { dl[e] = v; });
   }
 }
 

@@ -9,6 +9,7 @@
 #include "cuda/device.cuh"
 #include "dtrain/common/error.h"
 #include "dtrain/kernels/cuda/moe.h"
+#include "dtrain/kernels/moe_route.h"
 
 namespace dtrain::kernels::cuda {
 
@@ -25,50 +26,23 @@ using detail::stream_of;
 using detail::SumOp;
 using detail::to_float;
 
-// One thread per token: softmax over the experts, then top-k by repeated selection (lower index on ties).
+// One thread per token (dtrain/kernels/moe_route.h).
+struct Bf16Row {
+  const __nv_bfloat16* x;
+  __host__ __device__ float operator[](std::int64_t e) const { return __bfloat162float(x[e]); }
+};
+
+struct StoreBf16 {
+  __nv_bfloat16* row;
+  __host__ __device__ void operator()(std::int64_t e, float v) const { row[e] = __float2bfloat16(v); }
+};
+
 __global__ void __launch_bounds__(kThreads)
     route_kernel(MoeRouteShape s, const __nv_bfloat16* logits, float* probs, std::int32_t* expert, float* gate) {
-  const std::int64_t E = s.experts, K = s.top_k;
   for (std::int64_t t = global_thread(); t < s.tokens; t += grid_threads()) {
-    const __nv_bfloat16* x = logits + t * E;
-    float* p = probs + t * E;
-    float max = to_float(x[0]);
-    for (std::int64_t e = 1; e < E; ++e) max = fmaxf(max, to_float(x[e]));
-    float sum = 0.0f;
-    for (std::int64_t e = 0; e < E; ++e) {
-      p[e] = expf(to_float(x[e]) - max);
-      sum += p[e];
-    }
-    for (std::int64_t e = 0; e < E; ++e) p[e] /= sum;
-    std::int32_t* ex = expert + t * K;
-    float* g = gate + t * K;
-    float chosen = 0.0f;
-    for (std::int64_t j = 0; j < K; ++j) {
-      std::int32_t best = -1;
-      for (std::int64_t e = 0; e < E; ++e) {
-        bool taken = false;
-        for (std::int64_t i = 0; i < j; ++i) taken = taken || ex[i] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = static_cast<std::int32_t>(e);
-      }
-      ex[j] = best;
-      g[j] = p[best];
-      chosen += p[best];
-    }
-    if (s.normalize) {
-      for (std::int64_t j = 0; j < K; ++j) g[j] /= chosen;
-    }
+    route_token(s.experts, s.top_k, s.normalize, Bf16Row{logits + t * s.experts}, probs + t * s.experts,
+                expert + t * s.top_k, gate + t * s.top_k);
   }
-}
-
-// The gradient on the probabilities of expert e of token t: the load-balancing term and the gates'.
-__device__ __forceinline__ float prob_grad(const MoeRouteShape& s, const float* p, const std::int32_t* ex,
-                                           const float* dg, float aux, float sum, float dot, std::int64_t e) {
-  float d = aux;
-  for (std::int64_t j = 0; j < s.top_k; ++j) {
-    if (ex[j] == e) d += s.normalize ? (dg[j] - dot) / sum : dg[j];
-  }
-  (void)p;
-  return d;
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -76,21 +50,8 @@ __global__ void __launch_bounds__(kThreads)
                           const float* aux_grad, std::int64_t seq_len, __nv_bfloat16* dlogits) {
   const std::int64_t E = s.experts, K = s.top_k;
   for (std::int64_t t = global_thread(); t < s.tokens; t += grid_threads()) {
-    const float* p = probs + t * E;
-    const std::int32_t* ex = expert + t * K;
-    const float* dg = dgate + t * K;
-    const float* aux = aux_grad != nullptr ? aux_grad + (t / seq_len) * E : nullptr;
-    float sum = 0.0f, dot = 0.0f;
-    if (s.normalize) {
-      for (std::int64_t j = 0; j < K; ++j) sum += p[ex[j]];
-      for (std::int64_t j = 0; j < K; ++j) dot += dg[j] * (p[ex[j]] / sum);
-    }
-    float pd = 0.0f;
-    for (std::int64_t e = 0; e < E; ++e) pd += p[e] * prob_grad(s, p, ex, dg, aux ? aux[e] : 0.0f, sum, dot, e);
-    for (std::int64_t e = 0; e < E; ++e) {
-      const float d = prob_grad(s, p, ex, dg, aux ? aux[e] : 0.0f, sum, dot, e);
-      store_as(dlogits + t * E + e, p[e] * (d - pd));
-    }
+    route_token_backward(E, K, s.normalize, probs + t * E, expert + t * K, dgate + t * K,
+                         aux_grad != nullptr ? aux_grad + (t / seq_len) * E : nullptr, StoreBf16{dlogits + t * E});
   }
 }
 

@@ -47,10 +47,10 @@ void expect_ok(const std::vector<RankOutcome>& ranks) {
 TEST(MoeProcesses, ExpertParallelLayoutsOverGlooEqualTheSingleRankCurve) {
   TempDir dir;
   JobOptions single;
-  single.args = moe_args(dir.path("ref.jsonl"), 12, "ep=1,dp=1,tp=1,pp=1,micro_batch=4");
+  single.args = moe_args(dir.path("ref.jsonl"), 20, "ep=1,dp=1,tp=1,pp=1,micro_batch=4");
   expect_ok(run_dtexec_job(single));
   const std::vector<double> ref = loss_values(dir.path("ref.jsonl"));
-  ASSERT_EQ(ref.size(), 12u);
+  ASSERT_EQ(ref.size(), 20u);
   struct Layout {
     int world;
     const char* fix;
@@ -61,7 +61,7 @@ TEST(MoeProcesses, ExpertParallelLayoutsOverGlooEqualTheSingleRankCurve) {
     const std::string m = dir.path(fmt::format("w{}-{}.jsonl", l.world, std::hash<std::string>{}(l.fix)));
     JobOptions o;
     o.world = l.world;
-    o.args = moe_args(m, 12, l.fix);
+    o.args = moe_args(m, 20, l.fix);
     const auto ranks = run_dtexec_job(o);
     expect_ok(ranks);
     EXPECT_THAT(ranks[0].log, HasSubstr(" ep=2 etp="));  // the plan it trained with

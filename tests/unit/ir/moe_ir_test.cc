@@ -1,0 +1,100 @@
+// A mixture of experts in the IR: expert-parallel programs carry their groups and the ALLTOALL instructions in the
+// MoE layers' bodies, print and parse back, verify, and the verifier catches an all-to-all that one member skips or
+// sizes differently.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "dtrain/ir/text.h"
+#include "dtrain/ir/verify.h"
+#include "ir_fixtures.h"
+
+namespace dtrain::ir {
+namespace {
+
+using namespace ir::testing;
+using ::testing::HasSubstr;
+
+std::vector<Program> moe_programs(int tp, int pp, int dp, int ep) {
+  model::ModelDescription d = small_gpt(4);
+  d.model.arch = model::Arch::kLlama;
+  d.model.linear_bias = false;
+  d.model.moe.experts = 4;
+  d.model.moe.top_k = 2;
+  d.model.moe.ffn_hidden = 64;
+  d.model.moe.interval = 2;  // layers 1 and 3
+  plan::ParallelConfig c = layout(tp, pp, dp, 1, plan::Schedule::k1F1B);
+  c.ep = ep;
+  c.etp = tp;
+  return lower_all(make(d, c, 2));
+}
+
+int count(const Body& b, Opcode op, What what) {
+  return static_cast<int>(
+      std::count_if(b.instrs.begin(), b.instrs.end(), [&](const Instr& in) { return in.op == op && in.what == what; }));
+}
+
+TEST(MoeIr, ExpertParallelProgramsCarryTheirGroupsAndAllToAlls) {
+  const auto programs = moe_programs(1, 1, 4, 2);
+  const Program& p = programs[3];
+  EXPECT_EQ(p.ep, 2);
+  EXPECT_EQ(p.ep_rank, 1);
+  EXPECT_EQ(p.ep_group, (std::vector<std::int32_t>{2, 3}));
+  EXPECT_EQ(p.edp_group, (std::vector<std::int32_t>{1, 3}));
+  const Body* fwd = p.body(0, BodyKind::kForward);
+  const Body* bwd = p.body(0, BodyKind::kBackward);
+  ASSERT_NE(fwd, nullptr);
+  ASSERT_NE(bwd, nullptr);
+  // Two MoE layers: counts once each forward; rows there and back in each pass.
+  EXPECT_EQ(count(*fwd, Opcode::kAllToAll, What::kExpertCounts), 2);
+  EXPECT_EQ(count(*fwd, Opcode::kAllToAll, What::kExpertTokens), 4);
+  EXPECT_EQ(count(*bwd, Opcode::kAllToAll, What::kExpertTokens), 4);
+  // The experts' gradients are reduced over edp, the rest over dp.
+  int edp = 0;
+  for (const Instr& in : p.schedule) edp += in.on == CommGroup::kEdp && in.what == What::kExpertGradBucket ? 1 : 0;
+  EXPECT_GE(edp, 1);
+  EXPECT_TRUE(verify(programs).ok) << report_text(verify(programs));
+  const std::string text = print_program(p);
+  EXPECT_THAT(text, HasSubstr("experts ep=2 ep_rank=1\ngroup ep ranks=2,3\ngroup edp ranks=1,3\n"));
+  EXPECT_THAT(text, HasSubstr("ALLTOALL on=ep what=expert_counts layer=1"));
+  EXPECT_EQ(parse_program(text, "rank3.ir"), p);
+}
+
+TEST(MoeIr, TensorAndPipelineParallelExpertLayoutsVerify) {
+  for (auto [tp, pp, dp, ep] : {std::tuple{2, 1, 2, 2}, std::tuple{1, 2, 2, 2}, std::tuple{2, 2, 2, 1}}) {
+    SCOPED_TRACE(::testing::PrintToString(std::tuple{tp, pp, dp, ep}));
+    const auto programs = moe_programs(tp, pp, dp, ep);
+    const VerifyReport r = verify(programs);
+    EXPECT_TRUE(r.ok) << report_text(r);
+  }
+}
+
+TEST(MoeIr, AnAllToAllOneMemberSkipsOrSizesDifferentlyIsCaught) {
+  for (bool resize : {false, true}) {
+    SCOPED_TRACE(resize ? "resized" : "dropped");
+    auto programs = moe_programs(1, 1, 2, 2);
+    Program& peer = programs[1];
+    for (auto& b : peer.bodies) {
+      if (b->kind != BodyKind::kForward) continue;
+      auto copy = std::make_shared<Body>(*b);
+      auto it = std::find_if(copy->instrs.begin(), copy->instrs.end(),
+                             [](const Instr& in) { return in.what == What::kExpertTokens; });
+      ASSERT_NE(it, copy->instrs.end());
+      if (resize)
+        it->count += 1;
+      else
+        copy->instrs.erase(it);
+      b = copy;
+    }
+    const VerifyReport r = verify(programs);
+    ASSERT_FALSE(r.ok);
+    ASSERT_EQ(r.problems.size(), 1u) << report_text(r);
+    EXPECT_EQ(r.problems[0].kind, ProblemKind::kMismatch);
+    EXPECT_THAT(r.problems[0].message, HasSubstr("collective #1 on the ep group {0,1} differs between members"));
+    EXPECT_THAT(r.problems[0].message, HasSubstr("ALLTOALL on=ep what=expert_tokens"));
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::ir
