@@ -53,7 +53,8 @@ TARGETS = {
 CONFINED = {
     "gloo": {"dtrain_comm", "dtrain_store_gloo"},
     "dtrain_nccl": {"dtrain_comm_nccl"},
-    "CUDA::cublasLt": {"dtrain_kernels_cuda"},
+    "CUDA::cublasLt": {"dtrain_kernels_cuda", "CUDA::cublas"},  # cuBLAS itself links cuBLASLt
+    "CUDA::cublas": {"dtrain_kernels_cuda"},  # the experts' grouped GEMMs
 }
 
 # dtrain_-named targets that stand for an external library (cmake/dependencies.cmake).
