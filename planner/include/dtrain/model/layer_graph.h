@@ -84,7 +84,8 @@ struct LayerGraph {
   // MoE layers among [first, first + n).
   int moe_layers_in(int first, int n) const {
     if (moe_before.empty() || n <= 0) return 0;  // a dense model
-    return moe_before[static_cast<std::size_t>(first + n)] - moe_before[static_cast<std::size_t>(first)];
+    const auto begin = static_cast<std::size_t>(first);
+    return moe_before[begin + static_cast<std::size_t>(n)] - moe_before[begin];
   }
 };
 
