@@ -190,16 +190,19 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
         TensorSpec b = row_blocks(p + "attn.qkv.bias", qkv_rows, 1, qkv, InitKind::kZeros, false);
         add_unit(b);
       }
-      // Row-parallel output projection: columns [r h/tp, (r+1) h/tp).
-      TensorSpec proj;
-      proj.name = p + "attn.proj.weight";
-      proj.full_rows = h;
-      proj.full_cols = h;
-      proj.local_rows = h;
-      proj.local_cols = h / tp;
-      proj.blocks = {{0, h, r * (h / tp), h / tp, 0}};
-      proj.init = InitKind::kOutputNormal;
-      add_unit(proj);
+      // A row-parallel output projection [h, cols]: columns [r cols/tp, (r+1) cols/tp).
+      auto row_parallel = [&](const std::string& name, std::int64_t cols) {
+        TensorSpec t;
+        t.name = name;
+        t.full_rows = h;
+        t.full_cols = cols;
+        t.local_rows = h;
+        t.local_cols = cols / tp;
+        t.blocks = {{0, h, r * (cols / tp), cols / tp, 0}};
+        t.init = InitKind::kOutputNormal;
+        add_unit(t);
+      };
+      row_parallel(p + "attn.proj.weight", h);
       if (m.linear_bias) add_unit(vector_spec(p + "attn.proj.bias", h, InitKind::kZeros));
       norm(p + "mlp.norm", c, unit);
       // An MLP of width `width` at `q` (q + "fc1.weight", ...): fc1 column-parallel ([gate_r | up_r] for SwiGLU), fc2
@@ -210,15 +213,7 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
         std::int64_t fc1_rows = swiglu ? 2 * width : width;
         add_unit(row_blocks(q + "fc1.weight", fc1_rows, h, fc1, InitKind::kNormal, true));
         if (bias) add_unit(row_blocks(q + "fc1.bias", fc1_rows, 1, fc1, InitKind::kZeros, false));
-        TensorSpec fc2;
-        fc2.name = q + "fc2.weight";
-        fc2.full_rows = h;
-        fc2.full_cols = width;
-        fc2.local_rows = h;
-        fc2.local_cols = width / tp;
-        fc2.blocks = {{0, h, r * (width / tp), width / tp, 0}};
-        fc2.init = InitKind::kOutputNormal;
-        add_unit(fc2);
+        row_parallel(q + "fc2.weight", width);
         if (bias) add_unit(vector_spec(q + "fc2.bias", h, InitKind::kZeros));
       };
       if (m.is_moe_layer(l)) {

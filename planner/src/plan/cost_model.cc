@@ -251,28 +251,22 @@ GroupGeometry CostModel::tp_group(const ParallelConfig& c) const {
   return geo;
 }
 
-GroupGeometry CostModel::dp_group(const ParallelConfig& c) const {
+// `size` consecutive data-parallel ranks: the data-parallel group (size dp) or an expert group (size ep).
+GroupGeometry CostModel::data_parallel_ranks(const ParallelConfig& c, int size) const {
   int g = cluster_.node.gpus;
   int stride = c.placement == PlacementOrder::kTpDpPp ? c.tp : c.tp * c.pp;
   GroupGeometry geo;
-  geo.size = c.dp;
-  geo.per_node = stride < g ? std::max(1, std::min(c.dp, g / stride)) : 1;
-  geo.nodes = (c.dp + geo.per_node - 1) / geo.per_node;
+  geo.size = size;
+  geo.per_node = stride < g ? std::max(1, std::min(size, g / stride)) : 1;
+  geo.nodes = (size + geo.per_node - 1) / geo.per_node;
   // Members on one node are `stride` GPUs apart: inside one NVLink domain when they fit in it.
   geo.nvlink = (geo.per_node - 1) * stride < cluster_.node.nvlink_domain;
   return geo;
 }
 
-GroupGeometry CostModel::ep_group(const ParallelConfig& c) const {
-  int g = cluster_.node.gpus;
-  int stride = c.placement == PlacementOrder::kTpDpPp ? c.tp : c.tp * c.pp;
-  GroupGeometry geo;
-  geo.size = c.ep;
-  geo.per_node = stride < g ? std::max(1, std::min(c.ep, g / stride)) : 1;
-  geo.nodes = (c.ep + geo.per_node - 1) / geo.per_node;
-  geo.nvlink = (geo.per_node - 1) * stride < cluster_.node.nvlink_domain;
-  return geo;
-}
+GroupGeometry CostModel::dp_group(const ParallelConfig& c) const { return data_parallel_ranks(c, c.dp); }
+
+GroupGeometry CostModel::ep_group(const ParallelConfig& c) const { return data_parallel_ranks(c, c.ep); }
 
 double CostModel::all_to_all_seconds(double bytes, const GroupGeometry& g) const {
   // Each member keeps 1/size of its bytes and sends the rest, (per_node - 1)/size of them to members on its node

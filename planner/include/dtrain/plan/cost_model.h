@@ -196,6 +196,7 @@ class CostModel {
 
  private:
   double collective_seconds(double bytes, const GroupGeometry& g, double bw_factor, int steps_factor) const;
+  GroupGeometry data_parallel_ranks(const ParallelConfig& config, int size) const;
   StageTimes layer_times(const std::vector<model::Op>& ops, const ParallelConfig& config) const;
 
   model::ModelDescription model_;
