@@ -72,4 +72,12 @@ void moe_unpermute_backward(std::int64_t tokens, std::int64_t top_k, std::int64_
   }
 }
 
+void moe_sigmoid_gate(std::int64_t tokens, const float* z, float* g) {
+  for (std::int64_t t = 0; t < tokens; ++t) g[t] = 1.0f / (1.0f + expf(-z[t]));
+}
+
+void moe_sigmoid_gate_backward(std::int64_t tokens, const float* g, const float* dg, float* dz) {
+  for (std::int64_t t = 0; t < tokens; ++t) dz[t] = g[t] * (1.0f - g[t]) * dg[t];
+}
+
 }  // namespace dtrain::kernels::cpu

@@ -108,6 +108,16 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) dgate[a] = acc;
 }
 
+__global__ void __launch_bounds__(kThreads) sigmoid_gate_kernel(std::int64_t tokens, const __nv_bfloat16* z, float* g) {
+  for (std::int64_t t = global_thread(); t < tokens; t += grid_threads()) g[t] = 1.0f / (1.0f + expf(-to_float(z[t])));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sigmoid_gate_backward_kernel(std::int64_t tokens, const float* g, const float* dg, __nv_bfloat16* dz) {
+  for (std::int64_t t = global_thread(); t < tokens; t += grid_threads())
+    store_as(dz + t, g[t] * (1.0f - g[t]) * dg[t]);
+}
+
 void check_shape(const MoeRouteShape& s, const char* name) {
   DTRAIN_CHECK(s.tokens >= 0 && s.experts > 0 && s.top_k > 0 && s.top_k <= s.experts,
                std::string(name) + ": bad router shape");
@@ -160,6 +170,18 @@ void moe_unpermute_backward(Context& ctx, std::int64_t tokens, std::int64_t top_
   unpermute_grad_gate_kernel<<<detail::checked_grid(tokens * top_k), kThreads, 0, stream_of(ctx)>>>(
       top_k, cols, as_device(dout), as_device(src), slot, dgate);
   DTRAIN_CUDA_CHECK_LAUNCH(ctx, "moe_unpermute_backward");
+}
+
+void moe_sigmoid_gate(Context& ctx, std::int64_t tokens, const bf16* z, float* g) {
+  if (tokens == 0) return;
+  sigmoid_gate_kernel<<<grid_for(tokens), kThreads, 0, stream_of(ctx)>>>(tokens, as_device(z), g);
+  DTRAIN_CUDA_CHECK_LAUNCH(ctx, "moe_sigmoid_gate");
+}
+
+void moe_sigmoid_gate_backward(Context& ctx, std::int64_t tokens, const float* g, const float* dg, bf16* dz) {
+  if (tokens == 0) return;
+  sigmoid_gate_backward_kernel<<<grid_for(tokens), kThreads, 0, stream_of(ctx)>>>(tokens, g, dg, as_device(dz));
+  DTRAIN_CUDA_CHECK_LAUNCH(ctx, "moe_sigmoid_gate_backward");
 }
 
 }  // namespace dtrain::kernels::cuda

@@ -164,6 +164,10 @@ class CpuFp32Kernels final : public Kernels<float> {
                               float* dgate) override {
     kc::moe_unpermute_backward(tokens, top_k, cols, dout, src, slot, gate, dsrc, dgate);
   }
+  void moe_sigmoid_gate(std::int64_t tokens, const float* z, float* g) override { kc::moe_sigmoid_gate(tokens, z, g); }
+  void moe_sigmoid_gate_backward(std::int64_t tokens, const float* g, const float* dg, float* dz) override {
+    kc::moe_sigmoid_gate_backward(tokens, g, dg, dz);
+  }
 };
 
 // The bf16 kernels: each call widens its bf16 inputs to fp32 (exact), runs the fp32 kernel and rounds every bf16
@@ -378,6 +382,14 @@ class CpuBf16Kernels final : public Kernels<bf16> {
     kc::moe_unpermute_backward(tokens, top_k, cols, widen(dout, tokens * cols).data(), widen(src, rows * cols).data(),
                                slot, gate, wd.data(), dgate);
     narrow(wd, dsrc);
+  }
+  void moe_sigmoid_gate(std::int64_t tokens, const bf16* z, float* g) override {
+    kc::moe_sigmoid_gate(tokens, widen(z, tokens).data(), g);
+  }
+  void moe_sigmoid_gate_backward(std::int64_t tokens, const float* g, const float* dg, bf16* dz) override {
+    Wide w(static_cast<std::size_t>(tokens));
+    kc::moe_sigmoid_gate_backward(tokens, g, dg, w.data());
+    narrow(w, dz);
   }
 
  private:

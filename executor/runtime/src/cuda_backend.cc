@@ -254,6 +254,12 @@ class CudaBackend final : public Backend, public Kernels<bf16> {
                               float* dgate) override {
     kc::moe_unpermute_backward(ctx_, tokens, top_k, cols, dout, src, slot, gate, dsrc, dgate);
   }
+  void moe_sigmoid_gate(std::int64_t tokens, const bf16* z, float* g) override {
+    kc::moe_sigmoid_gate(ctx_, tokens, z, g);
+  }
+  void moe_sigmoid_gate_backward(std::int64_t tokens, const float* g, const float* dg, bf16* dz) override {
+    kc::moe_sigmoid_gate_backward(ctx_, tokens, g, dg, dz);
+  }
 
  private:
   static kc::ContextOptions options(int device) {

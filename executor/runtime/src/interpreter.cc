@@ -42,11 +42,6 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
                     prog.ep));
   }
   if (prog.ep > 1 && !m.moe.enabled()) throw input_error(fmt::format("ep={} for a model without experts", prog.ep));
-  if (m.moe.shared_gate) {
-    throw input_error(
-        "the executor does not train a gated shared expert yet ([model.moe] shared_gate = true, Qwen2-MoE's); "
-        "dtplan plans such a model");
-  }
   if (data.vocab() > m.vocab) {
     throw input_error(
         fmt::format("the data's vocabulary ({}) is larger than the model's (vocab = {})", data.vocab(), m.vocab));

@@ -166,6 +166,17 @@ void Interpreter<A>::moe_shared_forward(MoeState<A>& ms, int layer) {
   activation_forward(T, fw, ms.sa, ms.sg);
   sized(ms.sy, static_cast<std::size_t>(T * h));
   kern.linear_forward({T, fw, h}, ms.sg.data(), W(L(layer, "moe.shared.fc2.weight")), nullptr, ms.sy.data());
+  if (m.moe.shared_gate) {
+    Tensor z(be, static_cast<std::size_t>(T));
+    kern.linear_forward({T, h, 1}, ms.x.data(), W(L(layer, "moe.shared.gate.weight")), nullptr, z.data());
+    sized(ms.shared_gate, static_cast<std::size_t>(T));
+    kern.moe_sigmoid_gate(T, z.data(), ms.shared_gate.data());
+    if (ms.identity.size() != static_cast<std::size_t>(T)) {
+      std::vector<std::int32_t> rows(static_cast<std::size_t>(T));
+      for (std::int64_t t = 0; t < T; ++t) rows[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(t);
+      ms.identity = upload(rows);
+    }
+  }
 }
 
 template <typename A>
@@ -185,7 +196,11 @@ void Interpreter<A>::moe_forward(const Instr& in, ChunkState<A>& st, Tensor& cur
     case BodyOp::kMoeCombine:
       sized(cur, static_cast<std::size_t>(T * h));
       kern.moe_unpermute(T, m.moe.top_k, h, ms.ye.data(), ms.slot.data(), ms.gate.data(), false, cur.data());
-      if (!ms.sy.empty()) kern.residual_add(T * h, cur.data(), ms.sy.data(), cur.data());
+      if (m.moe.shared_gate) {  // cur += gate[t] * sy[t]
+        kern.moe_unpermute(T, 1, h, ms.sy.data(), ms.identity.data(), ms.shared_gate.data(), true, cur.data());
+      } else if (!ms.sy.empty()) {
+        kern.residual_add(T * h, cur.data(), ms.sy.data(), cur.data());
+      }
       return;
     default:
       throw internal_error(fmt::format("not an MoE op: {}", ir::to_text(in)));
@@ -348,6 +363,18 @@ void Interpreter<A>::moe_route_backward(MoeState<A>& ms, Tensor& cur, int layer)
     kern.linear_backward_input({T, h, E}, dlogits.data(), W(L(layer, "moe.router.weight")), dx.data());
     kern.residual_add(T * h, cur.data(), dx.data(), cur.data());
   }
+  if (moe.shared_gate) {
+    // The shared experts' gate: a linear layer hidden -> 1 through a sigmoid, replicated like the router.
+    Tensor dz(be, static_cast<std::size_t>(T));
+    kern.moe_sigmoid_gate_backward(T, ms.shared_gate.data(), ms.dgate.data() + T * K, dz.data());
+    kern.linear_backward_weight({rows, h, 1}, dz.data() + r0, ms.x.data() + r0 * h,
+                                G(L(layer, "moe.shared.gate.weight")), nullptr);
+    if (prog.tp_rank == 0) {
+      Tensor dx(be, static_cast<std::size_t>(T * h));
+      kern.linear_backward_input({T, h, 1}, dz.data(), W(L(layer, "moe.shared.gate.weight")), dx.data());
+      kern.residual_add(T * h, cur.data(), dx.data(), cur.data());
+    }
+  }
 }
 
 template <typename A>
@@ -358,10 +385,16 @@ void Interpreter<A>::moe_backward(const Instr& in, ChunkState<A>& st, Tensor& cu
     case BodyOp::kMoeCombine: {
       const std::int64_t K = m.moe.top_k;
       sized(ms.dye, static_cast<std::size_t>(ms.offsets.back() * h));
-      sized(ms.dgate, static_cast<std::size_t>(T * K));
+      sized(ms.dgate, static_cast<std::size_t>(T * K + (m.moe.shared_gate ? T : 0)));
       kern.moe_unpermute_backward(T, K, h, cur.data(), ms.ye.data(), ms.slot.data(), ms.gate.data(), ms.dye.data(),
                                   ms.dgate.data());
-      if (m.moe.shared_ffn_hidden > 0) ms.dout = cur;
+      if (m.moe.shared_gate) {  // the shared output's gradient is gate * dout; the gate's, dot(dout, sy)
+        sized(ms.dout, static_cast<std::size_t>(T * h));
+        kern.moe_unpermute_backward(T, 1, h, cur.data(), ms.sy.data(), ms.identity.data(), ms.shared_gate.data(),
+                                    ms.dout.data(), ms.dgate.data() + T * K);
+      } else if (m.moe.shared_ffn_hidden > 0) {
+        ms.dout = cur;
+      }
       return;
     }
     case BodyOp::kMoeShared:

@@ -22,8 +22,10 @@ struct MoeState {
   Buffer<float> aux_grad;             // the load-balancing loss's gradient on the probabilities [sequences, E]
   Buffer<A> xe, ae, ge, ye;           // experts: input rows, fc1 output, activation output, fc2 output
   Buffer<A> sa, sg, sy;               // shared experts: fc1 output, activation output, fc2 output (partial over tp)
+  Buffer<float> shared_gate;          // sigmoid(x . w) per token (shared_gate)
+  Buffer<std::int32_t> identity;      // 0..T-1: the gated shared output as a "permutation" of one row per token
   // Backward.
-  Buffer<float> dgate;  // the gates' gradient [T, k] (partial over tp until the router_grad all-reduce)
+  Buffer<float> dgate;  // the gates' gradient [T, k] (+ [T] of the shared gate; partial over tp until router_grad)
   Buffer<A> dye;        // the experts' output gradient rows [N, h]
   Buffer<A> dout;       // the combine's output gradient, for the shared experts [T, h]
   Buffer<A> dx;         // the input gradient so far (shared experts) [T, h]

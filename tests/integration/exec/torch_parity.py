@@ -2,7 +2,7 @@
 """PyTorch reference for dtrain's Llama-style model (RMSNorm, rotate-half RoPE, grouped-query causal attention,
 SwiGLU, untied head), loaded from a dtrain checkpoint. With a [model.moe] table the MLPs of the MoE layers are a
 mixture of experts written here from the format's definition (docs/formats.md): softmax router, top-k (renormalised
-or not), per-sequence capacity with the earliest positions first, SwiGLU experts, shared experts, and the
+or not), per-sequence capacity with the earliest positions first, SwiGLU experts, shared experts (gated or not), and the
 per-sequence load-balancing loss averaged over the batch and summed over the layers.
 
   torch_parity.py MODEL.toml TOKENS CKPT_DIR GRAD_DIR FINAL_DIR METRICS.jsonl STEP STEPS
@@ -107,7 +107,10 @@ class Model:
                 ye = self.swiglu_mlp(x[tok], f"{pre}moe.experts.{e}.")
                 out = out.index_add(0, tok, ye * gates[tok, j][:, None])
         if mo.get("shared_ffn_hidden", 0) > 0:
-            out = out + self.swiglu_mlp(x, pre + "moe.shared.")
+            shared = self.swiglu_mlp(x, pre + "moe.shared.")
+            if mo.get("shared_gate", False):  # Qwen2-MoE's shared_expert_gate
+                shared = torch.sigmoid(x @ self.p[pre + "moe.shared.gate.weight"].T) * shared
+            out = out + shared
         coeff = mo.get("aux_loss_coeff", 0.0)
         if coeff > 0:
             counts = torch.nn.functional.one_hot(top_e, E).sum(1).reshape(b, s, E).sum(1).to(torch.float32)
@@ -204,7 +207,11 @@ def main():
     loss.backward()
     check(f"loss of step {step + 1} ({loss.item():.7f} vs dtrain {losses[step]:.7f})", abs(loss.item() - losses[step]) / losses[step], 1e-5)
     grads = read_blocks(grads_dir, {"grad"})
-    worst = max(rel(model.p[n].grad.numpy(), grads[(n, "grad")]) for n in params)
+    # An expert no token chose has no gradient in PyTorch (None) and a zero one in dtrain.
+    def grad_of(n):
+        g = model.p[n].grad
+        return np.zeros_like(params[n]) if g is None else g.numpy()
+    worst = max(rel(grad_of(n), grads[(n, "grad")]) for n in params)
     check("gradients (worst tensor)", worst, 1e-5)
 
     decay = [p for n, p in model.p.items() if n.endswith(".weight") and "norm" not in n]
@@ -221,6 +228,9 @@ def main():
             opt.zero_grad(set_to_none=False)
             ids, tgt = batch(tokens, k, gb, seq)
             model.loss(ids, tgt).backward()
+        for p in model.p.values():  # dtrain updates an expert no token chose (zero gradient); so must AdamW here
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         if t.get("grad_clip", 1.0) > 0:
             torch.nn.utils.clip_grad_norm_(list(model.p.values()), t.get("grad_clip", 1.0))
         for group in opt.param_groups:

@@ -60,5 +60,11 @@ TEST(TorchParity, TinyMoeSharedExpertsAndCapacity) {
   expect_torch_parity(std::string(DTRAIN_SOURCE_DIR) + "/tests/data/models/tiny-moe-shared.toml");
 }
 
+// Qwen2-MoE's shape: un-normalised top-2 and a shared expert scaled by sigmoid(x . w).
+TEST(TorchParity, TinyMoeGatedSharedExpert) {
+  if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
+  expect_torch_parity(std::string(DTRAIN_SOURCE_DIR) + "/tests/data/models/tiny-moe-gated.toml");
+}
+
 }  // namespace
 }  // namespace dtrain::testing

@@ -92,7 +92,8 @@ TEST_F(CudaBackendTest, TinyModelOverNcclFollowsTheCpuBf16Run) {
 // decided on bf16 logits summed in different orders, so a token near a tie may pick another expert: the tolerance
 // is the dense model's.
 TEST_F(CudaBackendTest, TinyMoeModelsFollowTheCpuBf16Run) {
-  for (const char* model : {"/examples/models/tiny-moe.toml", "/tests/data/models/tiny-moe-shared.toml"}) {
+  for (const char* model : {"/examples/models/tiny-moe.toml", "/tests/data/models/tiny-moe-shared.toml",
+                            "/tests/data/models/tiny-moe-gated.toml"}) {
     TrainOptions o = tiny_options(20, "dp=1,tp=1,pp=1,vpp=1,micro_batch=4", DType::kBf16);
     o.model_path = std::string(DTRAIN_SOURCE_DIR) + model;
     std::vector<double> cpu = losses(train_threads(1, o));

@@ -66,6 +66,7 @@ TEST_P(MoeParity, LossCurveEqualsSingleRank) {
 
 constexpr const char* kMoe = "examples/models/tiny-moe.toml";
 constexpr const char* kShared = "tests/data/models/tiny-moe-shared.toml";
+constexpr const char* kGated = "tests/data/models/tiny-moe-gated.toml";
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, MoeParity,
@@ -87,11 +88,19 @@ INSTANTIATE_TEST_SUITE_P(
                       MoeLayout{kMoe, 2, 4, 1, 1, 1, "1f1b", false, false, "none"},
                       MoeLayout{kMoe, 4, 4, 1, 1, 1, "1f1b", false, false, "full"},
                       MoeLayout{kShared, 2, 2, 1, 2, 1, "zb-h1", false, false, "none"},
-                      MoeLayout{kShared, 2, 4, 1, 1, 1, "1f1b", false, false, "selective"}),
+                      MoeLayout{kShared, 2, 4, 1, 1, 1, "1f1b", false, false, "selective"},
+                      // A gated shared expert (Qwen2-MoE): its gate's gradient summed over tp with the router's.
+                      MoeLayout{kGated, 1, 1, 2, 1, 1, "1f1b", true, false, "none"},
+                      MoeLayout{kGated, 2, 2, 2, 1, 1, "1f1b", true, false, "full"},
+                      MoeLayout{kGated, 2, 2, 1, 2, 1, "zb-h1", false, false, "none"}),
     [](const ::testing::TestParamInfo<MoeLayout>& p) {
       const MoeLayout& l = p.param;
-      std::string s = fmt::format("{}_ep{}dp{}tp{}pp{}vpp{}_{}{}{}_{}", l.model == kMoe ? "moe" : "shared", l.ep, l.dp,
-                                  l.tp, l.pp, l.vpp, l.schedule, l.sp ? "_sp" : "", l.dopt ? "_dopt" : "", l.recompute);
+      std::string s =
+          fmt::format("{}_ep{}dp{}tp{}pp{}vpp{}_{}{}{}_{}",
+                      l.model == kMoe      ? "moe"
+                      : l.model == kShared ? "shared"
+                                           : "gated",
+                      l.ep, l.dp, l.tp, l.pp, l.vpp, l.schedule, l.sp ? "_sp" : "", l.dopt ? "_dopt" : "", l.recompute);
       for (char& c : s) {
         if (c == '-') c = '_';
       }

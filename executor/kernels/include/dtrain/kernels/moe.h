@@ -43,5 +43,9 @@ void moe_unpermute(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, c
 void moe_unpermute_backward(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const float* dout,
                             const float* src, const std::int32_t* slot, const float* gate, float* dsrc, float* dgate);
 
+// The shared experts' gate (Qwen2-MoE): g[t] = sigmoid(z[t]) in fp32; its backward dz[t] = g[t] (1 - g[t]) dg[t].
+void moe_sigmoid_gate(std::int64_t tokens, const float* z, float* g);
+void moe_sigmoid_gate_backward(std::int64_t tokens, const float* g, const float* dg, float* dz);
+
 }  // namespace cpu
 }  // namespace dtrain::kernels

@@ -166,6 +166,9 @@ class Kernels {
   virtual void moe_unpermute_backward(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const A* dout,
                                       const A* src, const std::int32_t* slot, const float* gate, A* dsrc,
                                       float* dgate) = 0;
+  // The shared experts' gate: g = sigmoid(z) (z typed A, g fp32); dz = g (1 - g) dg.
+  virtual void moe_sigmoid_gate(std::int64_t tokens, const A* z, float* g) = 0;
+  virtual void moe_sigmoid_gate_backward(std::int64_t tokens, const float* g, const float* dg, A* dz) = 0;
 };
 
 class Backend {

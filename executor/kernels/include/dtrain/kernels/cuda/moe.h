@@ -22,4 +22,7 @@ void moe_unpermute(Context& ctx, std::int64_t tokens, std::int64_t top_k, std::i
 void moe_unpermute_backward(Context& ctx, std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const bf16* dout,
                             const bf16* src, const std::int32_t* slot, const float* gate, bf16* dsrc, float* dgate);
 
+void moe_sigmoid_gate(Context& ctx, std::int64_t tokens, const bf16* z, float* g);
+void moe_sigmoid_gate_backward(Context& ctx, std::int64_t tokens, const float* g, const float* dg, bf16* dz);
+
 }  // namespace dtrain::kernels::cuda
