@@ -367,8 +367,7 @@ class CpuBf16Kernels final : public Kernels<bf16> {
   }
   void moe_unpermute(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const bf16* src,
                      const std::int32_t* slot, const float* weight, bool accumulate, bf16* out) override {
-    std::int64_t rows = 0;  // src holds the rows the slots name
-    for (std::int64_t i = 0; i < tokens * top_k; ++i) rows = std::max<std::int64_t>(rows, slot[i] + 1);
+    const std::int64_t rows = rows_named(tokens * top_k, slot);
     Wide wo = accumulate ? widen(out, tokens * cols) : Wide(static_cast<std::size_t>(tokens * cols));
     kc::moe_unpermute(tokens, top_k, cols, widen(src, rows * cols).data(), slot, weight, accumulate, wo.data());
     narrow(wo, out);
@@ -376,8 +375,7 @@ class CpuBf16Kernels final : public Kernels<bf16> {
   void moe_unpermute_backward(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const bf16* dout,
                               const bf16* src, const std::int32_t* slot, const float* gate, bf16* dsrc,
                               float* dgate) override {
-    std::int64_t rows = 0;
-    for (std::int64_t i = 0; i < tokens * top_k; ++i) rows = std::max<std::int64_t>(rows, slot[i] + 1);
+    const std::int64_t rows = rows_named(tokens * top_k, slot);
     Wide wd(static_cast<std::size_t>(rows * cols));
     kc::moe_unpermute_backward(tokens, top_k, cols, widen(dout, tokens * cols).data(), widen(src, rows * cols).data(),
                                slot, gate, wd.data(), dgate);
@@ -407,6 +405,12 @@ class CpuBf16Kernels final : public Kernels<bf16> {
     for (std::int64_t i = 0; i < n; ++i) y[i] = to_bf16(x[i]);
   }
   static void narrow(const Wide& x, bf16* y) { narrow(x.data(), static_cast<std::int64_t>(x.size()), y); }
+  // The permuted rows a slot table names (the rows of the buffer it indexes): one past the largest slot.
+  static std::int64_t rows_named(std::int64_t n, const std::int32_t* slot) {
+    std::int64_t rows = 0;
+    for (std::int64_t i = 0; i < n; ++i) rows = std::max<std::int64_t>(rows, slot[i] + 1);
+    return rows;
+  }
   // Elements spanned by `rows` rows of `cols` values `stride` apart.
   static std::size_t strided_size(std::int64_t rows, std::int64_t cols, std::int64_t stride) {
     return rows == 0 ? 0 : static_cast<std::size_t>((rows - 1) * stride + cols);

@@ -55,7 +55,7 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
   KVl = m.kv_heads / prog.tp;
   fl = m.ffn_hidden / prog.tp;
   qkv_cols = (Hl + 2 * KVl) * d;
-  fc1_cols = m.activation == model::ActivationKind::kSwiGlu ? 2 * fl : fl;
+  fc1_cols = m.fc1_columns(fl);
   auto [vb, ve] = vocab_range(m.vocab, prog.tp_rank, prog.tp);
   vocab = k::VocabShard{vb, ve};
   {
@@ -70,6 +70,11 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
     k::rope_table(m.rope_theta, m.seq_len, d, cos.data(), sin.data());
     rope_cos = upload(cos);
     rope_sin = upload(sin);
+  }
+  if (m.moe.shared_gate) {
+    std::vector<std::int32_t> rows(static_cast<std::size_t>(T));
+    for (std::int64_t t = 0; t < T; ++t) rows[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(t);
+    token_rows = upload(rows);
   }
   plan_owned_ranges();
   std::int64_t n = 0;

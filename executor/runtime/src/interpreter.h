@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -94,6 +95,8 @@ class Interpreter final : public InterpreterBase {
   std::size_t p2p_group(std::size_t pc);
   void schedule_collective(const ir::Instr& in);
   void check_count(const ir::Instr& in, std::int64_t actual) const;
+  void reduce_tensor_grads(const ir::Instr& in, comm::Communicator& group,
+                           const std::function<bool(const TensorSpec&)>& selected);
   void settle();
   void synchronize_all();
   std::string pending_instruction(const std::vector<std::size_t>& pcs, std::string_view message) const;
@@ -107,6 +110,8 @@ class Interpreter final : public InterpreterBase {
   void free_recomputed(LayerState<A>& ls);
   void body_collective(const ir::Instr& in, ChunkState<A>& st, Tensor& cur, Tensor& rcur);
   const Tensor& saved_input_for(const ir::Instr& in, ChunkState<A>& st);
+  // The body's next COMPUTE instruction after the one being run (nullptr at the body's end).
+  const ir::Instr* next_compute() const;
   void all_gather_rows(Tensor& t, std::int64_t cols);
   void reduce_scatter_rows(Tensor& t, std::int64_t cols);
   void norm_forward(const std::string& prefix, const Tensor& x, Tensor& y, F32& a, F32& b);
@@ -140,9 +145,7 @@ class Interpreter final : public InterpreterBase {
   void moe_shared_backward(MoeState<A>& ms, int layer);
   // Experts' and shared experts' widths on this rank (split over tp as a dense MLP).
   std::int64_t expert_width() const { return m.moe.ffn_hidden / prog.tp; }
-  std::int64_t expert_fc1_cols() const {
-    return m.activation == model::ActivationKind::kSwiGlu ? 2 * expert_width() : expert_width();
-  }
+  std::int64_t expert_fc1_cols() const { return m.fc1_columns(expert_width()); }
   void activation_forward(std::int64_t rows, std::int64_t width, const Tensor& a, Tensor& g);
   void activation_backward(std::int64_t rows, std::int64_t width, const Tensor& a, Tensor& d);
 
@@ -277,6 +280,8 @@ class Interpreter final : public InterpreterBase {
   bool recompute_full = false;
   kernels::VocabShard vocab;
   F32 rope_cos, rope_sin;
+  // 0..T-1 (a gated shared expert's output added as a permutation of one row per token, moe_ops.cc).
+  Ids token_rows;
 
   StepState<A> step_;
 };

@@ -231,11 +231,8 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
       return;
     }
     case BodyOp::kMlpAct: {
-      Tensor y(be, static_cast<std::size_t>(T * fl));
-      if (m.activation == model::ActivationKind::kSwiGlu)
-        kern.swiglu_forward(T, fl, cur.data(), y.data());
-      else
-        kern.gelu_forward(T * fl, cur.data(), y.data());
+      Tensor y;
+      activation_forward(T, fl, cur, y);
       cur.swap(y);
       layer_state(st, l).g = cur;
       return;
@@ -331,17 +328,9 @@ void Interpreter<A>::backward_op(const Instr& in, ChunkState<A>& st, Tensor& cur
       linear_backward(in, &ls, st, cur, fl, h, W(L(l, "mlp.fc2.weight")), G(L(l, "mlp.fc2.weight")), nullptr, ls.g);
       return;
     }
-    case BodyOp::kMlpAct: {
-      LayerState<A>& ls = layer_state(st, l);
-      Tensor dx(be, ls.a.size());
-      if (m.activation == model::ActivationKind::kSwiGlu) {
-        kern.swiglu_backward(T, fl, ls.a.data(), cur.data(), dx.data());
-      } else {
-        kern.gelu_backward(T * fl, ls.a.data(), cur.data(), dx.data());
-      }
-      cur.swap(dx);
+    case BodyOp::kMlpAct:
+      activation_backward(T, fl, layer_state(st, l).a, cur);
       return;
-    }
     case BodyOp::kMlpFc1: {
       LayerState<A>& ls = layer_state(st, l);
       linear_backward(in, &ls, st, cur, h, fc1_cols, W(L(l, "mlp.fc1.weight")), G(L(l, "mlp.fc1.weight")),
@@ -486,16 +475,21 @@ void Interpreter<A>::body_collective(const Instr& in, ChunkState<A>& st, Tensor&
 // The saved (sequence-shard) input of the column-parallel op that follows a saved-input all-gather.
 template <typename A>
 const typename Interpreter<A>::Tensor& Interpreter<A>::saved_input_for(const Instr& in, ChunkState<A>& st) {
-  const ir::Body* body = step_.body;
-  for (std::size_t i = step_.body_pc + 1; body != nullptr && i < body->instrs.size(); ++i) {
-    const Instr& next = body->instrs[i];
-    if (next.op != Opcode::kCompute) continue;
-    if (next.body_op == BodyOp::kHeadLogits) return st.head.y;
-    if (next.body_op == BodyOp::kAttnQkv) return layer_state(st, next.layer).y1;
-    if (next.body_op == BodyOp::kMlpFc1) return layer_state(st, next.layer).y2;
-    break;
+  if (const Instr* next = next_compute()) {
+    if (next->body_op == BodyOp::kHeadLogits) return st.head.y;
+    if (next->body_op == BodyOp::kAttnQkv) return layer_state(st, next->layer).y1;
+    if (next->body_op == BodyOp::kMlpFc1) return layer_state(st, next->layer).y2;
   }
   throw internal_error(fmt::format("saved-input all-gather not followed by a column-parallel op: {}", ir::to_text(in)));
+}
+
+template <typename A>
+const Instr* Interpreter<A>::next_compute() const {
+  const ir::Body* body = step_.body;
+  for (std::size_t i = step_.body_pc + 1; body != nullptr && i < body->instrs.size(); ++i) {
+    if (body->instrs[i].op == Opcode::kCompute) return &body->instrs[i];
+  }
+  return nullptr;
 }
 
 // This file's members for both activation types (interpreter.h).
@@ -514,6 +508,7 @@ const typename Interpreter<A>::Tensor& Interpreter<A>::saved_input_for(const Ins
   template void Interpreter<A>::recompute_op(const Instr&, ChunkState<A>&);                                          \
   template void Interpreter<A>::free_recomputed(LayerState<A>&);                                                     \
   template void Interpreter<A>::body_collective(const Instr&, ChunkState<A>&, Tensor&, Tensor&);                     \
+  template const Instr* Interpreter<A>::next_compute() const;                                                        \
   template const Interpreter<A>::Tensor& Interpreter<A>::saved_input_for(const Instr&, ChunkState<A>&);
 DTRAIN_INSTANTIATE_LAYER_OPS(float)
 DTRAIN_INSTANTIATE_LAYER_OPS(bf16)

@@ -159,8 +159,7 @@ void Interpreter<A>::moe_experts_forward(MoeState<A>& ms, int layer) {
 
 template <typename A>
 void Interpreter<A>::moe_shared_forward(MoeState<A>& ms, int layer) {
-  const std::int64_t fw = m.moe.shared_ffn_hidden / prog.tp;
-  const std::int64_t fc = m.activation == model::ActivationKind::kSwiGlu ? 2 * fw : fw;
+  const std::int64_t fw = m.moe.shared_ffn_hidden / prog.tp, fc = m.fc1_columns(fw);
   sized(ms.sa, static_cast<std::size_t>(T * fc));
   kern.linear_forward({T, h, fc}, ms.x.data(), W(L(layer, "moe.shared.fc1.weight")), nullptr, ms.sa.data());
   activation_forward(T, fw, ms.sa, ms.sg);
@@ -171,11 +170,6 @@ void Interpreter<A>::moe_shared_forward(MoeState<A>& ms, int layer) {
     kern.linear_forward({T, h, 1}, ms.x.data(), W(L(layer, "moe.shared.gate.weight")), nullptr, z.data());
     sized(ms.shared_gate, static_cast<std::size_t>(T));
     kern.moe_sigmoid_gate(T, z.data(), ms.shared_gate.data());
-    if (ms.identity.size() != static_cast<std::size_t>(T)) {
-      std::vector<std::int32_t> rows(static_cast<std::size_t>(T));
-      for (std::int64_t t = 0; t < T; ++t) rows[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(t);
-      ms.identity = upload(rows);
-    }
   }
 }
 
@@ -197,7 +191,7 @@ void Interpreter<A>::moe_forward(const Instr& in, ChunkState<A>& st, Tensor& cur
       sized(cur, static_cast<std::size_t>(T * h));
       kern.moe_unpermute(T, m.moe.top_k, h, ms.ye.data(), ms.slot.data(), ms.gate.data(), false, cur.data());
       if (m.moe.shared_gate) {  // cur += gate[t] * sy[t]
-        kern.moe_unpermute(T, 1, h, ms.sy.data(), ms.identity.data(), ms.shared_gate.data(), true, cur.data());
+        kern.moe_unpermute(T, 1, h, ms.sy.data(), token_rows.data(), ms.shared_gate.data(), true, cur.data());
       } else if (!ms.sy.empty()) {
         kern.residual_add(T * h, cur.data(), ms.sy.data(), cur.data());
       }
@@ -266,11 +260,7 @@ void Interpreter<A>::moe_exchange(const Instr& in, ChunkState<A>& st) {
     return;
   }
   // Which way: before the experts' op the rows go to them; the pass of the op after says forward or backward.
-  const ir::Body* body = step_.body;
-  const Instr* next = nullptr;
-  for (std::size_t i = step_.body_pc + 1; body != nullptr && i < body->instrs.size() && next == nullptr; ++i) {
-    if (body->instrs[i].op == ir::Opcode::kCompute) next = &body->instrs[i];
-  }
+  const Instr* next = next_compute();
   if (next == nullptr) throw internal_error(fmt::format("an expert all-to-all ends its body: {}", ir::to_text(in)));
   const bool to_experts = next->body_op == BodyOp::kMoeExperts;
   const bool backward = backward_pass(*next);
@@ -325,8 +315,7 @@ void Interpreter<A>::moe_exchange(const Instr& in, ChunkState<A>& st) {
 
 template <typename A>
 void Interpreter<A>::moe_shared_backward(MoeState<A>& ms, int layer) {
-  const std::int64_t fw = m.moe.shared_ffn_hidden / prog.tp;
-  const std::int64_t fc = m.activation == model::ActivationKind::kSwiGlu ? 2 * fw : fw;
+  const std::int64_t fw = m.moe.shared_ffn_hidden / prog.tp, fc = m.fc1_columns(fw);
   Tensor dg(be, static_cast<std::size_t>(T * fw));
   kern.linear_backward_weight({T, fw, h}, ms.dout.data(), ms.sg.data(), G(L(layer, "moe.shared.fc2.weight")), nullptr);
   kern.linear_backward_input({T, fw, h}, ms.dout.data(), W(L(layer, "moe.shared.fc2.weight")), dg.data());
@@ -346,11 +335,6 @@ void Interpreter<A>::moe_route_backward(MoeState<A>& ms, Tensor& cur, int layer)
   Tensor dlogits(be, static_cast<std::size_t>(T * E));
   kern.moe_route_backward({T, E, K, moe.normalize_top_k}, ms.probs.data(), ms.expert.data(), ms.dgate.data(),
                           ms.aux_grad.empty() ? nullptr : ms.aux_grad.data(), m.seq_len, dlogits.data());
-  // The router's weight gradient: over every token, or with sequence parallelism over this rank's sequence shard
-  // (the replicated gradients' all-reduce sums the shards).
-  const std::int64_t r0 = sp ? prog.tp_rank * Tl : 0, rows = sp ? Tl : T;
-  kern.linear_backward_weight({rows, h, E}, dlogits.data() + r0 * E, ms.x.data() + r0 * h,
-                              G(L(layer, "moe.router.weight")), nullptr);
   sized(cur, static_cast<std::size_t>(T * h));
   if (!ms.dx.empty()) {
     be.copy(cur.data(), ms.dx.data(), cur.size() * sizeof(A));
@@ -358,22 +342,22 @@ void Interpreter<A>::moe_route_backward(MoeState<A>& ms, Tensor& cur, int layer)
   } else {
     kern.moe_unpermute(T, K, h, ms.dxe.data(), ms.slot.data(), nullptr, false, cur.data());
   }
-  if (prog.tp_rank == 0) {
+  // A linear layer hidden -> n replicated over tensor parallelism (the router; the shared experts' gate): its weight
+  // gradient over every token, or with sequence parallelism over this rank's sequence shard (the replicated
+  // gradients' all-reduce sums the shards); its input gradient added once over the group.
+  const std::int64_t r0 = sp ? prog.tp_rank * Tl : 0, rows = sp ? Tl : T;
+  auto replicated_backward = [&](const Tensor& dout, std::int64_t n, const std::string& weight) {
+    kern.linear_backward_weight({rows, h, n}, dout.data() + r0 * n, ms.x.data() + r0 * h, G(weight), nullptr);
+    if (prog.tp_rank != 0) return;
     Tensor dx(be, static_cast<std::size_t>(T * h));
-    kern.linear_backward_input({T, h, E}, dlogits.data(), W(L(layer, "moe.router.weight")), dx.data());
+    kern.linear_backward_input({T, h, n}, dout.data(), W(weight), dx.data());
     kern.residual_add(T * h, cur.data(), dx.data(), cur.data());
-  }
-  if (moe.shared_gate) {
-    // The shared experts' gate: a linear layer hidden -> 1 through a sigmoid, replicated like the router.
+  };
+  replicated_backward(dlogits, E, L(layer, "moe.router.weight"));
+  if (moe.shared_gate) {  // a sigmoid of a linear layer hidden -> 1
     Tensor dz(be, static_cast<std::size_t>(T));
     kern.moe_sigmoid_gate_backward(T, ms.shared_gate.data(), ms.dgate.data() + T * K, dz.data());
-    kern.linear_backward_weight({rows, h, 1}, dz.data() + r0, ms.x.data() + r0 * h,
-                                G(L(layer, "moe.shared.gate.weight")), nullptr);
-    if (prog.tp_rank == 0) {
-      Tensor dx(be, static_cast<std::size_t>(T * h));
-      kern.linear_backward_input({T, h, 1}, dz.data(), W(L(layer, "moe.shared.gate.weight")), dx.data());
-      kern.residual_add(T * h, cur.data(), dx.data(), cur.data());
-    }
+    replicated_backward(dz, 1, L(layer, "moe.shared.gate.weight"));
   }
 }
 
@@ -390,7 +374,7 @@ void Interpreter<A>::moe_backward(const Instr& in, ChunkState<A>& st, Tensor& cu
                                   ms.dgate.data());
       if (m.moe.shared_gate) {  // the shared output's gradient is gate * dout; the gate's, dot(dout, sy)
         sized(ms.dout, static_cast<std::size_t>(T * h));
-        kern.moe_unpermute_backward(T, 1, h, cur.data(), ms.sy.data(), ms.identity.data(), ms.shared_gate.data(),
+        kern.moe_unpermute_backward(T, 1, h, cur.data(), ms.sy.data(), token_rows.data(), ms.shared_gate.data(),
                                     ms.dout.data(), ms.dgate.data() + T * K);
       } else if (m.moe.shared_ffn_hidden > 0) {
         ms.dout = cur;

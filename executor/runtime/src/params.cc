@@ -210,7 +210,7 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
       auto mlp = [&](const std::string& q, std::int64_t width, bool bias) {
         std::vector<std::pair<std::int64_t, std::int64_t>> fc1 = {{r * (width / tp), width / tp}};
         if (swiglu) fc1.push_back({width + r * (width / tp), width / tp});
-        std::int64_t fc1_rows = swiglu ? 2 * width : width;
+        std::int64_t fc1_rows = m.fc1_columns(width);
         add_unit(row_blocks(q + "fc1.weight", fc1_rows, h, fc1, InitKind::kNormal, true));
         if (bias) add_unit(row_blocks(q + "fc1.bias", fc1_rows, 1, fc1, InitKind::kZeros, false));
         row_parallel(q + "fc2.weight", width);

@@ -259,27 +259,9 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
     return;
   }
   if (in.on == ir::CommGroup::kTp && in.what == What::kReplicatedGrads) {
-    std::vector<const TensorSpec*> parts;
-    std::size_t total = 0;
-    for (const auto& t : layout.tensors()) {
-      if (t.chunk == in.chunk && t.tp_replicated && t.unit >= in.layer && t.unit < in.layer_end) {
-        parts.push_back(&t);
-        total += static_cast<std::size_t>(t.numel());
-      }
-    }
-    check_count(in, static_cast<std::int64_t>(total));
-    F32 buf(be, total);
-    std::size_t at = 0;
-    for (const auto* t : parts) {
-      be.copy(buf.data() + at, grads.data() + t->offset, static_cast<std::size_t>(t->numel()) * sizeof(float));
-      at += static_cast<std::size_t>(t->numel());
-    }
-    communicate(*comms.tp, [&] { comms.tp->all_reduce(buf.data(), buf.data(), buf.size(), comm::ReduceOp::kSum); });
-    std::size_t pos = 0;
-    for (const auto* t : parts) {
-      be.copy(grads.data() + t->offset, buf.data() + pos, static_cast<std::size_t>(t->numel()) * sizeof(float));
-      pos += static_cast<std::size_t>(t->numel());
-    }
+    reduce_tensor_grads(in, *comms.tp, [&](const TensorSpec& t) {
+      return t.chunk == in.chunk && t.tp_replicated && t.unit >= in.layer && t.unit < in.layer_end;
+    });
     return;
   }
   if (in.on == ir::CommGroup::kEmbedding) {
@@ -294,27 +276,12 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
   }
   if (prog.ep > 1 && (in.on == ir::CommGroup::kDp || in.on == ir::CommGroup::kEdp) && in.op == Opcode::kAllReduce) {
     // Expert parallelism: a bucket's routed experts' gradients are summed over the ranks holding the same experts
-    // (edp), the rest over dp. The tensors of each kind are packed into one buffer and unpacked after.
+    // (edp), the rest over dp.
     const bool experts = in.on == ir::CommGroup::kEdp;
-    comm::Communicator& group = experts ? *comms.edp : *comms.dp;
-    const auto [bucket_b, bucket_e] = bucket_range(in);
-    std::vector<const TensorSpec*> parts;
-    std::size_t total = 0;
-    for (const auto& t : layout.tensors()) {
-      if (t.offset >= bucket_b && t.offset < bucket_e && t.expert == experts) {
-        parts.push_back(&t);
-        total += static_cast<std::size_t>(t.numel());
-      }
-    }
-    check_count(in, static_cast<std::int64_t>(total));
-    F32 buf(be, total);
-    for (std::size_t i = 0, at = 0; i < parts.size(); at += static_cast<std::size_t>(parts[i]->numel()), ++i) {
-      be.copy(buf.data() + at, grads.data() + parts[i]->offset, static_cast<std::size_t>(parts[i]->numel()) * 4);
-    }
-    communicate(group, [&] { group.all_reduce(buf.data(), buf.data(), buf.size(), comm::ReduceOp::kSum); });
-    for (std::size_t i = 0, at = 0; i < parts.size(); at += static_cast<std::size_t>(parts[i]->numel()), ++i) {
-      be.copy(grads.data() + parts[i]->offset, buf.data() + at, static_cast<std::size_t>(parts[i]->numel()) * 4);
-    }
+    const std::pair<std::int64_t, std::int64_t> bucket = bucket_range(in);
+    reduce_tensor_grads(in, experts ? *comms.edp : *comms.dp, [&](const TensorSpec& t) {
+      return t.offset >= bucket.first && t.offset < bucket.second && t.expert == experts;
+    });
     return;
   }
   if (in.on != ir::CommGroup::kDp) throw input_error("unexpected collective in the schedule");
@@ -348,6 +315,33 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
     copy_floats(my_block, flat + mine, mine_n);
     communicate(dp, [&] { dp.all_gather(my_block, buf.data(), static_cast<std::size_t>(shard)); });
     copy_floats(flat + b, buf.data(), n);
+  }
+}
+
+// Sums over `group` the gradients of the tensors `selected` picks, packed into one buffer in layout order (they need
+// not be contiguous in the flat buffer) and unpacked after; the instruction's count must be their size.
+template <typename A>
+void Interpreter<A>::reduce_tensor_grads(const Instr& in, comm::Communicator& group,
+                                         const std::function<bool(const TensorSpec&)>& selected) {
+  std::vector<const TensorSpec*> parts;
+  std::size_t total = 0;
+  for (const auto& t : layout.tensors()) {
+    if (!selected(t)) continue;
+    parts.push_back(&t);
+    total += static_cast<std::size_t>(t.numel());
+  }
+  check_count(in, static_cast<std::int64_t>(total));
+  F32 buf(be, total);
+  std::size_t at = 0;
+  for (const auto* t : parts) {
+    be.copy(buf.data() + at, grads.data() + t->offset, static_cast<std::size_t>(t->numel()) * sizeof(float));
+    at += static_cast<std::size_t>(t->numel());
+  }
+  communicate(group, [&] { group.all_reduce(buf.data(), buf.data(), buf.size(), comm::ReduceOp::kSum); });
+  at = 0;
+  for (const auto* t : parts) {
+    be.copy(grads.data() + t->offset, buf.data() + at, static_cast<std::size_t>(t->numel()) * sizeof(float));
+    at += static_cast<std::size_t>(t->numel());
   }
 }
 
@@ -452,6 +446,8 @@ void Interpreter<A>::slice(ir::Stream stream, Clock::time_point a, Clock::time_p
   template std::size_t Interpreter<A>::p2p_group(std::size_t);                                                       \
   template void Interpreter<A>::schedule_collective(const Instr&);                                                   \
   template void Interpreter<A>::check_count(const Instr&, std::int64_t) const;                                       \
+  template void Interpreter<A>::reduce_tensor_grads(const Instr&, comm::Communicator&,                               \
+                                                    const std::function<bool(const TensorSpec&)>&);                  \
   template void Interpreter<A>::settle();                                                                            \
   template void Interpreter<A>::report_activity(Activity);                                                           \
   template void Interpreter<A>::arrive_at(std::size_t);                                                              \

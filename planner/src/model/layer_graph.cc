@@ -99,7 +99,7 @@ Op activation(std::string name, const ModelSpec& m, std::int64_t f, double rows,
   op.name = std::move(name);
   op.kind = OpKind::kActivation;
   op.split = TpSplit::kHeads;
-  const double in = static_cast<double>(m.activation == ActivationKind::kSwiGlu ? 2 * f : f);
+  const double in = static_cast<double>(m.fc1_columns(f));
   op.bytes_per_token = rows * e * (in + static_cast<double>(f));  // read the pre-activation, write the product
   op.saved_sharded_per_token = rows * e * in;                     // GELU keeps its input; SwiGLU keeps gate and up
   op.flops_per_token = rows * 8.0 * static_cast<double>(f);
@@ -176,7 +176,6 @@ LayerGraph build_layer_graph(const ModelSpec& m, const TrainingSpec& t) {
   const double s = static_cast<double>(m.seq_len);
   const double a = static_cast<double>(m.heads);
   const double kv = static_cast<double>(m.kv_dim());
-  const double f = static_cast<double>(m.ffn_hidden);
   LayerGraph g;
 
   // Embedding: vocab-parallel lookup, learned positions added, dropout. Keeps the dropout mask.
@@ -237,17 +236,7 @@ LayerGraph build_layer_graph(const ModelSpec& m, const TrainingSpec& t) {
   g.layer.push_back(dropout_residual("attn.residual", m, e));
   g.layer.push_back(norm("mlp.norm", m, e));
   g.layer.push_back(linear("mlp.fc1", TpSplit::kColumn, m.hidden, m.fc1_columns(), m.linear_bias, e));
-  {
-    Op op;
-    op.name = "mlp.act";
-    op.kind = OpKind::kActivation;
-    op.split = TpSplit::kHeads;
-    double in = static_cast<double>(m.fc1_columns());
-    op.bytes_per_token = e * (in + f);    // read the pre-activation (gate and up for SwiGLU), write the product
-    op.saved_sharded_per_token = e * in;  // GELU keeps its input; SwiGLU keeps gate and up
-    op.flops_per_token = 8.0 * f;
-    g.layer.push_back(op);
-  }
+  g.layer.push_back(activation("mlp.act", m, m.ffn_hidden, 1.0, e));
   g.layer.push_back(linear("mlp.fc2", TpSplit::kRow, m.ffn_hidden, m.hidden, m.linear_bias, e));
   g.layer.push_back(dropout_residual("mlp.residual", m, e));
 

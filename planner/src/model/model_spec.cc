@@ -73,10 +73,8 @@ std::int64_t ModelSpec::moe_layer_params() const {
 }
 
 std::int64_t ModelSpec::moe_layer_active_matmul_params() const {
-  std::int64_t shared =
-      moe.shared_ffn_hidden == 0 ? 0 : mlp_params(*this, shared_fc1_columns(), moe.shared_ffn_hidden, false);
-  if (moe.shared_gate) shared += hidden;
-  return moe.experts * hidden + moe.top_k * mlp_params(*this, expert_fc1_columns(), moe.ffn_hidden, false) + shared;
+  return moe.experts * hidden + moe.top_k * mlp_params(*this, expert_fc1_columns(), moe.ffn_hidden, false) +
+         shared_expert_params(*this);
 }
 
 std::int64_t ModelSpec::embedding_params() const {

@@ -482,11 +482,18 @@ StageTimes CostModel::chunk_times(const ParallelConfig& c, int first_layer, int 
 // ---------------------------------------------------------------------------------------------------------------
 // Data parallelism and optimizer
 
-double CostModel::layer_params(const ParallelConfig& c, int layer) const {
-  if (graph_.is_moe(layer)) {
-    return moe_params_sharded_ / c.tp + moe_params_replicated_ + moe_expert_params_ / (c.tp * c.ep);
+int CostModel::stage_moe_layers(const ParallelConfig& c, int stage) const {
+  int moe = 0;
+  for (int v = 0, first = 0, ch = 0; v < c.vpp; ++v) {
+    // first: the first layer of chunk ch, walked up to chunk v * pp + stage.
+    for (; ch < v * c.pp + stage; ++ch) first += c.chunk_layers[static_cast<std::size_t>(ch)];
+    moe += graph_.moe_layers_in(first, c.chunk_layers[static_cast<std::size_t>(ch)]);
   }
-  return layer_params_sharded_ / c.tp + layer_params_replicated_;
+  return moe;
+}
+
+double CostModel::layer_params(const ParallelConfig& c, int layer) const {
+  return graph_.is_moe(layer) ? layers_params(c, 0, 1) : layers_params(c, 1, 0);
 }
 
 double CostModel::expert_layer_params(const ParallelConfig& c, int layer) const {
@@ -496,26 +503,15 @@ double CostModel::expert_layer_params(const ParallelConfig& c, int layer) const 
 double CostModel::stage_params(const ParallelConfig& c, int stage) const {
   // A dense model's layers are all alike: only their number matters.
   if (graph_.moe.empty()) return stage_params(c, 0, c.stage_layers(stage), stage == 0, stage == c.pp - 1);
-  int moe = 0;
-  for (int v = 0, first = 0, ch = 0; v < c.vpp; ++v) {
-    // first: the first layer of chunk ch, walked up to chunk v * pp + stage.
-    for (; ch < v * c.pp + stage; ++ch) first += c.chunk_layers[static_cast<std::size_t>(ch)];
-    moe += graph_.moe_layers_in(first, c.chunk_layers[static_cast<std::size_t>(ch)]);
-  }
-  const int layers = c.stage_layers(stage);
-  return stage_params(c, 0, 0, stage == 0, stage == c.pp - 1) +
-         static_cast<double>(layers - moe) * (layer_params_sharded_ / c.tp + layer_params_replicated_) +
-         static_cast<double>(moe) *
-             (moe_params_sharded_ / c.tp + moe_params_replicated_ + moe_expert_params_ / (c.tp * c.ep));
+  const int moe = stage_moe_layers(c, stage);
+  return stage_params(c, 0, 0, stage == 0, stage == c.pp - 1) + layers_params(c, c.stage_layers(stage) - moe, moe);
 }
 
 double CostModel::stage_params(const ParallelConfig& c, int first_layer, int layers, bool embedding, bool head) const {
   const auto& m = model_.model;
   double tp = c.tp;
   const int moe = graph_.moe_layers_in(first_layer, layers);
-  double p =
-      static_cast<double>(layers - moe) * (layer_params_sharded_ / tp + layer_params_replicated_) +
-      static_cast<double>(moe) * (moe_params_sharded_ / tp + moe_params_replicated_ + moe_expert_params_ / (tp * c.ep));
+  double p = layers_params(c, layers - moe, moe);
   double vocab_shard = std::ceil(static_cast<double>(m.vocab) / tp) * static_cast<double>(m.hidden);
   if (embedding) {
     p += vocab_shard;
@@ -572,15 +568,9 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   bool last = stage == c.pp - 1;
   mem.params = graph_.moe.empty() ? stage_params(c, 0, mem.layers, first, last) : stage_params(c, stage);
   // The stage's layers, and of them the MoE layers (whose activations and parameters differ).
-  int moe_layers = 0;
-  for (int v = 0, at = 0, ch = 0; v < c.vpp && !graph_.moe.empty(); ++v) {
-    for (; ch < v * c.pp + stage; ++ch) at += c.chunk_layers[static_cast<std::size_t>(ch)];
-    moe_layers += graph_.moe_layers_in(at, c.chunk_layers[static_cast<std::size_t>(ch)]);
-  }
+  const int moe_layers = graph_.moe.empty() ? 0 : stage_moe_layers(c, stage);
   const int dense_layers = mem.layers - moe_layers;
-  mem.layer_params = static_cast<double>(dense_layers) * (layer_params_sharded_ / c.tp + layer_params_replicated_) +
-                     static_cast<double>(moe_layers) *
-                         (moe_params_sharded_ / c.tp + moe_params_replicated_ + moe_expert_params_ / (c.tp * c.ep));
+  mem.layer_params = layers_params(c, dense_layers, moe_layers);
 
   double wb = weight_bytes_per_param(t.dtype);
   double gb = grad_bytes_per_param(t);

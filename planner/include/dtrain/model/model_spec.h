@@ -95,19 +95,19 @@ struct ModelSpec {
   }
   std::int64_t moe_layers() const;
   // Columns of an expert's first matrix (gate and up fused for SwiGLU), as fc1_columns().
-  std::int64_t expert_fc1_columns() const {
-    return activation == ActivationKind::kSwiGlu ? 2 * moe.ffn_hidden : moe.ffn_hidden;
-  }
-  std::int64_t shared_fc1_columns() const {
-    return activation == ActivationKind::kSwiGlu ? 2 * moe.shared_ffn_hidden : moe.shared_ffn_hidden;
-  }
+  std::int64_t expert_fc1_columns() const { return fc1_columns(moe.ffn_hidden); }
+  std::int64_t shared_fc1_columns() const { return fc1_columns(moe.shared_ffn_hidden); }
 
   std::int64_t head_dim() const { return hidden / heads; }
   std::int64_t kv_dim() const { return kv_heads * head_dim(); }
   // Columns of the fused QKV projection: hidden (queries) + 2 * kv_heads * head_dim.
   std::int64_t qkv_columns() const { return hidden + 2 * kv_dim(); }
   // Columns of the first MLP matrix: ffn_hidden, or 2 * ffn_hidden for SwiGLU (gate and up fused).
-  std::int64_t fc1_columns() const { return activation == ActivationKind::kSwiGlu ? 2 * ffn_hidden : ffn_hidden; }
+  std::int64_t fc1_columns() const { return fc1_columns(ffn_hidden); }
+  // The same for an MLP of width `width` (an expert's, a tensor-parallel shard's).
+  std::int64_t fc1_columns(std::int64_t width) const {
+    return activation == ActivationKind::kSwiGlu ? 2 * width : width;
+  }
 
   // Parameters of one dense transformer layer (weights, biases, norms).
   std::int64_t layer_params() const;

@@ -197,6 +197,15 @@ class CostModel {
  private:
   double collective_seconds(double bytes, const GroupGeometry& g, double bw_factor, int steps_factor) const;
   GroupGeometry data_parallel_ranks(const ParallelConfig& config, int size) const;
+  // Parameters one GPU holds of `dense` dense and `moe` MoE layers (inline: the search's inner loop).
+  double layers_params(const ParallelConfig& c, int dense, int moe) const {
+    const double tp = c.tp;
+    return static_cast<double>(dense) * (layer_params_sharded_ / tp + layer_params_replicated_) +
+           static_cast<double>(moe) *
+               (moe_params_sharded_ / tp + moe_params_replicated_ + moe_expert_params_ / (tp * c.ep));
+  }
+  // The MoE layers among a stage's (an MoE model's).
+  int stage_moe_layers(const ParallelConfig& config, int stage) const;
   StageTimes layer_times(const std::vector<model::Op>& ops, const ParallelConfig& config) const;
 
   model::ModelDescription model_;
