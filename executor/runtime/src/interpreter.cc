@@ -35,12 +35,6 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
         "the CPU executor runs dropout without sequence parallelism only (set dropout = 0 or "
         "sequence_parallel=false)");
   }
-  if (prog.ep > 1 && prog.distributed_optimizer) {
-    throw input_error(
-        fmt::format("ep={} with the distributed optimizer is not supported by the executor yet "
-                    "(distributed_optimizer=false)",
-                    prog.ep));
-  }
   if (prog.ep > 1 && !m.moe.enabled()) throw input_error(fmt::format("ep={} for a model without experts", prog.ep));
   if (data.vocab() > m.vocab) {
     throw input_error(
@@ -94,23 +88,68 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
   }
 }
 
-// Without the distributed optimizer this rank updates every element; with it, its shard of every bucket.
+// Without the distributed optimizer this rank updates every element; with it, its slice of every sharded collective
+// (Sharded in interpreter.h), and with expert groups of one data-parallel rank (ep = dp) all of its experts.
 template <typename A>
 void Interpreter<A>::plan_owned_ranges() {
   if (!prog.distributed_optimizer || prog.dp == 1) {
     owned_ranges = {{0, layout.size()}};
     return;
   }
+  std::vector<std::pair<std::int64_t, std::int64_t>> mine;
   for (const auto& in : prog.schedule) {
-    if (in.op != Opcode::kReduceScatter || in.on != ir::CommGroup::kDp) continue;
-    auto range = bucket_range(in);
-    std::int64_t n = range.second - range.first;
-    std::int64_t shard = (n + prog.dp - 1) / prog.dp;
-    shard_of_range[range.first] = shard;
-    std::int64_t b = range.first + prog.dp_rank * shard, e = std::min(range.second, b + shard);
-    if (b < e) owned_ranges.emplace_back(b, e);
+    if (in.op != Opcode::kReduceScatter) continue;
+    if (in.on != ir::CommGroup::kDp && in.on != ir::CommGroup::kEdp) continue;
+    const bool experts = in.on == ir::CommGroup::kEdp;
+    const auto range = bucket_range(in);
+    comm::Communicator* group = experts ? comms.edp.get() : comms.dp.get();
+    if (group == nullptr) throw input_error(fmt::format("{} without its communicator", ir::to_text(in)));
+    Sharded s;
+    if (prog.ep > 1) {
+      for (const auto& t : layout.tensors()) {
+        if (t.offset >= range.first && t.offset < range.second && t.expert == experts)
+          s.pieces.emplace_back(t.offset, t.numel());
+      }
+    } else {
+      s.pieces = {{range.first, range.second - range.first}};
+    }
+    for (auto [b, n] : s.pieces) s.size += n;
+    s.members = group->size();
+    s.member = group->rank();
+    s.shard = (s.size + s.members - 1) / s.members;
+    const std::int64_t lo = s.member * s.shard, hi = std::min(s.size, lo + s.shard);
+    for (std::int64_t at = 0; const auto& [b, n] : s.pieces) {
+      const std::int64_t from = std::max(lo, at), to = std::min(hi, at + n);
+      if (from < to) mine.emplace_back(b + from - at, b + to - at);
+      at += n;
+    }
+    sharded_buckets[{range.first, experts}] = std::move(s);
   }
-  std::sort(owned_ranges.begin(), owned_ranges.end());
+  if (prog.ep > 1 && prog.dp == prog.ep) {  // no edp group: nothing to share the experts' optimizer state with
+    for (const auto& t : layout.tensors())
+      if (t.expert) mine.emplace_back(t.offset, t.offset + t.numel());
+  }
+  std::sort(mine.begin(), mine.end());
+  for (auto [b, e] : mine) {
+    if (!owned_ranges.empty() && owned_ranges.back().second == b)
+      owned_ranges.back().second = e;
+    else
+      owned_ranges.emplace_back(b, e);
+  }
+}
+
+template <typename A>
+void Interpreter<A>::copy_packed(const Sharded& s, std::int64_t lo, std::int64_t hi, float* flat, float* packed,
+                                 bool to_packed) {
+  for (std::int64_t at = 0; const auto& [b, n] : s.pieces) {
+    const std::int64_t from = std::max(lo, at), to = std::min(hi, at + n);
+    if (from < to) {
+      float* f = flat + b + (from - at);
+      float* p = packed + (from - lo);
+      be.copy(to_packed ? p : f, to_packed ? f : p, static_cast<std::size_t>(to - from) * sizeof(float));
+    }
+    at += n;
+  }
 }
 
 template <typename A>

@@ -84,8 +84,20 @@ class Interpreter final : public InterpreterBase {
   const std::vector<ir::Slice>& trace() const override { return step_.slices; }
 
  private:
+  // A distributed-optimizer collective's elements: a bucket's of one kind (its routed experts', over edp, or the
+  // rest, over dp; with ep = 1 the whole bucket over dp) as pieces of the flat buffer, packed in layout order, and
+  // this member's slice of ceil(size / members) of them.
+  struct Sharded {
+    std::vector<std::pair<std::int64_t, std::int64_t>> pieces;  // (flat offset, elements)
+    std::int64_t size = 0, shard = 0;
+    int members = 1, member = 0;
+  };
+
   // ---- interpreter.cc: construction and the parameter layout ----
   void plan_owned_ranges();
+  // Copies the packed elements [lo, hi) of `s` between the flat buffer and `packed` (whose first element is packed
+  // element lo), in the direction `to_packed` says.
+  void copy_packed(const Sharded& s, std::int64_t lo, std::int64_t hi, float* flat, float* packed, bool to_packed);
   std::pair<std::int64_t, std::int64_t> bucket_range(const ir::Instr& in) const;
 
   // ---- schedule.cc: the step ----
@@ -94,6 +106,7 @@ class Interpreter final : public InterpreterBase {
   void load(const ir::Instr& in);
   std::size_t p2p_group(std::size_t pc);
   void schedule_collective(const ir::Instr& in);
+  void sharded_collective(const ir::Instr& in);
   void check_count(const ir::Instr& in, std::int64_t actual) const;
   void reduce_tensor_grads(const ir::Instr& in, comm::Communicator& group,
                            const std::function<bool(const TensorSpec&)>& selected);
@@ -267,10 +280,10 @@ class Interpreter final : public InterpreterBase {
   // For A != float: the weights the passes read, params rounded to A at the start of every step (after the optimizer
   // and, with the distributed optimizer, the parameter all-gather; after a checkpoint was loaded into params).
   Tensor weights;
-  // Element ranges of the flat buffer this rank updates (owned()); with the distributed optimizer, the shard size of
-  // each bucket by the flat range's begin.
+  // Element ranges of the flat buffer this rank updates (owned()), sorted and merged.
   std::vector<std::pair<std::int64_t, std::int64_t>> owned_ranges;
-  std::map<std::int64_t, std::int64_t> shard_of_range;
+  // The distributed optimizer's sharded collectives by (the bucket's flat begin, experts).
+  std::map<std::pair<std::int64_t, bool>, Sharded> sharded_buckets;
   kernels::LrSchedule sched;
   // Shapes: tokens per micro-batch (T) and held here (Tl, a sequence shard with SP), hidden, head dim, local heads,
   // local kv heads, local ffn width, local QKV and fc1 output columns.

@@ -284,37 +284,45 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
     });
     return;
   }
-  if (in.on != ir::CommGroup::kDp) throw input_error("unexpected collective in the schedule");
-  const auto [bucket_b, bucket_e] = bucket_range(in);
-  const std::int64_t b = bucket_b, e = bucket_e;
-  check_count(in, e - b);
-  std::int64_t n = e - b;
-  comm::Communicator& dp = *comms.dp;
-  if (in.op == Opcode::kAllReduce) {
-    auto reduce = [&] {
-      dp.all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(n), comm::ReduceOp::kSum);
-    };
-    communicate(dp, reduce, /*later=*/true);
+  if (in.on != ir::CommGroup::kDp && in.on != ir::CommGroup::kEdp)
+    throw input_error("unexpected collective in the schedule");
+  if (in.op != Opcode::kAllReduce) {
+    sharded_collective(in);
     return;
   }
-  std::int64_t shard = shard_of_range.at(b);
-  F32 buf(be, static_cast<std::size_t>(shard * prog.dp));
-  auto copy_floats = [&](float* dst, const float* src, std::int64_t count) {
-    be.copy(dst, src, static_cast<std::size_t>(count) * sizeof(float));
+  const auto [bucket_b, bucket_e] = bucket_range(in);
+  const std::int64_t b = bucket_b, n = bucket_e - bucket_b;
+  check_count(in, n);
+  comm::Communicator& dp = *comms.dp;
+  auto reduce = [&] {
+    dp.all_reduce(grads.data() + b, grads.data() + b, static_cast<std::size_t>(n), comm::ReduceOp::kSum);
   };
-  float* flat = in.op == Opcode::kReduceScatter ? grads.data() : params.data();
-  float* my_block = buf.data() + prog.dp_rank * shard;
-  std::int64_t mine = b + prog.dp_rank * shard;
-  std::int64_t mine_n = std::max<std::int64_t>(0, std::min(e, mine + shard) - mine);
+  communicate(dp, reduce, /*later=*/true);
+}
+
+// The distributed optimizer's collectives: the reduce-scatter of a bucket's gradients (this member keeps the sum of
+// its slice) and, after the optimizer step, the all-gather of the updated parameters (Sharded, interpreter.h).
+template <typename A>
+void Interpreter<A>::sharded_collective(const Instr& in) {
+  const bool experts = in.on == ir::CommGroup::kEdp;
+  const auto it = sharded_buckets.find({bucket_range(in).first, experts});
+  if (it == sharded_buckets.end()) throw input_error("a sharded collective without its bucket's reduce-scatter");
+  const Sharded& s = it->second;
+  check_count(in, s.size);
+  comm::Communicator& group = experts ? *comms.edp : *comms.dp;
+  F32 buf(be, static_cast<std::size_t>(s.shard * s.members));
+  float* my_block = buf.data() + s.member * s.shard;
+  const std::int64_t lo = s.member * s.shard, hi = std::min(s.size, lo + s.shard);
   if (in.op == Opcode::kReduceScatter) {
-    copy_floats(buf.data(), flat + b, n);
-    communicate(
-        dp, [&] { dp.reduce_scatter(buf.data(), my_block, static_cast<std::size_t>(shard), comm::ReduceOp::kSum); });
-    copy_floats(flat + mine, my_block, mine_n);
+    copy_packed(s, 0, s.size, grads.data(), buf.data(), /*to_packed=*/true);
+    communicate(group, [&] {
+      group.reduce_scatter(buf.data(), my_block, static_cast<std::size_t>(s.shard), comm::ReduceOp::kSum);
+    });
+    copy_packed(s, lo, hi, grads.data(), my_block, /*to_packed=*/false);
   } else {  // all-gather of the updated parameters
-    copy_floats(my_block, flat + mine, mine_n);
-    communicate(dp, [&] { dp.all_gather(my_block, buf.data(), static_cast<std::size_t>(shard)); });
-    copy_floats(flat + b, buf.data(), n);
+    copy_packed(s, lo, hi, params.data(), my_block, /*to_packed=*/true);
+    communicate(group, [&] { group.all_gather(my_block, buf.data(), static_cast<std::size_t>(s.shard)); });
+    copy_packed(s, 0, s.size, params.data(), buf.data(), /*to_packed=*/false);
   }
 }
 
@@ -445,6 +453,7 @@ void Interpreter<A>::slice(ir::Stream stream, Clock::time_point a, Clock::time_p
   template void Interpreter<A>::load(const Instr&);                                                                  \
   template std::size_t Interpreter<A>::p2p_group(std::size_t);                                                       \
   template void Interpreter<A>::schedule_collective(const Instr&);                                                   \
+  template void Interpreter<A>::sharded_collective(const Instr&);                                                    \
   template void Interpreter<A>::check_count(const Instr&, std::int64_t) const;                                       \
   template void Interpreter<A>::reduce_tensor_grads(const Instr&, comm::Communicator&,                               \
                                                     const std::function<bool(const TensorSpec&)>&);                  \

@@ -745,6 +745,8 @@ class Lowering {
     optim.op = Opcode::kOptimizerStep;
     out.push_back(optim);
     if (c_.distributed_optimizer && c_.dp > 1) {
+      // The updated shards back to every replica: like the gradients, a bucket's routed experts over edp (ep > 1),
+      // the rest over dp.
       int index = 0;
       for (const auto& [chunk, b] : all_buckets) {
         Instr in;
@@ -759,7 +761,14 @@ class Lowering {
         }
         in.count = b.params;
         in.dtype = act_dtype_;
-        out.push_back(in);
+        const bool split = c_.ep > 1 && b.expert_params > 0;
+        if (split) in.count -= b.expert_params;
+        if (in.count > 0) out.push_back(in);
+        if (split && c_.dp / c_.ep > 1) {
+          in.on = CommGroup::kEdp;
+          in.count = b.expert_params;
+          out.push_back(in);
+        }
       }
     }
     Instr ckpt;

@@ -55,10 +55,12 @@ class Coster {
       case Opcode::kAllToAll:
         return options_.free_communication ? 0.0 : collective(p, in);
       case Opcode::kOptimizerStep: {
-        double params = 0;
-        for (const auto& ci : p.chunks)
+        double params = 0, experts = 0;
+        for (const auto& ci : p.chunks) {
           params += cm_.stage_params(c_, ci.first_layer, ci.layers, ci.embedding, ci.head);
-        return cm_.optimizer_seconds(c_, params);
+          experts += cm_.expert_params(c_, ci.first_layer, ci.layers);
+        }
+        return cm_.optimizer_seconds(c_, params, experts);
       }
       default:
         return 0.0;
@@ -134,14 +136,9 @@ class Coster {
       case CommGroup::kEp:
         g = cm_.ep_group(c_);
         break;
-      case CommGroup::kEdp: {
-        // The data-parallel ranks holding the same experts: every ep-th one.
-        plan::ParallelConfig edp = c_;
-        edp.dp = c_.dp / c_.ep;
-        edp.tp = c_.tp * c_.ep;
-        g = cm_.dp_group(edp);
+      case CommGroup::kEdp:
+        g = cm_.edp_group(c_);
         break;
-      }
       case CommGroup::kEmbedding:
         g = cm_.pp_neighbours_share_node(c_) ? plan::GroupGeometry{2, 2, 1, true} : plan::GroupGeometry{2, 1, 2, false};
         break;

@@ -93,12 +93,6 @@ std::optional<std::string> CostModel::structural_problem(const ParallelConfig& c
     if (c.dp % c.ep != 0)
       return fmt::format("ep={} does not divide dp={} (experts are split over data parallelism)", c.ep, c.dp);
     if (c.etp != 0 && c.etp != c.tp) return fmt::format("etp={} differs from tp={} (dtrain has etp = tp)", c.etp, c.tp);
-    if (c.ep > 1 && c.distributed_optimizer) {
-      return fmt::format(
-          "ep={} with the distributed optimizer: dtrain's executor shards neither expert groups' "
-          "optimizer state yet (distributed_optimizer=false)",
-          c.ep);
-    }
   }
   if (m.moe.enabled() && m.moe.ffn_hidden % c.tp != 0) {
     return fmt::format("tp={} does not divide the experts' ffn_hidden={}", c.tp, m.moe.ffn_hidden);
@@ -251,10 +245,11 @@ GroupGeometry CostModel::tp_group(const ParallelConfig& c) const {
   return geo;
 }
 
-// `size` consecutive data-parallel ranks: the data-parallel group (size dp) or an expert group (size ep).
-GroupGeometry CostModel::data_parallel_ranks(const ParallelConfig& c, int size) const {
+// `size` data-parallel ranks `step` apart: the data-parallel group (size dp), an expert group (size ep) or an
+// expert data-parallel group (size dp / ep, step ep).
+GroupGeometry CostModel::data_parallel_ranks(const ParallelConfig& c, int size, int step) const {
   int g = cluster_.node.gpus;
-  int stride = c.placement == PlacementOrder::kTpDpPp ? c.tp : c.tp * c.pp;
+  int stride = (c.placement == PlacementOrder::kTpDpPp ? c.tp : c.tp * c.pp) * step;
   GroupGeometry geo;
   geo.size = size;
   geo.per_node = stride < g ? std::max(1, std::min(size, g / stride)) : 1;
@@ -267,6 +262,8 @@ GroupGeometry CostModel::data_parallel_ranks(const ParallelConfig& c, int size) 
 GroupGeometry CostModel::dp_group(const ParallelConfig& c) const { return data_parallel_ranks(c, c.dp); }
 
 GroupGeometry CostModel::ep_group(const ParallelConfig& c) const { return data_parallel_ranks(c, c.ep); }
+
+GroupGeometry CostModel::edp_group(const ParallelConfig& c) const { return data_parallel_ranks(c, c.dp / c.ep, c.ep); }
 
 double CostModel::all_to_all_seconds(double bytes, const GroupGeometry& g) const {
   // Each member keeps 1/size of its bytes and sends the rest, (per_node - 1)/size of them to members on its node
@@ -500,6 +497,15 @@ double CostModel::expert_layer_params(const ParallelConfig& c, int layer) const 
   return graph_.is_moe(layer) ? moe_expert_params_ / (c.tp * c.ep) : 0.0;
 }
 
+double CostModel::stage_expert_params(const ParallelConfig& c, int stage) const {
+  return graph_.moe.empty() ? 0.0 : stage_moe_layers(c, stage) * moe_expert_params_ / (c.tp * c.ep);
+}
+
+double CostModel::expert_params(const ParallelConfig& c, int first_layer, int layers) const {
+  if (graph_.moe.empty()) return 0;
+  return graph_.moe_layers_in(first_layer, layers) * moe_expert_params_ / (c.tp * c.ep);
+}
+
 double CostModel::stage_params(const ParallelConfig& c, int stage) const {
   // A dense model's layers are all alike: only their number matters.
   if (graph_.moe.empty()) return stage_params(c, 0, c.stage_layers(stage), stage == 0, stage == c.pp - 1);
@@ -526,9 +532,16 @@ double CostModel::stage_params(const ParallelConfig& c, int first_layer, int lay
   return p;
 }
 
-double CostModel::dp_reduce_seconds(const ParallelConfig& c, double params) const {
+double CostModel::dp_reduce_seconds(const ParallelConfig& c, double params, double expert_params) const {
   if (c.dp == 1) return 0;
-  GroupGeometry g = dp_group(c);
+  if (c.ep <= 1 || expert_params <= 0) return bucket_reduce_seconds(c, params, dp_group(c));
+  // The routed experts' gradients are summed over the ranks with the same experts, the rest over dp; one after the
+  // other on the same links.
+  const double experts = c.dp / c.ep > 1 ? bucket_reduce_seconds(c, expert_params, edp_group(c)) : 0.0;
+  return bucket_reduce_seconds(c, params - expert_params, dp_group(c)) + experts;
+}
+
+double CostModel::bucket_reduce_seconds(const ParallelConfig& c, double params, const GroupGeometry& g) const {
   double grad_bytes = params * grad_bytes_per_param(model_.training);
   // Gradients travel in buckets (latency paid per bucket, efficiency of the bucket's size).
   double buckets = std::max(1.0, std::ceil(grad_bytes / kBucketBytes));
@@ -541,9 +554,15 @@ double CostModel::dp_reduce_seconds(const ParallelConfig& c, double params) cons
          param_buckets * all_gather_seconds(param_bytes / param_buckets, g);
 }
 
-double CostModel::optimizer_seconds(const ParallelConfig& c, double params) const {
+double CostModel::optimizer_state_params(const ParallelConfig& c, double params, double expert_params) const {
+  if (!c.distributed_optimizer) return params;
+  // The experts' state is split over the dp / ep ranks holding them: per GPU, ep times the share of the rest.
+  return (params - expert_params) / c.dp + expert_params * c.ep / c.dp;
+}
+
+double CostModel::optimizer_seconds(const ParallelConfig& c, double params, double expert_params) const {
   const auto& t = model_.training;
-  double local = c.distributed_optimizer ? params / c.dp : params;
+  double local = optimizer_state_params(c, params, expert_params);
   // Adam reads the gradient and the three fp32 states and writes the states and the low-precision weight; the
   // gradient norm reads the gradient once more. A memory-bound pass.
   double state = optimizer_bytes_per_param(t);
@@ -574,11 +593,14 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
 
   double wb = weight_bytes_per_param(t.dtype);
   double gb = grad_bytes_per_param(t);
-  double ob = optimizer_bytes_per_param(t) / (c.distributed_optimizer ? c.dp : 1);
+  double ob = optimizer_bytes_per_param(t);
+  // The routed experts' share (their optimizer state is sharded over edp, not dp).
+  const double stage_experts = moe_layers * moe_expert_params_ / (c.tp * c.ep);
   mem.weights_bytes = mem.params * wb;
   mem.gradients_bytes = mem.params * gb;
-  mem.optimizer_bytes = mem.params * ob;
-  mem.layer_state_bytes = mem.layer_params * (wb + gb + ob);
+  mem.optimizer_bytes = optimizer_state_params(c, mem.params, stage_experts) * ob;
+  mem.layer_state_bytes =
+      mem.layer_params * (wb + gb) + optimizer_state_params(c, mem.layer_params, stage_experts) * ob;
 
   // Saved activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2, generalised by op).
   double tokens = static_cast<double>(c.micro_batch) * static_cast<double>(m.seq_len);
@@ -670,7 +692,7 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
   double overhead_per_mb = cal.microbatch_overhead_s * v;
   double t_max = 0, t_sum = 0, fill_sum = 0, fill_at_max = 0;
   StageTimes bottleneck;
-  double max_params = 0;
+  double max_params = 0, max_stage_experts = 0;
   int param_stage = 0;
   StageTimes param_stage_times;
   for (int s = 0; s < p; ++s) {
@@ -705,6 +727,7 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
     double params = lc.moe != nullptr ? stage_params(c, s) : stage_params(c, 0, layers, s == 0, s == p - 1);
     if (params > max_params) {
       max_params = params;
+      max_stage_experts = lc.moe != nullptr ? stage_expert_params(c, s) : 0.0;
       param_stage = s;
       param_stage_times = st;
     }
@@ -735,7 +758,7 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
   if (p > 1) b.pp_comm_s = p2p_seconds(c) * (static_cast<double>(mbs) * v + 2.0 * (p - 1));
 
   // Data-parallel reduction of the stage with the most parameters.
-  double dp_s = dp_reduce_seconds(c, max_params);
+  double dp_s = dp_reduce_seconds(c, max_params, max_stage_experts);
   if (model_.training.overlap_grad_reduce && c.dp > 1) {
     // Buckets reduce while the last micro-batch's backward is still running; what is left when it ends is exposed,
     // and never less than the last bucket.
@@ -747,7 +770,7 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
   }
   (void)param_stage;
 
-  b.optimizer_s = optimizer_seconds(c, max_params);
+  b.optimizer_s = optimizer_seconds(c, max_params, max_stage_experts);
   if (p > 1 && m.tied_embeddings) {
     // First and last stage sum the gradients of their copies of the word embeddings.
     GroupGeometry pair{2, 1, 2, false};
@@ -781,11 +804,15 @@ Estimate CostModel::evaluate(ParallelConfig c, std::int64_t global_batch) const 
   LayerCosts lc = layer_costs(c);
   est.breakdown = step_time(c, lc, &est.stage_times);
   est.p2p_s = p2p_seconds(c);
-  double max_params = 0;
+  double max_params = 0, max_stage_experts = 0;
   for (int s = 0; s < c.pp; ++s) {
-    max_params = std::max(max_params, stage_params(c, s));
+    const double params = stage_params(c, s);
+    if (params > max_params) {
+      max_params = params;
+      max_stage_experts = stage_expert_params(c, s);
+    }
   }
-  est.dp_reduce_s = dp_reduce_seconds(c, max_params);
+  est.dp_reduce_s = dp_reduce_seconds(c, max_params, max_stage_experts);
 
   est.iteration_s = est.breakdown.total();
   double tokens = static_cast<double>(global_batch) * static_cast<double>(m.seq_len);

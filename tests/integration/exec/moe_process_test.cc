@@ -1,6 +1,6 @@
 // Mixture of experts in real dtexec processes over Gloo: expert-parallel layouts follow the single rank, a checkpoint
-// taken under ep = 2 resumes under ep = 1 (experts are stored by global index), and impossible expert layouts are
-// refused with exit 2 before anything trains.
+// taken under ep = 2 resumes under ep = 1 (experts are stored by global index; with the distributed optimizer their
+// sharded moments too), and impossible expert layouts are refused with exit 2 before anything trains.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -56,7 +56,8 @@ TEST(MoeProcesses, ExpertParallelLayoutsOverGlooEqualTheSingleRankCurve) {
     const char* fix;
   };
   for (const Layout& l : {Layout{2, "ep=2,dp=2,tp=1,pp=1"}, Layout{4, "ep=2,dp=2,tp=2,pp=1,sequence_parallel=true"},
-                          Layout{4, "ep=2,dp=2,tp=1,pp=2"}, Layout{4, "ep=2,dp=4,tp=1,pp=1"}}) {
+                          Layout{4, "ep=2,dp=2,tp=1,pp=2"}, Layout{4, "ep=2,dp=4,tp=1,pp=1"},
+                          Layout{4, "ep=2,dp=4,tp=1,pp=1,distributed_optimizer=true"}}) {
     SCOPED_TRACE(l.fix);
     const std::string m = dir.path(fmt::format("w{}-{}.jsonl", l.world, std::hash<std::string>{}(l.fix)));
     JobOptions o;
@@ -71,28 +72,40 @@ TEST(MoeProcesses, ExpertParallelLayoutsOverGlooEqualTheSingleRankCurve) {
   }
 }
 
-// 20 steps under ep = 2 over dp = 2; the same run stopped at step 10 with a checkpoint and resumed on one rank
-// (ep = 1, every expert on it) continues equal to the uninterrupted run.
-TEST(MoeProcesses, CheckpointAtEpTwoResumesAtEpOne) {
+// 20 steps under one layout; the same run stopped at step 10 with a checkpoint and resumed under another continues
+// equal to the uninterrupted run.
+void expect_resumes_equal(int world, const std::string& layout, int resume_world, const std::string& resume_layout) {
   TempDir dir;
   JobOptions full;
-  full.world = 2;
-  full.args = moe_args(dir.path("full.jsonl"), 20, "ep=2,dp=2,tp=1,pp=1");
+  full.world = world;
+  full.args = moe_args(dir.path("full.jsonl"), 20, layout);
   expect_ok(run_dtexec_job(full));
   const std::string ckpt = dir.path("ckpt");
   JobOptions first = full;
-  first.args = moe_args(dir.path("part.jsonl"), 10, "ep=2,dp=2,tp=1,pp=1");
+  first.args = moe_args(dir.path("part.jsonl"), 10, layout);
   first.args.insert(first.args.end(), {"--checkpoint-dir", ckpt});
   expect_ok(run_dtexec_job(first));
   JobOptions second;
-  second.world = 1;
-  second.args = moe_args(dir.path("part.jsonl"), 20, "ep=1,dp=1,tp=1,pp=1");
+  second.world = resume_world;
+  second.args = moe_args(dir.path("part.jsonl"), 20, resume_layout);
   second.args.insert(second.args.end(), {"--checkpoint-dir", ckpt, "--resume"});
   expect_ok(run_dtexec_job(second));
   const std::vector<double> a = loss_values(dir.path("full.jsonl")), b = loss_values(dir.path("part.jsonl"));
   ASSERT_EQ(a.size(), 20u);
   ASSERT_EQ(b.size(), 20u);
   for (std::size_t i = 10; i < 20; ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
+}
+
+// ep = 2 over dp = 2, resumed on one rank (ep = 1, every expert on it).
+TEST(MoeProcesses, CheckpointAtEpTwoResumesAtEpOne) {
+  expect_resumes_equal(2, "ep=2,dp=2,tp=1,pp=1", 1, "ep=1,dp=1,tp=1,pp=1");
+}
+
+// ep = 2 over dp = 4 with the distributed optimizer (the experts' Adam moments in two slices per expert, the rest in
+// four), resumed under ep = 1 over dp = 2 with the distributed optimizer (every tensor in two slices).
+TEST(MoeProcesses, ShardedExpertOptimizerStateResumesUnderAnotherSharding) {
+  expect_resumes_equal(4, "ep=2,dp=4,tp=1,pp=1,distributed_optimizer=true", 2,
+                       "ep=1,dp=2,tp=1,pp=1,distributed_optimizer=true");
 }
 
 TEST(MoeProcesses, ImpossibleExpertLayoutsAreRefused) {

@@ -3,7 +3,8 @@
 // layers mixed, shared experts, capacity drops). The experts are split over tensor parallelism as a dense MLP
 // (etp = tp); the router is replicated and routes alike on every tensor-parallel rank. With expert parallelism (ep > 1)
 // each expert lives on one rank of its expert group, the routed rows travel by all-to-all, and the experts'
-// gradients are summed over the ranks that hold the same experts.
+// gradients are summed over the ranks that hold the same experts (with the distributed optimizer: reduce-scattered
+// over them, each updating its slice, and gathered back).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -92,7 +93,14 @@ INSTANTIATE_TEST_SUITE_P(
                       // A gated shared expert (Qwen2-MoE): its gate's gradient summed over tp with the router's.
                       MoeLayout{kGated, 1, 1, 2, 1, 1, "1f1b", true, false, "none"},
                       MoeLayout{kGated, 2, 2, 2, 1, 1, "1f1b", true, false, "full"},
-                      MoeLayout{kGated, 2, 2, 1, 2, 1, "zb-h1", false, false, "none"}),
+                      MoeLayout{kGated, 2, 2, 1, 2, 1, "zb-h1", false, false, "none"},
+                      // Expert parallelism with the distributed optimizer: the experts' optimizer state sharded over
+                      // edp (dp4: two ranks per expert), or kept whole where each expert lives on one rank (dp = ep).
+                      MoeLayout{kMoe, 2, 2, 1, 1, 1, "1f1b", false, true, "none"},
+                      MoeLayout{kMoe, 2, 4, 1, 1, 1, "1f1b", false, true, "none"},
+                      MoeLayout{kShared, 2, 4, 1, 1, 1, "1f1b", false, true, "selective"},
+                      MoeLayout{kGated, 2, 2, 2, 1, 1, "1f1b", true, true, "full"},
+                      MoeLayout{kShared, 2, 2, 1, 2, 1, "zb-h1", false, true, "none"}),
     [](const ::testing::TestParamInfo<MoeLayout>& p) {
       const MoeLayout& l = p.param;
       std::string s =

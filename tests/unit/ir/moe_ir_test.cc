@@ -70,6 +70,43 @@ TEST(MoeIr, TensorAndPipelineParallelExpertLayoutsVerify) {
   }
 }
 
+// With the distributed optimizer a bucket's experts are reduce-scattered and gathered over edp, the rest over dp;
+// with ep = dp (an edp group of one) the experts need neither.
+TEST(MoeIr, TheDistributedOptimizerShardsExpertsOverEdp) {
+  for (auto [dp, ep] : {std::pair{4, 2}, std::pair{2, 2}}) {
+    SCOPED_TRACE(::testing::PrintToString(std::pair{dp, ep}));
+    model::ModelDescription d = small_gpt(4);
+    d.model.arch = model::Arch::kLlama;
+    d.model.linear_bias = false;
+    d.model.moe.experts = 4;
+    d.model.moe.top_k = 2;
+    d.model.moe.ffn_hidden = 64;
+    d.model.moe.interval = 2;
+    plan::ParallelConfig c = layout(1, 1, dp, 1, plan::Schedule::k1F1B);
+    c.ep = ep;
+    c.etp = 1;
+    c.distributed_optimizer = true;
+    const auto programs = lower_all(make(d, c, 2));
+    const Program& p = programs[1];
+    std::int64_t rs_dp = 0, rs_edp = 0, ag_dp = 0, ag_edp = 0;
+    for (const Instr& in : p.schedule) {
+      // The world's gradient norm and loss aside, nothing is all-reduced.
+      if (in.on != CommGroup::kWorld) {
+        EXPECT_NE(in.op, Opcode::kAllReduce) << to_text(in);
+      }
+      if (in.op == Opcode::kReduceScatter) (in.on == CommGroup::kEdp ? rs_edp : rs_dp) += in.count;
+      if (in.op == Opcode::kAllGather) (in.on == CommGroup::kEdp ? ag_edp : ag_dp) += in.count;
+    }
+    EXPECT_GT(rs_dp, 0);
+    EXPECT_EQ(ag_dp, rs_dp);  // the same elements back (no tied copy to skip in a one-stage model)
+    EXPECT_EQ(ag_edp, rs_edp);
+    EXPECT_EQ(rs_edp > 0, dp / ep > 1);
+    const VerifyReport r = verify(programs);
+    EXPECT_TRUE(r.ok) << report_text(r);
+    EXPECT_EQ(parse_program(print_program(p), "rank1.ir"), p);
+  }
+}
+
 TEST(MoeIr, AnAllToAllOneMemberSkipsOrSizesDifferentlyIsCaught) {
   for (bool resize : {false, true}) {
     SCOPED_TRACE(resize ? "resized" : "dropped");

@@ -96,6 +96,57 @@ TEST(MoePlan, SearchPicksAnEpThatDividesDpAndTheExperts) {
   EXPECT_THROW(search(cm, o), Error);  // 3 does not divide 8 experts
 }
 
+// With the distributed optimizer and ep > 1 the experts' optimizer state is split over the dp / ep ranks holding the
+// same experts, the rest over dp; the experts' gradients travel over that smaller group.
+TEST(MoePlan, TheDistributedOptimizerShardsExpertStateOverTheirDataParallelRanks) {
+  CostModel cm = mixtral_on(8);
+  const std::int64_t batch = cm.model().training.global_batch;
+  ParallelConfig c = layout(1, 4, 16, 8, 1);
+  c.distributed_optimizer = true;
+  ASSERT_FALSE(cm.structural_problem(c, batch)) << *cm.structural_problem(c, batch);
+  const Estimate sharded = cm.evaluate(c, batch);
+  c.distributed_optimizer = false;
+  const Estimate whole = cm.evaluate(c, batch);
+  const StageMemory& s = sharded.stages[1];  // a stage of MoE layers only, no embedding or head
+  const double experts = cm.stage_expert_params(sharded.config, 1);
+  ASSERT_GT(experts, 0.5 * s.params);
+  // Per GPU: the dense part's state / 16, the experts' / (16 / 8).
+  const double state = whole.stages[1].optimizer_bytes / s.params;  // bytes per parameter, unsharded
+  EXPECT_NEAR(s.optimizer_bytes, state * ((s.params - experts) / 16 + experts / 2), 1e-9 * s.optimizer_bytes);
+  EXPECT_LT(s.optimizer_bytes, whole.stages[1].optimizer_bytes / 2);
+  EXPECT_EQ(cm.optimizer_state_params(sharded.config, 100, 40), 60.0 / 16 + 40.0 * 8 / 16);
+  // The expert data-parallel group: 2 ranks, 8 data-parallel ranks apart (so on another node).
+  const GroupGeometry edp = cm.edp_group(sharded.config);
+  EXPECT_EQ(edp.size, 2);
+  EXPECT_EQ(edp.nodes, 2);
+  // The experts' gradients add their reduction over that group to the rest's over dp. Each GPU of the pair sends half
+  // of its experts' gradients over its NIC, where a 16-rank group of two nodes would send 1/16 of them across
+  // (summed over NVLink first): the pair costs more per byte than pricing the experts with the dense part did.
+  const double rest = cm.dp_reduce_seconds(sharded.config, s.params - experts);
+  EXPECT_GT(cm.dp_reduce_seconds(sharded.config, s.params, experts), rest);
+  EXPECT_GT(cm.dp_reduce_seconds(sharded.config, s.params, experts), cm.dp_reduce_seconds(sharded.config, s.params));
+  // ep = dp: each expert on one rank, nothing to reduce or shard for it.
+  ParallelConfig all = layout(1, 4, 16, 16, 1);
+  all.distributed_optimizer = true;
+  EXPECT_THROW(cm.evaluate(all, batch), Error);  // 16 does not divide 8 experts
+  ParallelConfig eight = layout(1, 4, 8, 8, 1);
+  eight.distributed_optimizer = true;
+  const Estimate e8 = cm.evaluate(eight, batch);
+  const double x8 = cm.stage_expert_params(e8.config, 1);
+  EXPECT_NEAR(cm.dp_reduce_seconds(e8.config, e8.stages[1].params, x8),
+              cm.dp_reduce_seconds(e8.config, e8.stages[1].params - x8), 1e-15);
+  // The search considers the combination.
+  SearchOptions o;
+  o.gpus = 64;
+  o.global_batch = batch;
+  o.fixed.ep = 8;
+  o.fixed.distributed_optimizer = true;
+  SearchResult r = search(cm, o);
+  ASSERT_TRUE(r.best);
+  EXPECT_EQ(r.best->config.ep, 8);
+  EXPECT_TRUE(r.best->config.distributed_optimizer);
+}
+
 TEST(MoePlan, ADenseModelKeepsEpOneAndRefusesIt) {
   auto model = model::load_model(kRoot + "/examples/models/llama3-8b.toml");
   auto cluster = topology::load_cluster(kRoot + "/examples/clusters/dgx-h100.toml");

@@ -68,7 +68,7 @@ enum class What : std::uint8_t {
   kLogitsSumExp,      // vocab-parallel cross entropy: per-token sum of exponentials
   kTargetLogit,       // vocab-parallel cross entropy: the target's logit
   kGradBucket,        // data-parallel gradient bucket: the gradients of layers [layer, layer_end) of a chunk
-  kParamBucket,       // distributed optimizer: updated parameters of a bucket
+  kParamBucket,       // distributed optimizer: updated parameters of a bucket (with ep > 1 its experts' on=edp)
   kEmbeddingGrad,     // tied word-embedding gradients (on=embedding: summed between the first and last stage; on=dp:
                       // reduced over data parallelism)
   kGradNorm,          // sum of squares of the gradients
@@ -82,7 +82,7 @@ enum class What : std::uint8_t {
                       // partial sums over the experts' tensor-parallel shards
   kExpertCounts,      // ALLTOALL on=ep: how many routed rows each member sends each of the receiver's experts
   kExpertTokens,      // ALLTOALL on=ep: routed rows (index 0 dispatch, 1 combine; their gradients in the backward)
-  kExpertGradBucket,  // ALLREDUCE on=edp: the routed experts' gradients of a bucket (the rest is on=dp)
+  kExpertGradBucket,  // ALLREDUCE/REDUCESCATTER on=edp: a bucket's routed experts' gradients (the rest on=dp)
 };
 
 // The model op a COMPUTE instruction of a stage body runs: the layer graph's ops (dtrain/model/layer_graph.h) plus

@@ -165,6 +165,8 @@ class CostModel {
   GroupGeometry dp_group(const ParallelConfig& config) const;
   // The expert-parallel group: ep consecutive data-parallel ranks.
   GroupGeometry ep_group(const ParallelConfig& config) const;
+  // The expert data-parallel group: the dp / ep data-parallel ranks that hold the same experts (every ep-th one).
+  GroupGeometry edp_group(const ParallelConfig& config) const;
   // One all-to-all in which every member sends `bytes` in all, split evenly over the members (itself included).
   double all_to_all_seconds(double bytes, const GroupGeometry& g) const;
   // Whether pipeline neighbours always share a node.
@@ -179,9 +181,13 @@ class CostModel {
   // head when asked.
   StageTimes chunk_times(const ParallelConfig& config, int first_layer, int layers, bool embedding, bool head) const;
   static StageTimes chunk_times(const LayerCosts& costs, int first_layer, int layers, bool embedding, bool head);
-  // Data-parallel gradient reduction of `params` parameters (sharded: reduce-scatter + parameter all-gather).
-  double dp_reduce_seconds(const ParallelConfig& config, double params) const;
-  double optimizer_seconds(const ParallelConfig& config, double params) const;
+  // Data-parallel gradient reduction of `params` parameters (sharded: reduce-scatter + parameter all-gather), of
+  // which `expert_params` routed experts' (with ep > 1 reduced over the edp group, the rest over dp).
+  double dp_reduce_seconds(const ParallelConfig& config, double params, double expert_params = 0) const;
+  double optimizer_seconds(const ParallelConfig& config, double params, double expert_params = 0) const;
+  // Of `params` parameters held (`expert_params` of them routed experts'), those whose optimizer state this GPU
+  // keeps: all of them, or with the distributed optimizer its share (the rest over dp, the experts over edp).
+  double optimizer_state_params(const ParallelConfig& config, double params, double expert_params) const;
   // Parameters one GPU holds for layers [first_layer, first_layer + layers), with embedding/head.
   double stage_params(const ParallelConfig& config, int first_layer, int layers, bool embedding, bool head) const;
   // Parameters one GPU of pipeline stage `stage` holds (all its model chunks); config.chunk_layers must be set.
@@ -190,13 +196,20 @@ class CostModel {
   double layer_params(const ParallelConfig& config, int layer) const;
   // Of those, the routed experts' (split over etp and ep; 0 for a dense layer).
   double expert_layer_params(const ParallelConfig& config, int layer) const;
+  // The routed experts' parameters one GPU holds of layers [first_layer, first_layer + layers), and of pipeline stage
+  // `stage` (config.chunk_layers set).
+  double expert_params(const ParallelConfig& config, int first_layer, int layers) const;
+  double stage_expert_params(const ParallelConfig& config, int stage) const;
   double bucket_bytes() const { return kBucketBytes; }
 
   static constexpr double kBucketBytes = 40.0 * 1024 * 1024;  // Megatron's default DDP bucket (40 MB)
 
  private:
   double collective_seconds(double bytes, const GroupGeometry& g, double bw_factor, int steps_factor) const;
-  GroupGeometry data_parallel_ranks(const ParallelConfig& config, int size) const;
+  // The bucketed reduction of `params` parameters' gradients over the group `g` (dp_reduce_seconds).
+  double bucket_reduce_seconds(const ParallelConfig& c, double params, const GroupGeometry& g) const;
+  // `size` data-parallel ranks `step` apart.
+  GroupGeometry data_parallel_ranks(const ParallelConfig& config, int size, int step = 1) const;
   // Parameters one GPU holds of `dense` dense and `moe` MoE layers (inline: the search's inner loop).
   double layers_params(const ParallelConfig& c, int dense, int moe) const {
     const double tp = c.tp;
