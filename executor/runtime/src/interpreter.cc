@@ -43,6 +43,13 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
   T = static_cast<std::int64_t>(prog.micro_batch) * m.seq_len;
   sp = prog.sequence_parallel && prog.tp > 1;
   Tl = sp ? T / prog.tp : T;
+  if (prog.moe_token_parallel() && (!sp || Tl % m.seq_len != 0)) {
+    throw input_error(fmt::format(
+        "etp=1 with tp={}: each tensor-parallel rank routes whole sequences of its own (sequence_parallel=true and "
+        "micro_batch={} divisible by tp)",
+        prog.tp, prog.micro_batch));
+  }
+  Tm = prog.moe_token_parallel() ? Tl : T;
   h = m.hidden;
   d = m.head_dim();
   Hl = m.heads / prog.tp;

@@ -156,8 +156,10 @@ class Interpreter final : public InterpreterBase {
   // An ALLTOALL over the expert-parallel group: the rows' counts, or rows to the experts' ranks and back.
   void moe_exchange(const ir::Instr& in, ChunkState<A>& st);
   void moe_shared_backward(MoeState<A>& ms, int layer);
-  // Experts' and shared experts' widths on this rank (split over tp as a dense MLP).
-  std::int64_t expert_width() const { return m.moe.ffn_hidden / prog.tp; }
+  // How many ways the experts and shared experts are split: over tp as a dense MLP, or not at all with etp = 1.
+  std::int64_t moe_split() const { return prog.moe_token_parallel() ? 1 : prog.tp; }
+  // Experts' widths on this rank.
+  std::int64_t expert_width() const { return m.moe.ffn_hidden / moe_split(); }
   std::int64_t expert_fc1_cols() const { return m.fc1_columns(expert_width()); }
   void activation_forward(std::int64_t rows, std::int64_t width, const Tensor& a, Tensor& g);
   void activation_backward(std::int64_t rows, std::int64_t width, const Tensor& a, Tensor& d);
@@ -288,6 +290,8 @@ class Interpreter final : public InterpreterBase {
   // Shapes: tokens per micro-batch (T) and held here (Tl, a sequence shard with SP), hidden, head dim, local heads,
   // local kv heads, local ffn width, local QKV and fc1 output columns.
   std::int64_t T = 0, Tl = 0, h = 0, d = 0, Hl = 0, KVl = 0, fl = 0, qkv_cols = 0, fc1_cols = 0;
+  // Tokens an MoE layer's MLP sees: every token of the micro-batch (T), or with etp = 1 this rank's shard (Tl).
+  std::int64_t Tm = 0;
   bool sp = false;
   // Full recomputation (the backward bodies repeat whole layers): a layer keeps only its input after its forward.
   bool recompute_full = false;

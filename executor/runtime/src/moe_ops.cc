@@ -1,9 +1,12 @@
 // An MoE layer's MLP in the interpreter (interpreter.h): the stage-body ops moe.route, moe.experts, moe.shared and
 // moe.combine, forward and backward. The body's current tensor enters moe.route as every token of the micro-batch
 // (gathered with sequence parallelism) and leaves moe.combine as the experts' weighted outputs, partial sums over
-// tensor parallelism (the experts' matrices are split as a dense MLP's), which the body's reduction sums.
+// tensor parallelism (the experts' matrices are split as a dense MLP's), which the body's reduction sums. With
+// etp = 1 (Program::moe_token_parallel) it enters as this rank's sequence shard, whole sequences, and leaves as
+// their whole outputs: the experts are whole on every tensor-parallel rank, and no tensor-parallel collective runs.
+// Tm is the number of tokens the MLP sees.
 //
-// Routing is decided on the host: the top-k choices come back from the backend (T * top_k integers), and the
+// Routing is decided on the host: the top-k choices come back from the backend (Tm * top_k integers), and the
 // permutation (each expert's rows in token order), the capacity drops and the load-balancing loss are computed here,
 // so that every backend and layout routes alike. The tensor-parallel ranks route identically: same input, same
 // kernel.
@@ -51,21 +54,21 @@ template <typename A>
 void Interpreter<A>::moe_route_forward(const Instr& in, MoeState<A>& ms, const Tensor& x) {
   const model::MoeSpec& moe = m.moe;
   const std::int64_t E = moe.experts, K = moe.top_k, S = m.seq_len;
-  const std::int64_t sequences = T / S;
-  Tensor logits(be, static_cast<std::size_t>(T * E));
-  kern.linear_forward({T, h, E}, x.data(), W(L(in.layer, "moe.router.weight")), nullptr, logits.data());
-  sized(ms.probs, static_cast<std::size_t>(T * E));
-  sized(ms.expert, static_cast<std::size_t>(T * K));
-  sized(ms.gate, static_cast<std::size_t>(T * K));
-  kern.moe_route({T, E, K, moe.normalize_top_k}, logits.data(), ms.probs.data(), ms.expert.data(), ms.gate.data());
+  const std::int64_t sequences = Tm / S;
+  Tensor logits(be, static_cast<std::size_t>(Tm * E));
+  kern.linear_forward({Tm, h, E}, x.data(), W(L(in.layer, "moe.router.weight")), nullptr, logits.data());
+  sized(ms.probs, static_cast<std::size_t>(Tm * E));
+  sized(ms.expert, static_cast<std::size_t>(Tm * K));
+  sized(ms.gate, static_cast<std::size_t>(Tm * K));
+  kern.moe_route({Tm, E, K, moe.normalize_top_k}, logits.data(), ms.probs.data(), ms.expert.data(), ms.gate.data());
 
   // The permutation: each expert's rows in token order; with a capacity, a sequence's earliest assignments first.
-  std::vector<std::int32_t> expert(static_cast<std::size_t>(T * K));
+  std::vector<std::int32_t> expert(static_cast<std::size_t>(Tm * K));
   be.copy_to_host(expert.data(), ms.expert.data(), expert.size() * sizeof(std::int32_t));
   std::vector<std::int64_t> count(static_cast<std::size_t>(sequences * E), 0);  // choices per (sequence, expert)
   std::vector<char> kept(expert.size(), 1);
-  const std::int64_t capacity = moe.capacity_factor > 0 ? moe.capacity(S) : T * K;
-  for (std::int64_t t = 0; t < T; ++t) {
+  const std::int64_t capacity = moe.capacity_factor > 0 ? moe.capacity(S) : Tm * K;
+  for (std::int64_t t = 0; t < Tm; ++t) {
     for (std::int64_t j = 0; j < K; ++j) {
       const auto a = static_cast<std::size_t>(t * K + j);
       std::int64_t& n = count[static_cast<std::size_t>((t / S) * E + expert[a])];
@@ -81,7 +84,7 @@ void Interpreter<A>::moe_route_forward(const Instr& in, MoeState<A>& ms, const T
     ms.offsets[static_cast<std::size_t>(e + 1)] += ms.offsets[static_cast<std::size_t>(e)];
   std::vector<std::int64_t> next(ms.offsets.begin(), ms.offsets.end() - 1);
   std::vector<std::int32_t> rows(static_cast<std::size_t>(ms.offsets.back())), slot(expert.size(), -1);
-  for (std::int64_t t = 0; t < T; ++t) {
+  for (std::int64_t t = 0; t < Tm; ++t) {
     for (std::int64_t j = 0; j < K; ++j) {
       const auto a = static_cast<std::size_t>(t * K + j);
       if (!kept[a]) continue;
@@ -97,7 +100,7 @@ void Interpreter<A>::moe_route_forward(const Instr& in, MoeState<A>& ms, const T
   // probabilities, scaled as the loss is: a mean over the batch's sequences.
   ms.aux_grad.clear();
   if (moe.aux_loss_coeff > 0) {
-    std::vector<float> probs(static_cast<std::size_t>(T * E));
+    std::vector<float> probs(static_cast<std::size_t>(Tm * E));
     be.copy_to_host(probs.data(), ms.probs.data(), probs.size() * sizeof(float));
     const double scale = moe.aux_loss_coeff * static_cast<double>(E) /
                          (static_cast<double>(K) * static_cast<double>(S) * static_cast<double>(S)) /
@@ -114,8 +117,9 @@ void Interpreter<A>::moe_route_forward(const Instr& in, MoeState<A>& ms, const T
       }
     }
     ms.aux_grad = upload(grad);
-    // Once per micro-batch (not again when recomputed), by one rank of the tensor-parallel group.
-    if (in.pass != ir::Pass::kRecompute && prog.tp_rank == 0) step_.loss_sum += loss;
+    // Once per micro-batch (not again when recomputed), by one rank of the tensor-parallel group (with etp = 1 by
+    // each: its own sequences).
+    if (in.pass != ir::Pass::kRecompute && (prog.tp_rank == 0 || prog.moe_token_parallel())) step_.loss_sum += loss;
   }
   sized(ms.xe, static_cast<std::size_t>(ms.offsets.back() * h));
   kern.moe_gather_rows(ms.offsets.back(), h, x.data(), ms.rows.data(), ms.xe.data());
@@ -159,17 +163,17 @@ void Interpreter<A>::moe_experts_forward(MoeState<A>& ms, int layer) {
 
 template <typename A>
 void Interpreter<A>::moe_shared_forward(MoeState<A>& ms, int layer) {
-  const std::int64_t fw = m.moe.shared_ffn_hidden / prog.tp, fc = m.fc1_columns(fw);
-  sized(ms.sa, static_cast<std::size_t>(T * fc));
-  kern.linear_forward({T, h, fc}, ms.x.data(), W(L(layer, "moe.shared.fc1.weight")), nullptr, ms.sa.data());
-  activation_forward(T, fw, ms.sa, ms.sg);
-  sized(ms.sy, static_cast<std::size_t>(T * h));
-  kern.linear_forward({T, fw, h}, ms.sg.data(), W(L(layer, "moe.shared.fc2.weight")), nullptr, ms.sy.data());
+  const std::int64_t fw = m.moe.shared_ffn_hidden / moe_split(), fc = m.fc1_columns(fw);
+  sized(ms.sa, static_cast<std::size_t>(Tm * fc));
+  kern.linear_forward({Tm, h, fc}, ms.x.data(), W(L(layer, "moe.shared.fc1.weight")), nullptr, ms.sa.data());
+  activation_forward(Tm, fw, ms.sa, ms.sg);
+  sized(ms.sy, static_cast<std::size_t>(Tm * h));
+  kern.linear_forward({Tm, fw, h}, ms.sg.data(), W(L(layer, "moe.shared.fc2.weight")), nullptr, ms.sy.data());
   if (m.moe.shared_gate) {
-    Tensor z(be, static_cast<std::size_t>(T));
-    kern.linear_forward({T, h, 1}, ms.x.data(), W(L(layer, "moe.shared.gate.weight")), nullptr, z.data());
-    sized(ms.shared_gate, static_cast<std::size_t>(T));
-    kern.moe_sigmoid_gate(T, z.data(), ms.shared_gate.data());
+    Tensor z(be, static_cast<std::size_t>(Tm));
+    kern.linear_forward({Tm, h, 1}, ms.x.data(), W(L(layer, "moe.shared.gate.weight")), nullptr, z.data());
+    sized(ms.shared_gate, static_cast<std::size_t>(Tm));
+    kern.moe_sigmoid_gate(Tm, z.data(), ms.shared_gate.data());
   }
 }
 
@@ -188,12 +192,12 @@ void Interpreter<A>::moe_forward(const Instr& in, ChunkState<A>& st, Tensor& cur
       moe_shared_forward(ms, in.layer);
       return;
     case BodyOp::kMoeCombine:
-      sized(cur, static_cast<std::size_t>(T * h));
-      kern.moe_unpermute(T, m.moe.top_k, h, ms.ye.data(), ms.slot.data(), ms.gate.data(), false, cur.data());
+      sized(cur, static_cast<std::size_t>(Tm * h));
+      kern.moe_unpermute(Tm, m.moe.top_k, h, ms.ye.data(), ms.slot.data(), ms.gate.data(), false, cur.data());
       if (m.moe.shared_gate) {  // cur += gate[t] * sy[t]
-        kern.moe_unpermute(T, 1, h, ms.sy.data(), token_rows.data(), ms.shared_gate.data(), true, cur.data());
+        kern.moe_unpermute(Tm, 1, h, ms.sy.data(), token_rows.data(), ms.shared_gate.data(), true, cur.data());
       } else if (!ms.sy.empty()) {
-        kern.residual_add(T * h, cur.data(), ms.sy.data(), cur.data());
+        kern.residual_add(Tm * h, cur.data(), ms.sy.data(), cur.data());
       }
       return;
     default:
@@ -315,14 +319,14 @@ void Interpreter<A>::moe_exchange(const Instr& in, ChunkState<A>& st) {
 
 template <typename A>
 void Interpreter<A>::moe_shared_backward(MoeState<A>& ms, int layer) {
-  const std::int64_t fw = m.moe.shared_ffn_hidden / prog.tp, fc = m.fc1_columns(fw);
-  Tensor dg(be, static_cast<std::size_t>(T * fw));
-  kern.linear_backward_weight({T, fw, h}, ms.dout.data(), ms.sg.data(), G(L(layer, "moe.shared.fc2.weight")), nullptr);
-  kern.linear_backward_input({T, fw, h}, ms.dout.data(), W(L(layer, "moe.shared.fc2.weight")), dg.data());
-  activation_backward(T, fw, ms.sa, dg);
-  kern.linear_backward_weight({T, h, fc}, dg.data(), ms.x.data(), G(L(layer, "moe.shared.fc1.weight")), nullptr);
-  sized(ms.dx, static_cast<std::size_t>(T * h));
-  kern.linear_backward_input({T, h, fc}, dg.data(), W(L(layer, "moe.shared.fc1.weight")), ms.dx.data());
+  const std::int64_t fw = m.moe.shared_ffn_hidden / moe_split(), fc = m.fc1_columns(fw);
+  Tensor dg(be, static_cast<std::size_t>(Tm * fw));
+  kern.linear_backward_weight({Tm, fw, h}, ms.dout.data(), ms.sg.data(), G(L(layer, "moe.shared.fc2.weight")), nullptr);
+  kern.linear_backward_input({Tm, fw, h}, ms.dout.data(), W(L(layer, "moe.shared.fc2.weight")), dg.data());
+  activation_backward(Tm, fw, ms.sa, dg);
+  kern.linear_backward_weight({Tm, h, fc}, dg.data(), ms.x.data(), G(L(layer, "moe.shared.fc1.weight")), nullptr);
+  sized(ms.dx, static_cast<std::size_t>(Tm * h));
+  kern.linear_backward_input({Tm, h, fc}, dg.data(), W(L(layer, "moe.shared.fc1.weight")), ms.dx.data());
   ms.dout.clear();
 }
 
@@ -332,31 +336,33 @@ template <typename A>
 void Interpreter<A>::moe_route_backward(MoeState<A>& ms, Tensor& cur, int layer) {
   const model::MoeSpec& moe = m.moe;
   const std::int64_t E = moe.experts, K = moe.top_k;
-  Tensor dlogits(be, static_cast<std::size_t>(T * E));
-  kern.moe_route_backward({T, E, K, moe.normalize_top_k}, ms.probs.data(), ms.expert.data(), ms.dgate.data(),
+  Tensor dlogits(be, static_cast<std::size_t>(Tm * E));
+  kern.moe_route_backward({Tm, E, K, moe.normalize_top_k}, ms.probs.data(), ms.expert.data(), ms.dgate.data(),
                           ms.aux_grad.empty() ? nullptr : ms.aux_grad.data(), m.seq_len, dlogits.data());
-  sized(cur, static_cast<std::size_t>(T * h));
+  sized(cur, static_cast<std::size_t>(Tm * h));
   if (!ms.dx.empty()) {
     be.copy(cur.data(), ms.dx.data(), cur.size() * sizeof(A));
-    kern.moe_unpermute(T, K, h, ms.dxe.data(), ms.slot.data(), nullptr, true, cur.data());
+    kern.moe_unpermute(Tm, K, h, ms.dxe.data(), ms.slot.data(), nullptr, true, cur.data());
   } else {
-    kern.moe_unpermute(T, K, h, ms.dxe.data(), ms.slot.data(), nullptr, false, cur.data());
+    kern.moe_unpermute(Tm, K, h, ms.dxe.data(), ms.slot.data(), nullptr, false, cur.data());
   }
   // A linear layer hidden -> n replicated over tensor parallelism (the router; the shared experts' gate): its weight
   // gradient over every token, or with sequence parallelism over this rank's sequence shard (the replicated
-  // gradients' all-reduce sums the shards); its input gradient added once over the group.
-  const std::int64_t r0 = sp ? prog.tp_rank * Tl : 0, rows = sp ? Tl : T;
+  // gradients' all-reduce sums the shards); its input gradient added once over the group. With etp = 1 the layer
+  // saw only this rank's shard: both over all of it.
+  const bool own_tokens = prog.moe_token_parallel();
+  const std::int64_t r0 = sp && !own_tokens ? prog.tp_rank * Tl : 0, rows = sp ? Tl : Tm;
   auto replicated_backward = [&](const Tensor& dout, std::int64_t n, const std::string& weight) {
     kern.linear_backward_weight({rows, h, n}, dout.data() + r0 * n, ms.x.data() + r0 * h, G(weight), nullptr);
-    if (prog.tp_rank != 0) return;
-    Tensor dx(be, static_cast<std::size_t>(T * h));
-    kern.linear_backward_input({T, h, n}, dout.data(), W(weight), dx.data());
-    kern.residual_add(T * h, cur.data(), dx.data(), cur.data());
+    if (prog.tp_rank != 0 && !own_tokens) return;
+    Tensor dx(be, static_cast<std::size_t>(Tm * h));
+    kern.linear_backward_input({Tm, h, n}, dout.data(), W(weight), dx.data());
+    kern.residual_add(Tm * h, cur.data(), dx.data(), cur.data());
   };
   replicated_backward(dlogits, E, L(layer, "moe.router.weight"));
   if (moe.shared_gate) {  // a sigmoid of a linear layer hidden -> 1
-    Tensor dz(be, static_cast<std::size_t>(T));
-    kern.moe_sigmoid_gate_backward(T, ms.shared_gate.data(), ms.dgate.data() + T * K, dz.data());
+    Tensor dz(be, static_cast<std::size_t>(Tm));
+    kern.moe_sigmoid_gate_backward(Tm, ms.shared_gate.data(), ms.dgate.data() + Tm * K, dz.data());
     replicated_backward(dz, 1, L(layer, "moe.shared.gate.weight"));
   }
 }
@@ -369,13 +375,13 @@ void Interpreter<A>::moe_backward(const Instr& in, ChunkState<A>& st, Tensor& cu
     case BodyOp::kMoeCombine: {
       const std::int64_t K = m.moe.top_k;
       sized(ms.dye, static_cast<std::size_t>(ms.offsets.back() * h));
-      sized(ms.dgate, static_cast<std::size_t>(T * K + (m.moe.shared_gate ? T : 0)));
-      kern.moe_unpermute_backward(T, K, h, cur.data(), ms.ye.data(), ms.slot.data(), ms.gate.data(), ms.dye.data(),
+      sized(ms.dgate, static_cast<std::size_t>(Tm * K + (m.moe.shared_gate ? Tm : 0)));
+      kern.moe_unpermute_backward(Tm, K, h, cur.data(), ms.ye.data(), ms.slot.data(), ms.gate.data(), ms.dye.data(),
                                   ms.dgate.data());
       if (m.moe.shared_gate) {  // the shared output's gradient is gate * dout; the gate's, dot(dout, sy)
-        sized(ms.dout, static_cast<std::size_t>(T * h));
-        kern.moe_unpermute_backward(T, 1, h, cur.data(), ms.sy.data(), token_rows.data(), ms.shared_gate.data(),
-                                    ms.dout.data(), ms.dgate.data() + T * K);
+        sized(ms.dout, static_cast<std::size_t>(Tm * h));
+        kern.moe_unpermute_backward(Tm, 1, h, cur.data(), ms.sy.data(), token_rows.data(), ms.shared_gate.data(),
+                                    ms.dout.data(), ms.dgate.data() + Tm * K);
       } else if (m.moe.shared_ffn_hidden > 0) {
         ms.dout = cur;
       }

@@ -1,6 +1,7 @@
 // What an MoE layer keeps between its forward and its backward on one micro-batch (moe_ops.cc), private to
-// dtrain::exec. Token rows are the micro-batch's, all of them (gathered with sequence parallelism); "rows" are the
-// permuted copies, grouped by expert.
+// dtrain::exec. Token rows are the Tm tokens the MLP sees: the micro-batch's, all of them (gathered with sequence
+// parallelism), or with etp = 1 this rank's sequence shard; "rows" are the permuted copies, grouped by expert. [T, ...]
+// below means [Tm, ...].
 #pragma once
 
 #include <cstdint>

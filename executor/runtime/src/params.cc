@@ -128,8 +128,10 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
     if (prog.ep < 1 || m.moe.experts % prog.ep != 0) {
       throw input_error(fmt::format("ep={} does not divide the {} experts", prog.ep, m.moe.experts));
     }
-    need(m.moe.ffn_hidden, "the experts' ffn_hidden");
-    need(m.moe.shared_ffn_hidden, "shared_ffn_hidden");
+    if (!prog.moe_token_parallel()) {  // etp = 1: whole experts on every tensor-parallel rank
+      need(m.moe.ffn_hidden, "the experts' ffn_hidden");
+      need(m.moe.shared_ffn_hidden, "shared_ffn_hidden");
+    }
   }
   need(m.vocab, "vocab");
   const std::int64_t h = m.hidden, d = m.head_dim(), H = m.heads, KV = m.kv_heads, f = m.ffn_hidden;
@@ -206,15 +208,30 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
       if (m.linear_bias) add_unit(vector_spec(p + "attn.proj.bias", h, InitKind::kZeros));
       norm(p + "mlp.norm", c, unit);
       // An MLP of width `width` at `q` (q + "fc1.weight", ...): fc1 column-parallel ([gate_r | up_r] for SwiGLU), fc2
-      // row-parallel.
-      auto mlp = [&](const std::string& q, std::int64_t width, bool bias) {
-        std::vector<std::pair<std::int64_t, std::int64_t>> fc1 = {{r * (width / tp), width / tp}};
-        if (swiglu) fc1.push_back({width + r * (width / tp), width / tp});
+      // row-parallel; or with `whole` (an MoE layer's experts under etp = 1) all of it on every rank, replicated.
+      auto mlp = [&](const std::string& q, std::int64_t width, bool bias, bool whole = false) {
+        const std::int64_t split = whole ? 1 : tp, part = whole ? 0 : r;
+        std::vector<std::pair<std::int64_t, std::int64_t>> fc1 = {{part * (width / split), width / split}};
+        if (swiglu) fc1.push_back({width + part * (width / split), width / split});
         std::int64_t fc1_rows = m.fc1_columns(width);
+        const std::size_t before = tensors_.size();
         add_unit(row_blocks(q + "fc1.weight", fc1_rows, h, fc1, InitKind::kNormal, true));
         if (bias) add_unit(row_blocks(q + "fc1.bias", fc1_rows, 1, fc1, InitKind::kZeros, false));
-        row_parallel(q + "fc2.weight", width);
+        if (whole) {
+          TensorSpec fc2;
+          fc2.name = q + "fc2.weight";
+          fc2.full_rows = fc2.local_rows = h;
+          fc2.full_cols = fc2.local_cols = width;
+          fc2.blocks = {{0, h, 0, width, 0}};
+          fc2.init = InitKind::kOutputNormal;
+          add_unit(fc2);
+        } else {
+          row_parallel(q + "fc2.weight", width);
+        }
         if (bias) add_unit(vector_spec(q + "fc2.bias", h, InitKind::kZeros));
+        if (whole && tp > 1) {
+          for (std::size_t i = before; i < tensors_.size(); ++i) tensors_[i].tp_replicated = true;
+        }
       };
       if (m.is_moe_layer(l)) {
         // The router [experts, hidden], replicated over tp; the experts by global index; the shared experts.
@@ -227,10 +244,10 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
         const std::int64_t local = moe.experts / prog.ep;
         for (std::int64_t e = prog.ep_rank * local; e < (prog.ep_rank + 1) * local; ++e) {
           const std::size_t before = tensors_.size();
-          mlp(fmt::format("{}moe.experts.{}.", p, e), moe.ffn_hidden, false);
+          mlp(fmt::format("{}moe.experts.{}.", p, e), moe.ffn_hidden, false, prog.moe_token_parallel());
           for (std::size_t i = before; i < tensors_.size(); ++i) tensors_[i].expert = true;
         }
-        if (moe.shared_ffn_hidden > 0) mlp(p + "moe.shared.", moe.shared_ffn_hidden, false);
+        if (moe.shared_ffn_hidden > 0) mlp(p + "moe.shared.", moe.shared_ffn_hidden, false, prog.moe_token_parallel());
         if (moe.shared_gate) {
           TensorSpec gate = row_blocks(p + "moe.shared.gate.weight", 1, h, {{0, 1}}, InitKind::kNormal, true);
           gate.tp_replicated = true;

@@ -238,9 +238,11 @@ class BodyBuilder {
   static bool is_moe_op(const model::Op& op) { return op.name.rfind("moe.", 0) == 0; }
 
   // An MoE layer's MLP (layer_graph.cc's moe ops): the router sees every token of the micro-batch (gathered with
-  // SP); the experts' and shared experts' outputs are partial sums over tp, reduced once after the combine.
+  // SP); the experts' and shared experts' outputs are partial sums over tp, reduced once after the combine. With
+  // etp = 1 (moe_local) each tensor-parallel rank runs it on its own sequence shard with whole experts: no
+  // tensor-parallel collective at all.
   void moe_forward(std::vector<Instr>& out, int layer, Pass pass, int& index) const {
-    if (sp()) gather(out, layer, index);
+    if (sp() && !moe_local()) gather(out, layer, index);
     out.push_back(compute(BodyOp::kMoeRoute, layer, pass));
     if (ep()) {
       out.push_back(expert_exchange(What::kExpertCounts, layer, index++));
@@ -250,10 +252,13 @@ class BodyBuilder {
     if (ep()) out.push_back(expert_exchange(What::kExpertTokens, layer, index++));  // combine
     if (m_.moe.shared_ffn_hidden > 0) out.push_back(compute(BodyOp::kMoeShared, layer, pass));
     out.push_back(compute(BodyOp::kMoeCombine, layer, pass));
-    if (tp()) reduce(out, layer, index);
+    if (tp() && !moe_local()) reduce(out, layer, index);
   }
 
   bool ep() const { return c_.ep > 1; }
+  bool moe_local() const { return plan::CostModel::moe_token_parallel(c_); }
+  // The tokens an MoE layer's MLP sees on this rank.
+  std::int64_t moe_tokens() const { return moe_local() ? tokens_ / c_.tp : tokens_; }
 
   // An all-to-all over the expert-parallel group: the rows' counts (one int32 per local expert of the receiver), or
   // rows of hidden values, the balanced expectation per peer (the micro-batch's routed rows spread evenly).
@@ -269,7 +274,7 @@ class BodyBuilder {
       in.count = m_.moe.experts / c_.ep;
       in.dtype = DType::kInt32;
     } else {
-      in.count = tokens_ * m_.moe.top_k * m_.hidden / c_.ep;
+      in.count = moe_tokens() * m_.moe.top_k * m_.hidden / c_.ep;
       in.dtype = dtype_;
     }
     return in;
@@ -278,9 +283,9 @@ class BodyBuilder {
   // Its backward, weight gradients included (a zero-bubble BWD_W has nothing left of an MoE layer's MLP): the
   // gates' gradients are summed over tp before the router's backward reads them.
   void moe_backward(std::vector<Instr>& out, int layer, Pass pass, int& index) const {
-    if (sp()) gather(out, layer, index);
+    if (sp() && !moe_local()) gather(out, layer, index);
     out.push_back(compute(BodyOp::kMoeCombine, layer, pass));
-    if (tp()) {
+    if (tp() && !moe_local()) {
       std::int64_t count = tokens_ * m_.moe.top_k + (m_.moe.shared_gate ? tokens_ : 0);
       out.push_back(tp_collective(Opcode::kAllReduce, What::kRouterGrad, layer, index++, count, ReduceOp::kSum));
     }
@@ -290,7 +295,7 @@ class BodyBuilder {
     out.push_back(compute(BodyOp::kMoeExperts, layer, pass));
     if (ep()) out.push_back(expert_exchange(What::kExpertTokens, layer, index++));
     out.push_back(compute(BodyOp::kMoeRoute, layer, pass));
-    if (tp()) reduce(out, layer, index);
+    if (tp() && !moe_local()) reduce(out, layer, index);
   }
 
   void layer_backward(std::vector<Instr>& out, int layer, Pass pass) const {
@@ -418,6 +423,7 @@ class Lowering {
     p.tp_group = plan::tp_group_ranks(c_, rank);
     p.pp_group = plan::pp_group_ranks(c_, rank);
     p.dp_group = plan::dp_group_ranks(c_, rank);
+    p.etp = plan::CostModel::moe_token_parallel(c_) ? 1 : 0;
     if (c_.ep > 1) {
       // Expert groups: ep consecutive data-parallel ranks; the ranks holding the same experts, every ep-th one.
       p.ep = c_.ep;
@@ -522,8 +528,14 @@ class Lowering {
     const int L = static_cast<int>(m.layers);
     std::int64_t norm = m.norm == model::NormKind::kLayerNorm ? 2 * m.hidden : m.hidden;
     std::int64_t layer = 2 * norm + (m.linear_bias ? 2 * m.hidden : 0);
-    // An MoE layer's router (and shared experts' gate) is replicated too.
+    // An MoE layer's router (and shared experts' gate) is replicated too; with etp = 1 so are its experts (this
+    // rank's) and shared experts, whole on every tensor-parallel rank.
     std::int64_t moe_layer = 2 * norm + m.moe.experts * m.hidden + (m.moe.shared_gate ? m.hidden : 0);
+    if (plan::CostModel::moe_token_parallel(c_)) {
+      auto mlp = [&](std::int64_t width) { return (m.fc1_columns(width) + width) * m.hidden; };
+      moe_layer += m.moe.experts / c_.ep * mlp(m.moe.ffn_hidden);
+      if (m.moe.shared_ffn_hidden > 0) moe_layer += mlp(m.moe.shared_ffn_hidden);
+    }
     std::int64_t n = 0;
     for (int u = b.lo; u < b.hi; ++u) {
       if (u == -1)

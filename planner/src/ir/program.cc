@@ -292,8 +292,8 @@ bool Program::operator==(const Program& o) const {
       layers != o.layers || schedule_name != o.schedule_name || sequence_parallel != o.sequence_parallel ||
       distributed_optimizer != o.distributed_optimizer || tp_group != o.tp_group || pp_group != o.pp_group ||
       dp_group != o.dp_group || embedding_group != o.embedding_group || ep != o.ep || ep_rank != o.ep_rank ||
-      ep_group != o.ep_group || edp_group != o.edp_group || chunks != o.chunks || schedule != o.schedule ||
-      bodies.size() != o.bodies.size()) {
+      etp != o.etp || ep_group != o.ep_group || edp_group != o.edp_group || chunks != o.chunks ||
+      schedule != o.schedule || bodies.size() != o.bodies.size()) {
     return false;
   }
   for (std::size_t i = 0; i < bodies.size(); ++i) {

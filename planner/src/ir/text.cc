@@ -90,6 +90,7 @@ class Parser {
       } else if (head == "experts") {
         p.ep = integer(kv, "ep");
         p.ep_rank = integer(kv, "ep_rank");
+        if (kv.count("etp")) p.etp = integer(kv, "etp");
       } else if (head == "chunk") {
         ChunkInfo c;
         c.index = integer(kv, "index");
@@ -291,8 +292,10 @@ std::string print_program(const Program& p) {
   out += fmt::format("group pp ranks={}\n", ranks_text(p.pp_group));
   out += fmt::format("group dp ranks={}\n", ranks_text(p.dp_group));
   out += fmt::format("group embedding ranks={}\n", ranks_text(p.embedding_group));
+  if (p.ep > 1 || p.moe_token_parallel()) {
+    out += fmt::format("experts ep={} ep_rank={}{}\n", p.ep, p.ep_rank, p.moe_token_parallel() ? " etp=1" : "");
+  }
   if (p.ep > 1) {
-    out += fmt::format("experts ep={} ep_rank={}\n", p.ep, p.ep_rank);
     out += fmt::format("group ep ranks={}\n", ranks_text(p.ep_group));
     out += fmt::format("group edp ranks={}\n", ranks_text(p.edp_group));
   }

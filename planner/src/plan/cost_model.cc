@@ -34,11 +34,15 @@ double optimizer_bytes_per_param(const model::TrainingSpec& t) {
 }
 
 // Saved activation bytes per token of a layer's ops for one micro-batch (full recomputation aside); `selective`
-// leaves out the attention scores.
-inline double saved_per_token(const std::vector<Op>& ops, double tp, double seq_div, bool selective) {
+// leaves out the attention scores. `moe_div`: the MoE MLP's share of the tokens (tp with etp = 1, where each rank
+// routes its own sequence shard; else 1).
+inline double saved_per_token(const std::vector<Op>& ops, double tp, double seq_div, bool selective,
+                              double moe_div = 1.0) {
   double bytes = 0;
   for (const Op& op : ops) {
-    bytes += op.saved_sharded_per_token / tp + op.saved_sequence_per_token / seq_div + op.saved_replicated_per_token;
+    const double replicated = moe_div > 1 && op.name.rfind("moe.", 0) == 0 ? op.saved_replicated_per_token / moe_div
+                                                                           : op.saved_replicated_per_token;
+    bytes += op.saved_sharded_per_token / tp + op.saved_sequence_per_token / seq_div + replicated;
     if (!selective) bytes += op.saved_quadratic_per_token / tp;
   }
   return bytes;
@@ -63,6 +67,8 @@ CostModel::CostModel(model::ModelDescription model, topology::ClusterSpec cluste
       double p = static_cast<double>(op.params);
       if (op.experts > 0) {
         moe_expert_params_ += p;
+      } else if (op.name.rfind("moe.shared.", 0) == 0 && op.name != "moe.shared.gate") {
+        moe_shared_params_ += p;
       } else if (op.split == TpSplit::kSequence || op.split == TpSplit::kReplicated) {
         replicated += p;
       } else if (op.kind == OpKind::kLinear && op.split == TpSplit::kRow) {
@@ -92,13 +98,26 @@ std::optional<std::string> CostModel::structural_problem(const ParallelConfig& c
     }
     if (c.dp % c.ep != 0)
       return fmt::format("ep={} does not divide dp={} (experts are split over data parallelism)", c.ep, c.dp);
-    if (c.etp != 0 && c.etp != c.tp) return fmt::format("etp={} differs from tp={} (dtrain has etp = tp)", c.etp, c.tp);
+    if (c.etp != 0 && c.etp != c.tp && c.etp != 1) {
+      return fmt::format("etp={} with tp={}: the experts are split over all of tp (etp = tp) or none of it (etp = 1)",
+                         c.etp, c.tp);
+    }
+    if (moe_token_parallel(c)) {
+      // Each tensor-parallel rank routes its own sequence shard: whole sequences (the load-balancing loss and the
+      // capacity are per sequence), so sequence parallelism and micro-batches of a multiple of tp sequences.
+      if (!c.sequence_parallel) return fmt::format("etp=1 with tp={} needs sequence parallelism", c.tp);
+      if (c.micro_batch % c.tp != 0) {
+        return fmt::format("etp=1 with tp={} needs micro_batch={} divisible by tp (whole sequences per rank)", c.tp,
+                           c.micro_batch);
+      }
+    }
   }
-  if (m.moe.enabled() && m.moe.ffn_hidden % c.tp != 0) {
-    return fmt::format("tp={} does not divide the experts' ffn_hidden={}", c.tp, m.moe.ffn_hidden);
+  if (m.moe.enabled() && m.moe.ffn_hidden % moe_tp(c) != 0) {
+    return fmt::format("etp={} does not divide the experts' ffn_hidden={}", moe_tp(c), m.moe.ffn_hidden);
   }
-  if (m.moe.enabled() && m.moe.shared_ffn_hidden % c.tp != 0) {
-    return fmt::format("tp={} does not divide the shared experts' shared_ffn_hidden={}", c.tp, m.moe.shared_ffn_hidden);
+  if (m.moe.enabled() && m.moe.shared_ffn_hidden % moe_tp(c) != 0) {
+    return fmt::format("etp={} does not divide the shared experts' shared_ffn_hidden={}", moe_tp(c),
+                       m.moe.shared_ffn_hidden);
   }
   int g = cluster_.node.gpus;
   if (c.tp < g ? g % c.tp != 0 : c.tp % g != 0) {
@@ -173,6 +192,8 @@ Partition partition(const ParallelConfig& c, double seq_len) {
 double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) const {
   const auto& m = model_.model;
   Partition p = partition(c, static_cast<double>(m.seq_len));
+  // etp = 1: the MoE MLP's ops see this rank's sequence shard, with whole experts.
+  if (moe_token_parallel(c) && op.name.rfind("moe.", 0) == 0) p = {p.tokens / p.tp, p.tokens / p.tp, 1.0};
   switch (op.kind) {
     case OpKind::kLinear: {
       double in = static_cast<double>(op.in_features), out = static_cast<double>(op.out_features);
@@ -397,10 +418,17 @@ StageTimes CostModel::layer_times(const std::vector<Op>& ops, const ParallelConf
   double tp_b = layer_tp_backward_seconds(c);
   double ep_f = 0;
   if (&ops == &graph_.moe_layer) {
-    const double tokens = static_cast<double>(c.micro_batch) * static_cast<double>(model_.model.seq_len);
+    double tokens = static_cast<double>(c.micro_batch) * static_cast<double>(model_.model.seq_len);
     const double k = static_cast<double>(model_.model.moe.top_k);
-    // The gates' gradients are partial sums over the experts' shards: one all-reduce of top_k fp32 per token.
-    if (c.tp > 1) tp_b += all_reduce_seconds(4.0 * tokens * k, tp_group(c));
+    if (moe_token_parallel(c)) {
+      // etp = 1: the MLP's gather and reduce-scatter (half of the layer's) are gone; each rank routes its shard.
+      tp_f /= 2;
+      tp_b /= 2;
+      tokens /= c.tp;
+    } else if (c.tp > 1) {
+      // The gates' gradients are partial sums over the experts' shards: one all-reduce of top_k fp32 per token.
+      tp_b += all_reduce_seconds(4.0 * tokens * k, tp_group(c));
+    }
     // Expert parallelism: the routed rows go to their experts' ranks and back (dispatch and combine), in the
     // forward and again in the backward, each after an all-to-all of the rows' counts; with imbalance the busiest
     // rank receives more.
@@ -494,16 +522,16 @@ double CostModel::layer_params(const ParallelConfig& c, int layer) const {
 }
 
 double CostModel::expert_layer_params(const ParallelConfig& c, int layer) const {
-  return graph_.is_moe(layer) ? moe_expert_params_ / (c.tp * c.ep) : 0.0;
+  return graph_.is_moe(layer) ? moe_expert_params_ / (moe_tp(c) * c.ep) : 0.0;
 }
 
 double CostModel::stage_expert_params(const ParallelConfig& c, int stage) const {
-  return graph_.moe.empty() ? 0.0 : stage_moe_layers(c, stage) * moe_expert_params_ / (c.tp * c.ep);
+  return graph_.moe.empty() ? 0.0 : stage_moe_layers(c, stage) * moe_expert_params_ / (moe_tp(c) * c.ep);
 }
 
 double CostModel::expert_params(const ParallelConfig& c, int first_layer, int layers) const {
   if (graph_.moe.empty()) return 0;
-  return graph_.moe_layers_in(first_layer, layers) * moe_expert_params_ / (c.tp * c.ep);
+  return graph_.moe_layers_in(first_layer, layers) * moe_expert_params_ / (moe_tp(c) * c.ep);
 }
 
 double CostModel::stage_params(const ParallelConfig& c, int stage) const {
@@ -595,7 +623,7 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   double gb = grad_bytes_per_param(t);
   double ob = optimizer_bytes_per_param(t);
   // The routed experts' share (their optimizer state is sharded over edp, not dp).
-  const double stage_experts = moe_layers * moe_expert_params_ / (c.tp * c.ep);
+  const double stage_experts = moe_layers * moe_expert_params_ / (moe_tp(c) * c.ep);
   mem.weights_bytes = mem.params * wb;
   mem.gradients_bytes = mem.params * gb;
   mem.optimizer_bytes = optimizer_state_params(c, mem.params, stage_experts) * ob;
@@ -611,13 +639,14 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   const double moe_share = 1.0 - dense_share;
   const bool selective = c.recompute == Recompute::kSelective;
   const double dense_full = dense_share > 0 ? saved_per_token(graph_.layer, tp, seq_div, false) : 0;
-  const double moe_full = moe_share > 0 ? saved_per_token(graph_.moe_layer, tp, seq_div, false) : 0;
+  const double moe_div = moe_token_parallel(c) ? tp : 1.0;
+  const double moe_full = moe_share > 0 ? saved_per_token(graph_.moe_layer, tp, seq_div, false, moe_div) : 0;
   // The largest layer, recomputed in full.
   double full_layer = std::max(dense_full, moe_full) * tokens;
   double layer_bytes = (dense_share * dense_full + moe_share * moe_full) * tokens;
   if (selective) {
     layer_bytes = (dense_share > 0 ? dense_share * saved_per_token(graph_.layer, tp, seq_div, true) : 0) +
-                  (moe_share > 0 ? moe_share * saved_per_token(graph_.moe_layer, tp, seq_div, true) : 0);
+                  (moe_share > 0 ? moe_share * saved_per_token(graph_.moe_layer, tp, seq_div, true, moe_div) : 0);
     layer_bytes *= tokens;
   } else if (c.recompute == Recompute::kFull) {
     layer_bytes = tokens * static_cast<double>(m.hidden) * activation_bytes(t.dtype) / seq_div;  // the layer input

@@ -105,6 +105,8 @@ std::string config_difference(const ParallelConfig& a, const ParallelConfig& b) 
   if (a.tp != b.tp) d.push_back(fmt::format("tp={}", b.tp));
   if (a.pp != b.pp) d.push_back(fmt::format("pp={}", b.pp));
   if (a.ep != b.ep) d.push_back(fmt::format("ep={}", b.ep));
+  if (a.etp != b.etp && (b.etp != b.tp || a.tp == b.tp))
+    d.push_back(fmt::format("etp={}", b.etp));  // not the etp = tp that goes with a tp change
   if (a.dp != b.dp) d.push_back(fmt::format("dp={}", b.dp));
   if (a.vpp != b.vpp) d.push_back(fmt::format("vpp={}", b.vpp));
   if (a.micro_batch != b.micro_batch) d.push_back(fmt::format("micro_batch={}", b.micro_batch));
@@ -167,6 +169,9 @@ std::string binding_constraint(const Explanation& e) {
 
 namespace {
 
+// A why-line's name for the other way to place the experts under tp > 1.
+std::string etp_choice(bool whole) { return whole ? "etp=1 (whole experts)" : "etp=tp (experts split)"; }
+
 std::vector<std::string> why_lines(const Explanation& e) {
   std::vector<std::string> lines;
   if (!e.search) return lines;
@@ -186,6 +191,9 @@ std::vector<std::string> why_lines(const Explanation& e) {
   }
   for (const auto& [ep, est] : e.search->best_per_ep) {
     if (ep != c.ep) add(fmt::format("ep={}", ep), est);
+  }
+  for (const auto& [whole, est] : e.search->best_per_etp) {
+    if (c.tp > 1 && (whole == 1) != CostModel::moe_token_parallel(c)) add(etp_choice(whole == 1), est);
   }
   return lines;
 }
@@ -217,6 +225,12 @@ std::vector<std::string> why_lines_short(const Explanation& e) {
   neighbours(e.search->best_per_tp, c.tp, "tp");
   neighbours(e.search->best_per_pp, c.pp, "pp");
   neighbours(e.search->best_per_ep, c.ep, "ep");
+  for (const auto& [whole, est] : e.search->best_per_etp) {
+    if (c.tp > 1 && (whole == 1) != CostModel::moe_token_parallel(c)) {
+      out.push_back(fmt::format("{} instead: {} ({})", etp_choice(whole == 1), quantified_difference(e.chosen, est),
+                                config_difference(c, est.config)));
+    }
+  }
   for (const auto& [rc, est] : e.search->best_per_recompute) {
     if (rc != to_string(c.recompute)) {
       out.push_back(fmt::format("recompute={} instead: {} ({})", rc, quantified_difference(e.chosen, est),
@@ -273,8 +287,11 @@ std::string layout_block(const Explanation& e) {
     std::string where = c.ep == 1      ? "every rank holds every expert"
                         : g.nodes == 1 ? fmt::format("all-to-all inside one node{}", g.nvlink ? " (NVLink)" : " (PCIe)")
                                        : fmt::format("all-to-all across {} nodes", g.nodes);
-    s += fmt::format("  expert parallel      ep = {:<5} {} of {} experts per rank, {}; experts split over etp = {}\n",
-                     c.ep, moe.experts / c.ep, moe.experts, where, c.etp);
+    const std::string etp = CostModel::moe_token_parallel(c)
+                                ? "etp = 1: whole experts on each tensor-parallel rank, routing its own sequences"
+                                : fmt::format("experts split over etp = {}", c.etp);
+    s += fmt::format("  expert parallel      ep = {:<5} {} of {} experts per rank, {}; {}\n", c.ep, moe.experts / c.ep,
+                     moe.experts, where, etp);
   }
   s += fmt::format("  micro-batch          {} sequence{}, {} micro-batches per step\n", c.micro_batch,
                    c.micro_batch == 1 ? "" : "s", c.num_microbatches);
@@ -474,6 +491,13 @@ nlohmann::json explain_json(const Explanation& e) {
     j["best_per_pp"] = per(r.best_per_pp);
     j["best_per_recompute"] = per(r.best_per_recompute);
     if (!r.best_per_ep.empty()) j["best_per_ep"] = per(r.best_per_ep);
+    if (!r.best_per_etp.empty()) {
+      nlohmann::json etp;
+      for (const auto& [whole, est] : r.best_per_etp) {
+        etp[whole == 1 ? "whole" : "split"] = {{"config", config_json(est.config)}, {"iteration_s", est.iteration_s}};
+      }
+      j["best_per_etp"] = etp;
+    }
     if (r.fastest_oom) {
       j["fastest_out_of_memory"] = {{"config", config_json(r.fastest_oom->config)},
                                     {"iteration_s", r.fastest_oom->iteration_s},
@@ -522,6 +546,7 @@ std::string infeasible_text(const CostModel& cm, const SearchOptions& o, const S
     std::vector<std::string> rej;
     for (const auto& [k, v] : r.rejected) rej.push_back(fmt::format("{} {}", k, v));
     s += fmt::format("every candidate was rejected before timing: {}\n", join(rej, ", "));
+    for (const auto& [k, text] : r.rejected_example) s += fmt::format("  {}, for example: {}\n", k, text);
   }
   return s;
 }

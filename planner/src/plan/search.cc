@@ -172,7 +172,10 @@ class Searcher {
             }
             for (int ep : expert_degrees(c.dp)) {
               c.ep = ep;
-              enumerate_micro_batches(c, micro_batches);
+              for (int etp : expert_tensor_degrees(c.tp, c.sequence_parallel)) {
+                c.etp = etp;
+                enumerate_micro_batches(c, micro_batches);
+              }
             }
           }
         }
@@ -190,9 +193,10 @@ class Searcher {
       }
       c.micro_batch = mb;
       c.num_microbatches = static_cast<int>(opt_.global_batch / (static_cast<std::int64_t>(mb) * c.dp));
-      c.etp = cm_.model().model.moe.enabled() ? c.tp : 0;
       if (auto problem = cm_.structural_problem(c, opt_.global_batch)) {
-        reject(classify(*problem));
+        const char* reason = classify(*problem);
+        reject(reason);
+        result_.rejected_example.try_emplace(reason, *problem);
         continue;
       }
       ++order_;
@@ -215,7 +219,19 @@ class Searcher {
       offer(best_pp_, c.pp, s);
       offer(best_rc_, std::string(to_string(c.recompute)), s);
       if (c.etp > 0) offer(best_ep_, c.ep, s);
+      if (c.etp > 0 && c.tp > 1) offer(best_etp_, c.etp == 1 ? 1 : 0, s);
     }
+  }
+
+  // The expert tensor-parallel degrees to try: a dense model's 0 (none); an MoE model's experts split over all of
+  // tp, or with tp > 1 and sequence parallelism also whole on each tensor-parallel rank's own sequences (etp = 1);
+  // or the pinned one.
+  std::vector<int> expert_tensor_degrees(int tp, bool sequence_parallel) const {
+    if (!cm_.model().model.moe.enabled()) return {0};
+    if (opt_.fixed.etp) return {*opt_.fixed.etp == 1 || *opt_.fixed.etp == tp ? *opt_.fixed.etp : tp};
+    if (tp == 1) return {1};
+    if (!sequence_parallel) return {tp};
+    return {tp, 1};
   }
 
   // The expert-parallel degrees to try: for an MoE model every ep that divides dp and the experts (or the pinned
@@ -265,6 +281,7 @@ class Searcher {
     for (const auto& [k, s] : best_pp_) result_.best_per_pp.emplace(k, full(s));
     for (const auto& [k, s] : best_rc_) result_.best_per_recompute.emplace(k, full(s));
     for (const auto& [k, s] : best_ep_) result_.best_per_ep.emplace(k, full(s));
+    for (const auto& [k, s] : best_etp_) result_.best_per_etp.emplace(k, full(s));
   }
 
   const CostModel& cm_;
@@ -273,7 +290,7 @@ class Searcher {
   TopK top_;
   TopK misses_;  // ordered by excess memory (stored in `seconds`)
   std::optional<Scored> fastest_oom_;
-  std::map<int, Scored> best_tp_, best_pp_, best_ep_;
+  std::map<int, Scored> best_tp_, best_pp_, best_ep_, best_etp_;
   std::map<int, std::vector<int>> expert_degrees_;
   std::map<std::string, Scored> best_rc_;
   std::int64_t order_ = 0;
@@ -322,10 +339,10 @@ void check_options(const CostModel& cm, const SearchOptions& opt) {
                       *f.ep, opt.gpus, f.dp ? fmt::format(" = {}", *f.dp) : ""));
     }
   }
-  if (f.etp && (!f.tp || *f.etp != *f.tp)) {
+  if (f.etp && *f.etp != 1 && (!f.tp || *f.etp != *f.tp)) {
     throw input_error(
-        fmt::format("--fix etp={}: dtrain splits the experts over tensor parallelism as the dense MLP "
-                    "(etp = tp); pin tp={} too, or leave etp out",
+        fmt::format("--fix etp={}: dtrain splits the experts over all of tensor parallelism (etp = tp) or runs them "
+                    "whole on each tensor-parallel rank's own tokens (etp = 1); pin tp={} too, or use etp=1",
                     *f.etp, *f.etp));
   }
   if (f.pp && *f.pp > m.layers) {

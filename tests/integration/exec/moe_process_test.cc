@@ -57,7 +57,8 @@ TEST(MoeProcesses, ExpertParallelLayoutsOverGlooEqualTheSingleRankCurve) {
   };
   for (const Layout& l : {Layout{2, "ep=2,dp=2,tp=1,pp=1"}, Layout{4, "ep=2,dp=2,tp=2,pp=1,sequence_parallel=true"},
                           Layout{4, "ep=2,dp=2,tp=1,pp=2"}, Layout{4, "ep=2,dp=4,tp=1,pp=1"},
-                          Layout{4, "ep=2,dp=4,tp=1,pp=1,distributed_optimizer=true"}}) {
+                          Layout{4, "ep=2,dp=4,tp=1,pp=1,distributed_optimizer=true"},
+                          Layout{4, "ep=2,dp=2,tp=2,pp=1,etp=1,sequence_parallel=true"}}) {
     SCOPED_TRACE(l.fix);
     const std::string m = dir.path(fmt::format("w{}-{}.jsonl", l.world, std::hash<std::string>{}(l.fix)));
     JobOptions o;
@@ -108,22 +109,32 @@ TEST(MoeProcesses, ShardedExpertOptimizerStateResumesUnderAnotherSharding) {
                        "ep=1,dp=2,tp=1,pp=1,distributed_optimizer=true");
 }
 
+// etp = 1 (whole experts on each tensor-parallel rank, stored once by tensor-parallel rank 0), resumed with the
+// experts split over tp (etp = tp).
+TEST(MoeProcesses, WholeExpertsResumeSplitOverTensorParallelism) {
+  expect_resumes_equal(2, "ep=1,dp=1,tp=2,pp=1,etp=1,sequence_parallel=true", 2,
+                       "ep=1,dp=1,tp=2,pp=1,sequence_parallel=true");
+}
+
 TEST(MoeProcesses, ImpossibleExpertLayoutsAreRefused) {
   TempDir dir;
   struct Case {
     int world;
     const char* fix;
     const char* says;
+    int exit_code = 2;  // bad input; 3: no layout fits the pinned dimensions
   };
   for (const Case& c : {Case{1, "ep=3", "--fix ep=3 does not divide the 4 experts of model 'tiny-moe'"},
                         Case{1, "ep=2", "--fix ep=2: no layout of 1 GPUs has a data-parallel degree that ep divides"},
-                        Case{1, "etp=2", "--fix etp=2: dtrain splits the experts over tensor parallelism"}}) {
+                        Case{1, "etp=2", "--fix etp=2: dtrain splits the experts over all of tensor parallelism"},
+                        Case{2, "tp=2,etp=1,sequence_parallel=false",
+                             "structure, for example: etp=1 with tp=2 needs sequence parallelism", 3}}) {
     SCOPED_TRACE(c.fix);
     JobOptions o;
     o.world = c.world;
     o.args = moe_args(dir.path("m.jsonl"), 2, c.fix);
     for (const auto& r : run_dtexec_job(o)) {
-      EXPECT_EQ(r.exit_code, 2) << r.log;
+      EXPECT_EQ(r.exit_code, c.exit_code) << r.log;
       EXPECT_THAT(r.log, HasSubstr(c.says));
     }
   }

@@ -24,6 +24,7 @@ struct MoeLayout {
   const char* schedule;
   bool sp, dopt;
   const char* recompute;
+  int etp = 0;  // 1: whole experts on each tensor-parallel rank's own sequences; 0: etp = tp
 };
 
 std::string model_path(const MoeLayout& l) { return std::string(DTRAIN_SOURCE_DIR) + "/" + l.model; }
@@ -51,9 +52,11 @@ class MoeParity : public ::testing::TestWithParam<MoeLayout> {};
 
 TEST_P(MoeParity, LossCurveEqualsSingleRank) {
   const MoeLayout& l = GetParam();
-  const std::string fix = fmt::format(
-      "ep={},dp={},tp={},pp={},vpp={},schedule={},sequence_parallel={},distributed_optimizer={},recompute={}", l.ep,
-      l.dp, l.tp, l.pp, l.vpp, l.schedule, l.sp, l.dopt, l.recompute);
+  const std::string fix =
+      fmt::format(
+          "ep={},dp={},tp={},pp={},vpp={},schedule={},sequence_parallel={},distributed_optimizer={},recompute={}", l.ep,
+          l.dp, l.tp, l.pp, l.vpp, l.schedule, l.sp, l.dopt, l.recompute) +
+      (l.etp > 0 ? fmt::format(",etp={}", l.etp) : "");
   std::vector<double> curve = losses(train_threads(l.dp * l.tp * l.pp, options(model_path(l), fix)));
   const std::vector<double>& ref = reference_curve(model_path(l));
   ASSERT_EQ(curve.size(), ref.size());
@@ -100,15 +103,21 @@ INSTANTIATE_TEST_SUITE_P(
                       MoeLayout{kMoe, 2, 4, 1, 1, 1, "1f1b", false, true, "none"},
                       MoeLayout{kShared, 2, 4, 1, 1, 1, "1f1b", false, true, "selective"},
                       MoeLayout{kGated, 2, 2, 2, 1, 1, "1f1b", true, true, "full"},
-                      MoeLayout{kShared, 2, 2, 1, 2, 1, "zb-h1", false, true, "none"}),
+                      MoeLayout{kShared, 2, 2, 1, 2, 1, "zb-h1", false, true, "none"},
+                      // etp = 1: each tensor-parallel rank routes its own sequences through whole experts.
+                      MoeLayout{kMoe, 1, 1, 2, 1, 1, "1f1b", true, false, "none", 1},
+                      MoeLayout{kMoe, 2, 2, 2, 1, 1, "1f1b", true, false, "selective", 1},
+                      MoeLayout{kShared, 1, 1, 2, 2, 1, "1f1b", true, false, "full", 1},
+                      MoeLayout{kShared, 1, 2, 2, 1, 1, "1f1b", true, true, "none", 1},
+                      MoeLayout{kGated, 2, 2, 2, 1, 1, "1f1b", true, true, "full", 1}),
     [](const ::testing::TestParamInfo<MoeLayout>& p) {
       const MoeLayout& l = p.param;
-      std::string s =
-          fmt::format("{}_ep{}dp{}tp{}pp{}vpp{}_{}{}{}_{}",
-                      l.model == kMoe      ? "moe"
-                      : l.model == kShared ? "shared"
-                                           : "gated",
-                      l.ep, l.dp, l.tp, l.pp, l.vpp, l.schedule, l.sp ? "_sp" : "", l.dopt ? "_dopt" : "", l.recompute);
+      std::string s = fmt::format("{}_ep{}dp{}tp{}pp{}vpp{}_{}{}{}_{}{}",
+                                  l.model == kMoe      ? "moe"
+                                  : l.model == kShared ? "shared"
+                                                       : "gated",
+                                  l.ep, l.dp, l.tp, l.pp, l.vpp, l.schedule, l.sp ? "_sp" : "", l.dopt ? "_dopt" : "",
+                                  l.recompute, l.etp == 1 ? "_etp1" : "");
       for (char& c : s) {
         if (c == '-') c = '_';
       }

@@ -107,6 +107,63 @@ TEST(MoeIr, TheDistributedOptimizerShardsExpertsOverEdp) {
   }
 }
 
+// etp = 1 under tp = 2 with sequence parallelism: the MoE layers' bodies have no tensor-parallel collective (each rank
+// routes its own sequence shard through whole experts), the dense layers keep theirs; the experts' and shared
+// experts' gradients join the replicated ones summed over tp; the program says etp=1 and parses back.
+TEST(MoeIr, WholeExpertsOnEachTensorParallelRankNeedNoTensorParallelCollective) {
+  model::ModelDescription d = small_gpt(4);
+  d.model.arch = model::Arch::kLlama;
+  d.model.linear_bias = false;
+  d.model.moe.experts = 4;
+  d.model.moe.top_k = 2;
+  d.model.moe.ffn_hidden = 64;
+  d.model.moe.interval = 2;  // layers 1 and 3
+  plan::ParallelConfig c = layout(2, 1, 2, 1, plan::Schedule::k1F1B);
+  c.sequence_parallel = true;
+  c.ep = 2;
+  c.micro_batch = 2;
+  std::int64_t replicated[2] = {0, 0};
+  for (int etp : {2, 1}) {
+    c.etp = etp;
+    const auto programs = lower_all(make(d, c, 2));
+    const Program& p = programs[0];
+    EXPECT_EQ(p.etp, etp == 1 ? 1 : 0);
+    const Body* fwd = p.body(0, BodyKind::kForward);
+    const Body* bwd = p.body(0, BodyKind::kBackward);
+    ASSERT_NE(fwd, nullptr);
+    ASSERT_NE(bwd, nullptr);
+    for (const Body* b : {fwd, bwd}) {
+      const bool forward = b == fwd;
+      int moe_tp = 0, dense_tp = 0;
+      for (const Instr& in : b->instrs) {
+        if (in.on != CommGroup::kTp || in.layer < 0 || in.layer >= 4) continue;
+        (in.layer % 2 == 1 ? moe_tp : dense_tp) += 1;
+      }
+      EXPECT_GT(dense_tp, 0);
+      // The attention's only, in each of 2 MoE layers: forward a gather and a reduce-scatter; backward the output
+      // gradient's gather, the saved input's gather, the input gradient's reduce-scatter.
+      const int attention = forward ? 2 * 2 : 2 * 3;
+      if (etp == 1) {
+        EXPECT_EQ(moe_tp, attention);
+      } else {
+        EXPECT_GT(moe_tp, attention);
+      }
+    }
+    for (const Instr& in : p.schedule) {
+      if (in.what == What::kReplicatedGrads) replicated[etp == 1] += in.count;
+    }
+    const VerifyReport r = verify(programs);
+    EXPECT_TRUE(r.ok) << report_text(r);
+    const std::string text = print_program(p);
+    if (etp == 1) {
+      EXPECT_THAT(text, HasSubstr("experts ep=2 ep_rank=0 etp=1\n"));
+    }
+    EXPECT_EQ(parse_program(text, "rank0.ir"), p);
+  }
+  // This rank's 2 experts and no shared experts, whole: 2 x (fc1 + fc2) x hidden, in each of 2 MoE layers.
+  EXPECT_EQ(replicated[1] - replicated[0], 2 * 2 * (d.model.fc1_columns(64) + 64) * d.model.hidden);
+}
+
 TEST(MoeIr, AnAllToAllOneMemberSkipsOrSizesDifferentlyIsCaught) {
   for (bool resize : {false, true}) {
     SCOPED_TRACE(resize ? "resized" : "dropped");

@@ -1,6 +1,7 @@
 // Planning a mixture of experts: the cost model's MoE terms (routed FLOPs, experts split over ep, the all-to-all by
 // where the ep group lands, the imbalance factor), the search over ep with Megatron-Core's constraints, and the plan
 // file carrying ep and etp.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -145,6 +146,34 @@ TEST(MoePlan, TheDistributedOptimizerShardsExpertStateOverTheirDataParallelRanks
   ASSERT_TRUE(r.best);
   EXPECT_EQ(r.best->config.ep, 8);
   EXPECT_TRUE(r.best->config.distributed_optimizer);
+}
+
+// etp = 1 under tp > 1: the experts are whole on every tensor-parallel rank (tp times the expert weights of etp = tp),
+// the MoE layer's tensor-parallel communication halves (the attention's remains), each rank routes tokens / tp;
+// it needs sequence parallelism and whole sequences per rank.
+TEST(MoePlan, WholeExpertsOnEachTensorParallelRank) {
+  CostModel cm = mixtral_on(8);
+  const std::int64_t batch = cm.model().training.global_batch;
+  ParallelConfig c = layout(2, 4, 8, 8, 2);
+  c.sequence_parallel = true;
+  c.etp = 2;
+  const Estimate split = cm.evaluate(c, batch);
+  c.etp = 1;
+  ASSERT_FALSE(cm.structural_problem(c, batch)) << *cm.structural_problem(c, batch);
+  const Estimate whole = cm.evaluate(c, batch);
+  EXPECT_DOUBLE_EQ(cm.stage_expert_params(whole.config, 1), 2 * cm.stage_expert_params(split.config, 1));
+  EXPECT_GT(whole.stages[1].params, split.stages[1].params);
+  const LayerCosts a = cm.layer_costs(split.config), b = cm.layer_costs(whole.config);
+  EXPECT_LT(b.moe_layer.tp_comm_s, 0.5 * a.moe_layer.tp_comm_s);  // no router-gradient all-reduce either
+  EXPECT_DOUBLE_EQ(b.layer.tp_comm_s, a.layer.tp_comm_s);         // dense layers as before
+  EXPECT_LT(b.moe_layer.ep_comm_s, a.moe_layer.ep_comm_s);        // half the rows per rank
+  c.sequence_parallel = false;
+  EXPECT_EQ(cm.structural_problem(c, batch), "etp=1 with tp=2 needs sequence parallelism");
+  c.sequence_parallel = true;
+  c.micro_batch = 1;
+  EXPECT_THAT(cm.structural_problem(c, batch).value_or(""), ::testing::HasSubstr("divisible by tp"));
+  c.etp = 4;
+  EXPECT_THAT(cm.structural_problem(c, batch).value_or(""), ::testing::HasSubstr("etp=4 with tp=2"));
 }
 
 TEST(MoePlan, ADenseModelKeepsEpOneAndRefusesIt) {

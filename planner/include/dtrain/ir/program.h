@@ -192,6 +192,10 @@ struct Program {
   std::int32_t tp_rank = 0, pp_rank = 0, dp_rank = 0;
   // Expert parallelism (an MoE model's, ep > 1): this rank holds experts [ep_rank * E / ep, (ep_rank + 1) * E / ep).
   std::int32_t ep = 1, ep_rank = 0;
+  // Expert tensor parallelism: 0 when the experts are split over tp like a dense MLP; 1 (under tp > 1) when every
+  // tensor-parallel rank runs whole experts on its own sequence shard.
+  std::int32_t etp = 0;
+  bool moe_token_parallel() const { return etp == 1 && tp > 1; }
   std::int32_t micro_batch = 1, num_microbatches = 1;
   std::int32_t layers = 0;    // of the whole model
   std::string schedule_name;  // gpipe | 1f1b | interleaved | zb-h1

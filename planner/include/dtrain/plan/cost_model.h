@@ -200,6 +200,10 @@ class CostModel {
   // `stage` (config.chunk_layers set).
   double expert_params(const ParallelConfig& config, int first_layer, int layers) const;
   double stage_expert_params(const ParallelConfig& config, int stage) const;
+  // How many ways an MoE layer's experts (routed and shared) are split: etp (which is tp unless set to 1).
+  static int moe_tp(const ParallelConfig& c) { return c.etp > 0 ? c.etp : c.tp; }
+  // Whether the MoE MLP runs on each tensor-parallel rank's own tokens with whole experts (etp = 1 under tp > 1).
+  static bool moe_token_parallel(const ParallelConfig& c) { return c.etp == 1 && c.tp > 1; }
   double bucket_bytes() const { return kBucketBytes; }
 
   static constexpr double kBucketBytes = 40.0 * 1024 * 1024;  // Megatron's default DDP bucket (40 MB)
@@ -213,9 +217,10 @@ class CostModel {
   // Parameters one GPU holds of `dense` dense and `moe` MoE layers (inline: the search's inner loop).
   double layers_params(const ParallelConfig& c, int dense, int moe) const {
     const double tp = c.tp;
+    const double etp = moe_tp(c);
     return static_cast<double>(dense) * (layer_params_sharded_ / tp + layer_params_replicated_) +
-           static_cast<double>(moe) *
-               (moe_params_sharded_ / tp + moe_params_replicated_ + moe_expert_params_ / (tp * c.ep));
+           static_cast<double>(moe) * (moe_params_sharded_ / tp + moe_params_replicated_ + moe_shared_params_ / etp +
+                                       moe_expert_params_ / (etp * c.ep));
   }
   // The MoE layers among a stage's (an MoE model's).
   int stage_moe_layers(const ParallelConfig& config, int stage) const;
@@ -226,9 +231,10 @@ class CostModel {
   model::LayerGraph graph_;
   double layer_params_sharded_ = 0;     // dense layer parameters split by tp
   double layer_params_replicated_ = 0;  // norms, row-parallel biases
-  double moe_params_sharded_ = 0;       // the same of an MoE layer without its experts
+  double moe_params_sharded_ = 0;       // the same of an MoE layer without its experts and shared experts
   double moe_params_replicated_ = 0;    // ... and the router, replicated
-  double moe_expert_params_ = 0;        // an MoE layer's routed experts (split by tp and by ep)
+  double moe_expert_params_ = 0;        // an MoE layer's routed experts (split by etp and by ep)
+  double moe_shared_params_ = 0;        // its shared experts (split by etp)
 };
 
 }  // namespace dtrain::plan

@@ -35,6 +35,8 @@ struct SearchResult {
   // Why candidates were not timed: reason -> count. Reasons: "memory", "batch", "heads", "node boundary",
   // "interleave", "layers", and the pinned-dimension mismatches.
   std::map<std::string, std::int64_t> rejected;
+  // The cost model's words for the first candidate rejected for a structural reason, by reason.
+  std::map<std::string, std::string> rejected_example;
   std::int64_t candidates = 0;  // every layout considered
   std::int64_t evaluated = 0;   // layouts that fit and were timed
   double seconds = 0;
@@ -47,6 +49,8 @@ struct SearchResult {
   std::map<int, Estimate> best_per_pp;
   std::map<std::string, Estimate> best_per_recompute;
   std::map<int, Estimate> best_per_ep;  // an MoE model's expert-parallel degrees
+  // An MoE model's under tp > 1: 1 whole experts on each tensor-parallel rank (etp = 1), 0 experts split over tp.
+  std::map<int, Estimate> best_per_etp;
 };
 
 // Throws dtrain::Error (input) for options that contradict each other or the model (pinned tp not dividing heads,
