@@ -172,8 +172,9 @@ class Searcher {
             }
             for (int ep : expert_degrees(c.dp)) {
               c.ep = ep;
-              for (int etp : expert_tensor_degrees(c.tp, c.sequence_parallel)) {
-                c.etp = etp;
+              const EtpChoices etps = expert_tensor_degrees(c.tp, c.sequence_parallel);
+              for (int i = 0; i < etps.n; ++i) {
+                c.etp = etps.etp[i];
                 enumerate_micro_batches(c, micro_batches);
               }
             }
@@ -226,12 +227,17 @@ class Searcher {
   // The expert tensor-parallel degrees to try: a dense model's 0 (none); an MoE model's experts split over all of
   // tp, or with tp > 1 and sequence parallelism also whole on each tensor-parallel rank's own sequences (etp = 1);
   // or the pinned one.
-  std::vector<int> expert_tensor_degrees(int tp, bool sequence_parallel) const {
-    if (!cm_.model().model.moe.enabled()) return {0};
-    if (opt_.fixed.etp) return {*opt_.fixed.etp == 1 || *opt_.fixed.etp == tp ? *opt_.fixed.etp : tp};
-    if (tp == 1) return {1};
-    if (!sequence_parallel) return {tp};
-    return {tp, 1};
+  // (No allocation: this runs once per candidate family of the search's inner loops.)
+  struct EtpChoices {
+    int etp[2] = {0, 0};
+    int n = 1;
+  };
+  EtpChoices expert_tensor_degrees(int tp, bool sequence_parallel) const {
+    if (!cm_.model().model.moe.enabled()) return {};
+    if (opt_.fixed.etp) return {{*opt_.fixed.etp == 1 || *opt_.fixed.etp == tp ? *opt_.fixed.etp : tp, 0}, 1};
+    if (tp == 1) return {{1, 0}, 1};
+    if (!sequence_parallel) return {{tp, 0}, 1};
+    return {{tp, 1}, 2};
   }
 
   // The expert-parallel degrees to try: for an MoE model every ep that divides dp and the experts (or the pinned
