@@ -16,14 +16,20 @@ namespace {
 using namespace ir::testing;
 using ::testing::HasSubstr;
 
-std::vector<Program> moe_programs(int tp, int pp, int dp, int ep) {
+// Four layers, MoE at layers 1 and 3: four experts of width 64, top-2.
+model::ModelDescription small_moe() {
   model::ModelDescription d = small_gpt(4);
   d.model.arch = model::Arch::kLlama;
   d.model.linear_bias = false;
   d.model.moe.experts = 4;
   d.model.moe.top_k = 2;
   d.model.moe.ffn_hidden = 64;
-  d.model.moe.interval = 2;  // layers 1 and 3
+  d.model.moe.interval = 2;
+  return d;
+}
+
+std::vector<Program> moe_programs(int tp, int pp, int dp, int ep) {
+  const model::ModelDescription d = small_moe();
   plan::ParallelConfig c = layout(tp, pp, dp, 1, plan::Schedule::k1F1B);
   c.ep = ep;
   c.etp = tp;
@@ -75,13 +81,7 @@ TEST(MoeIr, TensorAndPipelineParallelExpertLayoutsVerify) {
 TEST(MoeIr, TheDistributedOptimizerShardsExpertsOverEdp) {
   for (auto [dp, ep] : {std::pair{4, 2}, std::pair{2, 2}}) {
     SCOPED_TRACE(::testing::PrintToString(std::pair{dp, ep}));
-    model::ModelDescription d = small_gpt(4);
-    d.model.arch = model::Arch::kLlama;
-    d.model.linear_bias = false;
-    d.model.moe.experts = 4;
-    d.model.moe.top_k = 2;
-    d.model.moe.ffn_hidden = 64;
-    d.model.moe.interval = 2;
+    const model::ModelDescription d = small_moe();
     plan::ParallelConfig c = layout(1, 1, dp, 1, plan::Schedule::k1F1B);
     c.ep = ep;
     c.etp = 1;
@@ -111,13 +111,7 @@ TEST(MoeIr, TheDistributedOptimizerShardsExpertsOverEdp) {
 // routes its own sequence shard through whole experts), the dense layers keep theirs; the experts' and shared
 // experts' gradients join the replicated ones summed over tp; the program says etp=1 and parses back.
 TEST(MoeIr, WholeExpertsOnEachTensorParallelRankNeedNoTensorParallelCollective) {
-  model::ModelDescription d = small_gpt(4);
-  d.model.arch = model::Arch::kLlama;
-  d.model.linear_bias = false;
-  d.model.moe.experts = 4;
-  d.model.moe.top_k = 2;
-  d.model.moe.ffn_hidden = 64;
-  d.model.moe.interval = 2;  // layers 1 and 3
+  const model::ModelDescription d = small_moe();
   plan::ParallelConfig c = layout(2, 1, 2, 1, plan::Schedule::k1F1B);
   c.sequence_parallel = true;
   c.ep = 2;
