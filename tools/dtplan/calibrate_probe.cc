@@ -67,9 +67,8 @@ lr = 1e-4
                      gpu ? 2 : 4, gpu ? "bf16" : "fp32");
 }
 
-// Runs argv with stdout and stderr into `log`; returns the exit status (128 + signal when killed). Stops the child
-// (SIGTERM, then SIGKILL) and throws the interruption when stop() turns true.
-int run_logged(const std::vector<std::string>& args, const std::string& log, const std::function<bool()>& stop) {
+// Starts `args` with stdout and stderr into `log`.
+pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log) {
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -96,20 +95,37 @@ int run_logged(const std::vector<std::string>& args, const std::string& log, con
   const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) throw Error(ErrorCategory::kIo, fmt::format("cannot start {}: {}", args[0], std::strerror(rc)));
-  int status = 0;
-  for (;;) {
-    const pid_t done = ::waitpid(pid, &status, WNOHANG);
-    if (done == pid) break;
-    if (stop && stop()) {
-      ::kill(pid, SIGTERM);
+  return pid;
+}
+
+// Waits for every process; the exit status of each (128 + signal when killed). When stop() turns true, stops them
+// all (SIGTERM, then SIGKILL) and throws the interruption.
+std::vector<int> wait_all(const std::vector<pid_t>& pids, const std::function<bool()>& stop) {
+  std::vector<int> status(pids.size(), 0);
+  std::vector<bool> done(pids.size(), false);
+  for (std::size_t left = pids.size(); left > 0;) {
+    for (std::size_t i = 0; i < pids.size(); ++i) {
+      if (!done[i] && ::waitpid(pids[i], &status[i], WNOHANG) == pids[i]) {
+        done[i] = true;
+        --left;
+      }
+    }
+    if (left > 0 && stop && stop()) {
+      for (std::size_t i = 0; i < pids.size(); ++i)
+        if (!done[i]) ::kill(pids[i], SIGTERM);
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
+      for (std::size_t i = 0; i < pids.size(); ++i) {
+        if (done[i]) continue;
+        ::kill(pids[i], SIGKILL);
+        ::waitpid(pids[i], &status[i], 0);
+      }
       check_stop(stop);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::vector<int> rc;
+  for (int st : status) rc.push_back(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+  return rc;
 }
 
 double kind_seconds(const std::vector<ir::Comparison::Row>& rows, bool measured) {
@@ -162,10 +178,12 @@ struct ProbeRun {
   std::vector<double> step_s;  // after the first step
 };
 
+// With `copies` > 1 that many independent copies of a one-rank run train at once, as the calibration's ranks shared
+// the cores; the first one's trace counts.
 ProbeRun run_probe(const fs::path& bin, const fs::path& dir, const model::ModelDescription& model,
                    const std::string& model_path, const topology::ClusterSpec& measured, plan::ParallelConfig config,
                    int ranks, const CalibrationResult& r, const std::function<void(const std::string&)>& progress,
-                   const std::function<bool()>& stop) {
+                   const std::function<bool()>& stop, int copies = 1) {
   const std::string tag = fmt::format("tp{}dp{}mb{}", config.tp, config.dp, config.micro_batch);
   const std::string plan_path = (dir / (tag + "-plan.toml")).string();
   const std::string trace_path = (dir / (tag + "-trace.json")).string();
@@ -187,13 +205,24 @@ ProbeRun run_probe(const fs::path& bin, const fs::path& dir, const model::ModelD
                            r.device, "--data", "synthetic", "--steps", std::to_string(steps), "--trace", trace_path,
                            "--metrics", metrics_path});
   if (r.device == "cpu") args.insert(args.end(), {"--threads", std::to_string(r.threads_per_rank)});
-  progress(fmt::format("executor probe: dtexec trains a 2-layer model for {} steps ({}{})", steps,
-                       run.plan.config.summary(), ranks > 1 ? fmt::format(", {} ranks under dtlaunch", ranks) : ""));
-  const int rc = run_logged(args, log_path, stop);
-  if (rc != 0) {
+  progress(fmt::format("executor probe: dtexec trains a 2-layer model for {} steps ({}{}{})", steps,
+                       run.plan.config.summary(), ranks > 1 ? fmt::format(", {} ranks under dtlaunch", ranks) : "",
+                       copies > 1 ? fmt::format(", {} copies at once", copies) : ""));
+  std::vector<pid_t> pids = {spawn_logged(args, log_path)};
+  for (int k = 1; k < copies; ++k) {
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) {
+      if (a == trace_path || a == metrics_path) a += fmt::format(".copy{}", k);
+    }
+    pids.push_back(spawn_logged(copy, fmt::format("{}.copy{}", log_path, k)));
+  }
+  const std::vector<int> rcs = wait_all(pids, stop);
+  for (std::size_t k = 0; k < rcs.size(); ++k) {
+    if (rcs[k] == 0) continue;
+    const std::string log = k == 0 ? log_path : fmt::format("{}.copy{}", log_path, k);
     throw Error(ErrorCategory::kInternal,
                 fmt::format("dtplan calibrate: the executor probe ({}) failed with exit {}: {}",
-                            run.plan.config.summary(), rc, log_tail(log_path)));
+                            run.plan.config.summary(), rcs[k], log_tail(log)));
   }
   run.traces.push_back(ir::read_measured_trace(trace_path));
   std::ifstream in(metrics_path);
@@ -235,9 +264,11 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
   write_file_whole(model_path, model_text);
   const model::ModelDescription model = model::parse_model(TomlDocument::parse_string(model_text, model_path));
 
-  // One rank: the bandwidth of the executor's memory-bound work and the overheads.
+  // One rank (on CPUs as many copies at once as the calibration had ranks, sharing the cores as they did): the
+  // bandwidth of the executor's memory-bound work and the overheads.
   plan::ParallelConfig single;
-  const ProbeRun one = run_probe(bin, dir.path, model, model_path, measured, single, 1, r, progress, stop);
+  const int copies = r.device == "cpu" ? r.ranks : 1;
+  const ProbeRun one = run_probe(bin, dir.path, model, model_path, measured, single, 1, r, progress, stop, copies);
   const ir::Comparison a = compared(one.plan, one);
   // The same plan priced with twice the memory bandwidth: what moves is the memory-bound time, halved.
   plan::Plan doubled = one.plan;
