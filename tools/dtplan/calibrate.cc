@@ -486,7 +486,7 @@ topology::ClusterSpec calibrated_cluster(const topology::ClusterSpec& base, cons
     cal.hbm_efficiency = r.probe->hbm_efficiency;
     cal.step_overhead_s = r.probe->step_overhead_s;
     cal.microbatch_overhead_s = r.probe->microbatch_overhead_s;
-    if (r.probe->nvlink_latency_us) c.network.nvlink_latency_us = *r.probe->nvlink_latency_us;
+    if (r.probe->collective_sync_us) c.network.collective_sync_us = *r.probe->collective_sync_us;
     if (r.probe->nvlink_gbps) c.node.nvlink_gbps = *r.probe->nvlink_gbps;
   }
   return c;
@@ -512,7 +512,8 @@ std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const Cal
                 "the nvlink\n"
                 "# efficiency curve comes from all-reduces between the ranks; hbm_efficiency, the overheads, [node] "
                 "nvlink_gbps\n"
-                "# and [network] nvlink_latency_us from the executor probe (short dtexec runs). Point-to-point latency "
+                "# and [network] collective_sync_us from the executor probe (short dtexec runs). Point-to-point "
+                "latency "
                 "and the\n"
                 "# links between nodes are the base cluster's.\n"
                 "format = 1\n\n",

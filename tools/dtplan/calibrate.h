@@ -42,7 +42,7 @@
 // the cost model's bytes (hbm_efficiency: the forward and backward passes' time beyond the GEMMs and attention).
 // With several CPU ranks per node a second run, tensor-parallel over all of them under dtlaunch, gives what a
 // collective between the ranks really costs inside the passes (waits for the slowest rank and the sharing of the cores
-// included): run twice, with collectives of one and of four sequences, it fits [network] nvlink_latency_us and [node]
+// included): run twice, with collectives of one and of four sequences, it fits [network] collective_sync_us and [node]
 // nvlink_gbps so that the simulator's passes match the measured ones.
 #pragma once
 
@@ -97,7 +97,7 @@ struct ProbeFigures {
   double step_overhead_s = 0;
   // CPU, several ranks per node: the latency of one collective step between them and the bandwidth, fitted to two
   // tensor-parallel runs (collectives of one and of four sequences).
-  std::optional<double> nvlink_latency_us;
+  std::optional<double> collective_sync_us;
   std::optional<double> nvlink_gbps;
 };
 
@@ -160,7 +160,7 @@ topology::ClusterSpec default_cuda_base(const CalibrationResult& r);
 //   cuda: the [gpu] datasheet figures stay; gemm_efficiency_max, gemm_half_gflop and attention_efficiency are the
 //         measured fractions of them;
 //   both: optimizer_hbm_efficiency from AdamW; with the probe (r.probe), hbm_efficiency, the overheads and (CPU,
-//         several ranks) nvlink_latency_us and nvlink_gbps.
+//         several ranks) collective_sync_us and nvlink_gbps.
 topology::ClusterSpec calibrated_cluster(const topology::ClusterSpec& base, const CalibrationResult& r);
 
 // calibrated_cluster as cluster.toml text with a [provenance] table (host, device, date, version, duration) that

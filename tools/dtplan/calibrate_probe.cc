@@ -300,7 +300,9 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
   // Several CPU ranks per node: tensor parallelism over all of them, whose collectives sit inside the passes. What the
   // passes take beyond the one-rank figures' prediction is what a collective between the ranks really costs, waits for
   // the slowest rank and the ranks' sharing of the cores included. Two runs, with collectives of one and of four
-  // sequences, fit both terms of a collective's time: the latency of a ring step and the bandwidth.
+  // sequences, fit both terms of a collective's time: a fixed cost per collective (collective_sync_us: on CPU ranks
+  // the wait for the other ranks dominates, whatever the collective's ring steps, so that an all-gather costs what an
+  // all-reduce does) and the bandwidth. The per-step latency stays the all-reduce's.
   const int tp = r.ranks;
   if (r.device == "cpu" && tp > 1 && !fs::exists(bin / "dtlaunch")) {
     progress(fmt::format("no dtlaunch beside this dtplan ({}): the links between ranks stay the all-reduce's",
@@ -311,8 +313,8 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     fc.hbm_efficiency = f.hbm_efficiency;
     fc.step_overhead_s = f.step_overhead_s;
     fc.microbatch_overhead_s = f.microbatch_overhead_s;
-    // Per run: the predicted passes P, their change per microsecond of latency sL, the bandwidth term Bw (what halves
-    // when the bandwidth doubles), and the measured passes M.
+    // Per run: the predicted passes P, their change per microsecond of the per-collective cost sL, the bandwidth term
+    // Bw (what halves when the bandwidth doubles), and the measured passes M.
     struct Point {
       double P, sL, Bw, M;
     };
@@ -325,7 +327,7 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
       Point p{};
       std::tie(p.P, p.M) = passes(run.plan, run);
       plan::Plan later = run.plan;
-      later.cluster.network.nvlink_latency_us += 1000;
+      later.cluster.network.collective_sync_us += 1000;
       p.sL = (passes(later, run).first - p.P) / 1000;
       plan::Plan wider = run.plan;
       wider.cluster.node.nvlink_gbps *= 2;
@@ -335,14 +337,14 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     const Point& p1 = points[0];
     const Point& p4 = points[1];
     const double det = p1.sL * p4.Bw - p4.sL * p1.Bw;
-    double dL = 0, df = 0;  // latency change (us) and bandwidth-term change (a multiple of it)
+    double dL = 0, df = 0;  // per-collective cost change (us) and bandwidth-term change (a multiple of it)
     if (std::abs(det) > 1e-12) {
       dL = ((p1.M - p1.P) * p4.Bw - (p4.M - p4.P) * p1.Bw) / det;
       df = (p1.sL * (p4.M - p4.P) - p4.sL * (p1.M - p1.P)) / det;
     }
-    const double latency = fitted.network.nvlink_latency_us + dL;
-    if (std::abs(det) <= 1e-12 || latency < 0 || 1 + df < 0.05) {
-      // The two runs do not separate the terms: the latency alone, by least squares over both.
+    const double sync = fitted.network.collective_sync_us + dL;
+    if (std::abs(det) <= 1e-12 || sync < 0 || 1 + df < 0.05) {
+      // The two runs do not separate the terms: the per-collective cost alone, by least squares over both.
       double num = 0, den = 0;
       for (const auto& p : points) {
         num += p.sL * (p.M - p.P);
@@ -351,13 +353,13 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
       dL = den > 0 ? num / den : 0;
       df = 0;
     }
-    f.nvlink_latency_us = std::clamp(fitted.network.nvlink_latency_us + dL, 0.0, 1e5);
+    f.collective_sync_us = std::clamp(fitted.network.collective_sync_us + dL, 0.0, 1e5);
     f.nvlink_gbps = fitted.node.nvlink_gbps / std::max(1 + df, 0.05);
     progress(fmt::format(
         "executor probe, tp={}: passes {} and {} measured against {} and {} predicted: {:.0f} us per collective "
-        "step and {:.2f} GB/s between the ranks (the all-reduce alone: {:.0f} us, {:.2f} GB/s)",
+        "and {:.2f} GB/s between the ranks (the all-reduce alone: {:.0f} us per ring step, {:.2f} GB/s)",
         tp, format_seconds(p1.M), format_seconds(p4.M), format_seconds(p1.P), format_seconds(p4.P),
-        *f.nvlink_latency_us, *f.nvlink_gbps, fitted.network.nvlink_latency_us, fitted.node.nvlink_gbps));
+        *f.collective_sync_us, *f.nvlink_gbps, fitted.network.nvlink_latency_us, fitted.node.nvlink_gbps));
   }
   return f;
 }

@@ -129,6 +129,10 @@ void read_network(TableReader& n, NetworkSpec& net) {
     if (*v < 0) n.fail("p2p_latency_us", "must not be negative");
     net.p2p_latency_us = *v;
   }
+  if (auto v = n.get_number("collective_sync_us")) {
+    if (*v < 0) n.fail("collective_sync_us", "must not be negative");
+    net.collective_sync_us = *v;
+  }
   auto tables = n.table_array("efficiency");
   if (!tables.empty()) net.efficiency.clear();
   for (auto& t : tables) {
@@ -324,6 +328,7 @@ std::string cluster_toml(const ClusterSpec& s, const std::string& prefix) {
   out += "\n";
   out += fmt::format("[{}network]\nnvlink_latency_us = {}\nnetwork_latency_us = {}\np2p_latency_us = {}\n", p,
                      s.network.nvlink_latency_us, s.network.network_latency_us, s.network.p2p_latency_us);
+  if (s.network.collective_sync_us > 0) out += fmt::format("collective_sync_us = {}\n", s.network.collective_sync_us);
   for (const auto& e : s.network.efficiency) {
     out += fmt::format("\n[[{}network.efficiency]]\nscope = {}\n", p, toml_string(e.scope));
     if (e.participants > 0) out += fmt::format("participants = {}\n", e.participants);
@@ -350,6 +355,7 @@ std::string canonical_text(const ClusterSpec& s) {
   if (c.moe_imbalance != 1.0) out += fmt::format("moe_imbalance = {}\n", c.moe_imbalance);
   out += fmt::format("network = {} {} {}\n", s.network.nvlink_latency_us, s.network.network_latency_us,
                      s.network.p2p_latency_us);
+  if (s.network.collective_sync_us > 0) out += fmt::format("collective_sync_us = {}\n", s.network.collective_sync_us);
   for (const auto& e : s.network.efficiency) {
     out += fmt::format("efficiency {} {}:", e.scope, e.participants);
     for (std::size_t i = 0; i < e.bytes.size(); ++i) out += fmt::format(" {}={}", e.bytes[i], e.efficiency[i]);

@@ -326,7 +326,8 @@ double CostModel::collective_seconds(double bytes, const GroupGeometry& g, doubl
   if (k > 1) {
     double bw = (g.nvlink ? node.nvlink_gbps : node.pcie_gbps) * 1e9;
     double eff = net.efficiency_at("nvlink", k, bytes);
-    t += net.nvlink_latency_s() * steps_factor * (k - 1) + bw_factor * (k - 1) / k * bytes / (bw * eff);
+    t += net.collective_sync_s() + net.nvlink_latency_s() * steps_factor * (k - 1) +
+         bw_factor * (k - 1) / k * bytes / (bw * eff);
   }
   int n = g.nodes;
   if (n > 1) {

@@ -4,7 +4,10 @@
 
 #include <cmath>
 
+#include "dtrain/common/error.h"
+#include "dtrain/common/toml_reader.h"
 #include "dtrain/model/model_spec.h"
+#include "dtrain/topology/cluster_spec.h"
 #include "published.h"
 
 namespace dtrain::plan {
@@ -133,6 +136,29 @@ TEST(CostModel, StructuralProblemsAreNamed) {
   EXPECT_EQ(cm.structural_problem(c, 192), "interleaving needs num_microbatches=12 divisible by pp=8");
   c.schedule = Schedule::k1F1B;
   EXPECT_EQ(cm.structural_problem(c, 1536), "vpp=2 needs the interleaved schedule");
+}
+
+// [network] collective_sync_us: paid once by every collective inside a node, whatever its ring steps (so an
+// all-gather's extra cost equals an all-reduce's); written and digested only when set; a negative value is refused.
+TEST(CostModel, ThePerCollectiveCostIsPaidOncePerCollective) {
+  auto model = model::load_model(kRoot + "/examples/models/gpt3-175b.toml");
+  auto cluster = topology::load_cluster(kRoot + "/examples/clusters/dgx-a100-80g.toml");
+  const std::string digest_before = topology::canonical_text(cluster);
+  const CostModel plain(model, cluster);
+  cluster.network.collective_sync_us = 500;
+  const CostModel synced(model, cluster);
+  const GroupGeometry node8{8, 8, 1, true};
+  const double bytes = 1e7;
+  EXPECT_NEAR(synced.all_reduce_seconds(bytes, node8) - plain.all_reduce_seconds(bytes, node8), 500e-6, 1e-12);
+  EXPECT_NEAR(synced.all_gather_seconds(bytes, node8) - plain.all_gather_seconds(bytes, node8), 500e-6, 1e-12);
+  EXPECT_NEAR(synced.reduce_scatter_seconds(bytes, node8) - plain.reduce_scatter_seconds(bytes, node8), 500e-6, 1e-12);
+  EXPECT_EQ(digest_before.find("collective_sync_us"), std::string::npos);
+  EXPECT_NE(topology::canonical_text(cluster).find("collective_sync_us = 500"), std::string::npos);
+  const std::string text = topology::cluster_toml(cluster, "");
+  EXPECT_EQ(topology::parse_cluster(TomlDocument::parse_string(text, "c.toml")).network.collective_sync_us, 500);
+  std::string bad = text;
+  bad.replace(bad.find("collective_sync_us = 500"), 24, "collective_sync_us = -1");
+  EXPECT_THROW(topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml")), Error);
 }
 
 }  // namespace

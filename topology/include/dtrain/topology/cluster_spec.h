@@ -53,7 +53,11 @@ struct NetworkSpec {
   double nvlink_latency_us = 6;    // per step of a ring collective inside the NVLink domain
   double network_latency_us = 10;  // per step across nodes
   double p2p_latency_us = 20;      // one pipeline send/receive, end to end
+  // A fixed cost per collective inside a node, whatever its ring steps: the wait for the slowest member where that
+  // dominates (CPU ranks sharing cores; fitted by dtplan calibrate's probe). 0 unless given.
+  double collective_sync_us = 0;
   double nvlink_latency_s() const { return nvlink_latency_us * 1e-6; }
+  double collective_sync_s() const { return collective_sync_us * 1e-6; }
   double network_latency_s() const { return network_latency_us * 1e-6; }
   double p2p_latency_s() const { return p2p_latency_us * 1e-6; }
   std::vector<EfficiencyCurve> efficiency;
