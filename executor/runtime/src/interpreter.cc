@@ -103,7 +103,7 @@ void Interpreter<A>::plan_owned_ranges() {
     owned_ranges = {{0, layout.size()}};
     return;
   }
-  std::vector<std::pair<std::int64_t, std::int64_t>> mine;
+  std::vector<std::pair<std::int64_t, std::int64_t>> mine;  // [begin, end) of the flat buffer
   for (const auto& in : prog.schedule) {
     if (in.op != Opcode::kReduceScatter) continue;
     if (in.on != ir::CommGroup::kDp && in.on != ir::CommGroup::kEdp) continue;
@@ -112,29 +112,18 @@ void Interpreter<A>::plan_owned_ranges() {
     comm::Communicator* group = experts ? comms.edp.get() : comms.dp.get();
     if (group == nullptr) throw input_error(fmt::format("{} without its communicator", ir::to_text(in)));
     Sharded s;
-    if (prog.ep > 1) {
-      for (const auto& t : layout.tensors()) {
-        if (t.offset >= range.first && t.offset < range.second && t.expert == experts)
-          s.pieces.emplace_back(t.offset, t.numel());
-      }
-    } else {
-      s.pieces = {{range.first, range.second - range.first}};
-    }
+    s.pieces = prog.ep > 1 ? bucket_pieces(in, experts) : Pieces{{range.first, range.second - range.first}};
     for (auto [b, n] : s.pieces) s.size += n;
     s.members = group->size();
     s.member = group->rank();
     s.shard = (s.size + s.members - 1) / s.members;
     const std::int64_t lo = s.member * s.shard, hi = std::min(s.size, lo + s.shard);
-    for (std::int64_t at = 0; const auto& [b, n] : s.pieces) {
-      const std::int64_t from = std::max(lo, at), to = std::min(hi, at + n);
-      if (from < to) mine.emplace_back(b + from - at, b + to - at);
-      at += n;
-    }
+    for_each_packed(s.pieces, lo, hi,
+                    [&](std::int64_t b, std::int64_t, std::int64_t n) { mine.emplace_back(b, b + n); });
     sharded_buckets[{range.first, experts}] = std::move(s);
   }
   if (prog.ep > 1 && prog.dp == prog.ep) {  // no edp group: nothing to share the experts' optimizer state with
-    for (const auto& t : layout.tensors())
-      if (t.expert) mine.emplace_back(t.offset, t.offset + t.numel());
+    for (auto [b, n] : tensor_pieces([](const TensorSpec& t) { return t.expert; })) mine.emplace_back(b, b + n);
   }
   std::sort(mine.begin(), mine.end());
   for (auto [b, e] : mine) {
@@ -146,17 +135,42 @@ void Interpreter<A>::plan_owned_ranges() {
 }
 
 template <typename A>
-void Interpreter<A>::copy_packed(const Sharded& s, std::int64_t lo, std::int64_t hi, float* flat, float* packed,
-                                 bool to_packed) {
-  for (std::int64_t at = 0; const auto& [b, n] : s.pieces) {
+typename Interpreter<A>::Pieces Interpreter<A>::tensor_pieces(
+    const std::function<bool(const TensorSpec&)>& selected) const {
+  Pieces out;
+  for (const auto& t : layout.tensors()) {
+    if (selected(t)) out.emplace_back(t.offset, t.numel());
+  }
+  return out;
+}
+
+template <typename A>
+typename Interpreter<A>::Pieces Interpreter<A>::bucket_pieces(const Instr& in, bool experts) const {
+  const auto [b, e] = bucket_range(in);
+  return tensor_pieces(
+      [&, b = b, e = e](const TensorSpec& t) { return t.offset >= b && t.offset < e && t.expert == experts; });
+}
+
+template <typename A>
+void Interpreter<A>::for_each_packed(const Pieces& pieces, std::int64_t lo, std::int64_t hi,
+                                     const std::function<void(std::int64_t, std::int64_t, std::int64_t)>& visit) {
+  for (std::int64_t at = 0; const auto& [b, n] : pieces) {
     const std::int64_t from = std::max(lo, at), to = std::min(hi, at + n);
-    if (from < to) {
-      float* f = flat + b + (from - at);
-      float* p = packed + (from - lo);
-      be.copy(to_packed ? p : f, to_packed ? f : p, static_cast<std::size_t>(to - from) * sizeof(float));
-    }
+    if (from < to) visit(b + (from - at), from - lo, to - from);
     at += n;
   }
+}
+
+template <typename A>
+void Interpreter<A>::copy_packed(const Pieces& pieces, std::int64_t lo, std::int64_t hi, float* flat, float* packed,
+                                 bool to_packed) {
+  for_each_packed(pieces, lo, hi, [&](std::int64_t f, std::int64_t p, std::int64_t n) {
+    const auto bytes = static_cast<std::size_t>(n) * sizeof(float);
+    if (to_packed)
+      be.copy(packed + p, flat + f, bytes);
+    else
+      be.copy(flat + f, packed + p, bytes);
+  });
 }
 
 template <typename A>

@@ -84,21 +84,28 @@ class Interpreter final : public InterpreterBase {
   const std::vector<ir::Slice>& trace() const override { return step_.slices; }
 
  private:
+  // Pieces of the flat buffer, (offset, elements), that a collective takes in this order as one packed vector.
+  using Pieces = std::vector<std::pair<std::int64_t, std::int64_t>>;
   // A distributed-optimizer collective's elements: a bucket's of one kind (its routed experts', over edp, or the
-  // rest, over dp; with ep = 1 the whole bucket over dp) as pieces of the flat buffer, packed in layout order, and
-  // this member's slice of ceil(size / members) of them.
+  // rest, over dp; with ep = 1 the whole bucket over dp), and this member's slice of ceil(size / members) of them.
   struct Sharded {
-    std::vector<std::pair<std::int64_t, std::int64_t>> pieces;  // (flat offset, elements)
+    Pieces pieces;
     std::int64_t size = 0, shard = 0;
     int members = 1, member = 0;
   };
 
   // ---- interpreter.cc: construction and the parameter layout ----
   void plan_owned_ranges();
-  // Copies the packed elements [lo, hi) of `s` between the flat buffer and `packed` (whose first element is packed
-  // element lo), in the direction `to_packed` says.
-  void copy_packed(const Sharded& s, std::int64_t lo, std::int64_t hi, float* flat, float* packed, bool to_packed);
   std::pair<std::int64_t, std::int64_t> bucket_range(const ir::Instr& in) const;
+  // The tensors `selected` picks, in layout order; those of a bucket of one kind (its routed experts', or the rest).
+  Pieces tensor_pieces(const std::function<bool(const TensorSpec&)>& selected) const;
+  Pieces bucket_pieces(const ir::Instr& in, bool experts) const;
+  // Calls visit(flat offset, position after lo, elements) for each run of the packed elements [lo, hi).
+  static void for_each_packed(const Pieces& pieces, std::int64_t lo, std::int64_t hi,
+                              const std::function<void(std::int64_t, std::int64_t, std::int64_t)>& visit);
+  // Copies the packed elements [lo, hi) between the flat buffer and `packed` (whose first element is packed element
+  // lo), in the direction `to_packed` says.
+  void copy_packed(const Pieces& pieces, std::int64_t lo, std::int64_t hi, float* flat, float* packed, bool to_packed);
 
   // ---- schedule.cc: the step ----
   ChunkState<A>& state(int chunk, int mb);
@@ -108,8 +115,7 @@ class Interpreter final : public InterpreterBase {
   void schedule_collective(const ir::Instr& in);
   void sharded_collective(const ir::Instr& in);
   void check_count(const ir::Instr& in, std::int64_t actual) const;
-  void reduce_tensor_grads(const ir::Instr& in, comm::Communicator& group,
-                           const std::function<bool(const TensorSpec&)>& selected);
+  void reduce_tensor_grads(const ir::Instr& in, comm::Communicator& group, const Pieces& pieces);
   void settle();
   void synchronize_all();
   std::string pending_instruction(const std::vector<std::size_t>& pcs, std::string_view message) const;

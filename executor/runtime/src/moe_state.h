@@ -24,7 +24,6 @@ struct MoeState {
   Buffer<A> xe, ae, ge, ye;           // experts: input rows, fc1 output, activation output, fc2 output
   Buffer<A> sa, sg, sy;               // shared experts: fc1 output, activation output, fc2 output (partial over tp)
   Buffer<float> shared_gate;          // sigmoid(x . w) per token (shared_gate)
-  Buffer<std::int32_t> identity;      // 0..T-1: the gated shared output as a "permutation" of one row per token
   // Backward.
   Buffer<float> dgate;  // the gates' gradient [T, k] (+ [T] of the shared gate; partial over tp until router_grad)
   Buffer<A> dye;        // the experts' output gradient rows [N, h]

@@ -192,19 +192,20 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
         TensorSpec b = row_blocks(p + "attn.qkv.bias", qkv_rows, 1, qkv, InitKind::kZeros, false);
         add_unit(b);
       }
-      // A row-parallel output projection [h, cols]: columns [r cols/tp, (r+1) cols/tp).
-      auto row_parallel = [&](const std::string& name, std::int64_t cols) {
+      // A row-parallel output projection [h, cols] split `split` ways, part `part` here: columns
+      // [part cols/split, (part+1) cols/split).
+      auto row_parallel = [&](const std::string& name, std::int64_t cols, std::int64_t split, std::int64_t part) {
         TensorSpec t;
         t.name = name;
         t.full_rows = h;
         t.full_cols = cols;
         t.local_rows = h;
-        t.local_cols = cols / tp;
-        t.blocks = {{0, h, r * (cols / tp), cols / tp, 0}};
+        t.local_cols = cols / split;
+        t.blocks = {{0, h, part * (cols / split), cols / split, 0}};
         t.init = InitKind::kOutputNormal;
         add_unit(t);
       };
-      row_parallel(p + "attn.proj.weight", h);
+      row_parallel(p + "attn.proj.weight", h, tp, r);
       if (m.linear_bias) add_unit(vector_spec(p + "attn.proj.bias", h, InitKind::kZeros));
       norm(p + "mlp.norm", c, unit);
       // An MLP of width `width` at `q` (q + "fc1.weight", ...): fc1 column-parallel ([gate_r | up_r] for SwiGLU), fc2
@@ -217,17 +218,7 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
         const std::size_t before = tensors_.size();
         add_unit(row_blocks(q + "fc1.weight", fc1_rows, h, fc1, InitKind::kNormal, true));
         if (bias) add_unit(row_blocks(q + "fc1.bias", fc1_rows, 1, fc1, InitKind::kZeros, false));
-        if (whole) {
-          TensorSpec fc2;
-          fc2.name = q + "fc2.weight";
-          fc2.full_rows = fc2.local_rows = h;
-          fc2.full_cols = fc2.local_cols = width;
-          fc2.blocks = {{0, h, 0, width, 0}};
-          fc2.init = InitKind::kOutputNormal;
-          add_unit(fc2);
-        } else {
-          row_parallel(q + "fc2.weight", width);
-        }
+        row_parallel(q + "fc2.weight", width, split, part);
         if (bias) add_unit(vector_spec(q + "fc2.bias", h, InitKind::kZeros));
         if (whole && tp > 1) {
           for (std::size_t i = before; i < tensors_.size(); ++i) tensors_[i].tp_replicated = true;

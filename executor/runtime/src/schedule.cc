@@ -259,9 +259,9 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
     return;
   }
   if (in.on == ir::CommGroup::kTp && in.what == What::kReplicatedGrads) {
-    reduce_tensor_grads(in, *comms.tp, [&](const TensorSpec& t) {
-      return t.chunk == in.chunk && t.tp_replicated && t.unit >= in.layer && t.unit < in.layer_end;
-    });
+    reduce_tensor_grads(in, *comms.tp, tensor_pieces([&](const TensorSpec& t) {
+                          return t.chunk == in.chunk && t.tp_replicated && t.unit >= in.layer && t.unit < in.layer_end;
+                        }));
     return;
   }
   if (in.on == ir::CommGroup::kEmbedding) {
@@ -278,10 +278,7 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
     // Expert parallelism: a bucket's routed experts' gradients are summed over the ranks holding the same experts
     // (edp), the rest over dp.
     const bool experts = in.on == ir::CommGroup::kEdp;
-    const std::pair<std::int64_t, std::int64_t> bucket = bucket_range(in);
-    reduce_tensor_grads(in, experts ? *comms.edp : *comms.dp, [&](const TensorSpec& t) {
-      return t.offset >= bucket.first && t.offset < bucket.second && t.expert == experts;
-    });
+    reduce_tensor_grads(in, experts ? *comms.edp : *comms.dp, bucket_pieces(in, experts));
     return;
   }
   if (in.on != ir::CommGroup::kDp && in.on != ir::CommGroup::kEdp)
@@ -314,43 +311,29 @@ void Interpreter<A>::sharded_collective(const Instr& in) {
   float* my_block = buf.data() + s.member * s.shard;
   const std::int64_t lo = s.member * s.shard, hi = std::min(s.size, lo + s.shard);
   if (in.op == Opcode::kReduceScatter) {
-    copy_packed(s, 0, s.size, grads.data(), buf.data(), /*to_packed=*/true);
+    copy_packed(s.pieces, 0, s.size, grads.data(), buf.data(), /*to_packed=*/true);
     communicate(group, [&] {
       group.reduce_scatter(buf.data(), my_block, static_cast<std::size_t>(s.shard), comm::ReduceOp::kSum);
     });
-    copy_packed(s, lo, hi, grads.data(), my_block, /*to_packed=*/false);
+    copy_packed(s.pieces, lo, hi, grads.data(), my_block, /*to_packed=*/false);
   } else {  // all-gather of the updated parameters
-    copy_packed(s, lo, hi, params.data(), my_block, /*to_packed=*/true);
+    copy_packed(s.pieces, lo, hi, params.data(), my_block, /*to_packed=*/true);
     communicate(group, [&] { group.all_gather(my_block, buf.data(), static_cast<std::size_t>(s.shard)); });
-    copy_packed(s, 0, s.size, params.data(), buf.data(), /*to_packed=*/false);
+    copy_packed(s.pieces, 0, s.size, params.data(), buf.data(), /*to_packed=*/false);
   }
 }
 
-// Sums over `group` the gradients of the tensors `selected` picks, packed into one buffer in layout order (they need
-// not be contiguous in the flat buffer) and unpacked after; the instruction's count must be their size.
+// Sums over `group` the gradients of `pieces`, packed into one buffer (they need not be contiguous in the flat
+// buffer) and unpacked after; the instruction's count must be their size.
 template <typename A>
-void Interpreter<A>::reduce_tensor_grads(const Instr& in, comm::Communicator& group,
-                                         const std::function<bool(const TensorSpec&)>& selected) {
-  std::vector<const TensorSpec*> parts;
-  std::size_t total = 0;
-  for (const auto& t : layout.tensors()) {
-    if (!selected(t)) continue;
-    parts.push_back(&t);
-    total += static_cast<std::size_t>(t.numel());
-  }
-  check_count(in, static_cast<std::int64_t>(total));
-  F32 buf(be, total);
-  std::size_t at = 0;
-  for (const auto* t : parts) {
-    be.copy(buf.data() + at, grads.data() + t->offset, static_cast<std::size_t>(t->numel()) * sizeof(float));
-    at += static_cast<std::size_t>(t->numel());
-  }
+void Interpreter<A>::reduce_tensor_grads(const Instr& in, comm::Communicator& group, const Pieces& pieces) {
+  std::int64_t total = 0;
+  for (auto [b, n] : pieces) total += n;
+  check_count(in, total);
+  F32 buf(be, static_cast<std::size_t>(total));
+  copy_packed(pieces, 0, total, grads.data(), buf.data(), /*to_packed=*/true);
   communicate(group, [&] { group.all_reduce(buf.data(), buf.data(), buf.size(), comm::ReduceOp::kSum); });
-  at = 0;
-  for (const auto* t : parts) {
-    be.copy(grads.data() + t->offset, buf.data() + at, static_cast<std::size_t>(t->numel()) * sizeof(float));
-    at += static_cast<std::size_t>(t->numel());
-  }
+  copy_packed(pieces, 0, total, grads.data(), buf.data(), /*to_packed=*/false);
 }
 
 template <typename A>
@@ -455,8 +438,7 @@ void Interpreter<A>::slice(ir::Stream stream, Clock::time_point a, Clock::time_p
   template void Interpreter<A>::schedule_collective(const Instr&);                                                   \
   template void Interpreter<A>::sharded_collective(const Instr&);                                                    \
   template void Interpreter<A>::check_count(const Instr&, std::int64_t) const;                                       \
-  template void Interpreter<A>::reduce_tensor_grads(const Instr&, comm::Communicator&,                               \
-                                                    const std::function<bool(const TensorSpec&)>&);                  \
+  template void Interpreter<A>::reduce_tensor_grads(const Instr&, comm::Communicator&, const Pieces&);               \
   template void Interpreter<A>::settle();                                                                            \
   template void Interpreter<A>::report_activity(Activity);                                                           \
   template void Interpreter<A>::arrive_at(std::size_t);                                                              \
