@@ -95,7 +95,7 @@ struct ProbeFigures {
   double hbm_efficiency = 0;
   double microbatch_overhead_s = 0;
   double step_overhead_s = 0;
-  // CPU, several ranks per node: the latency of one collective step between them and the bandwidth, fitted to two
+  // CPU, several ranks per node: the fixed cost of one collective between them and the bandwidth, fitted to two
   // tensor-parallel runs (collectives of one and of four sequences).
   std::optional<double> collective_sync_us;
   std::optional<double> nvlink_gbps;

@@ -208,21 +208,24 @@ ProbeRun run_probe(const fs::path& bin, const fs::path& dir, const model::ModelD
   progress(fmt::format("executor probe: dtexec trains a 2-layer model for {} steps ({}{}{})", steps,
                        run.plan.config.summary(), ranks > 1 ? fmt::format(", {} ranks under dtlaunch", ranks) : "",
                        copies > 1 ? fmt::format(", {} copies at once", copies) : ""));
-  std::vector<pid_t> pids = {spawn_logged(args, log_path)};
-  for (int k = 1; k < copies; ++k) {
+  // Copy k's files: the first copy's as named, the others' with ".copyK".
+  auto of_copy = [](const std::string& path, std::size_t k) {
+    return k == 0 ? path : fmt::format("{}.copy{}", path, k);
+  };
+  std::vector<pid_t> pids;
+  for (std::size_t k = 0; k < static_cast<std::size_t>(std::max(copies, 1)); ++k) {
     std::vector<std::string> copy = args;
     for (auto& a : copy) {
-      if (a == trace_path || a == metrics_path) a += fmt::format(".copy{}", k);
+      if (a == trace_path || a == metrics_path) a = of_copy(a, k);
     }
-    pids.push_back(spawn_logged(copy, fmt::format("{}.copy{}", log_path, k)));
+    pids.push_back(spawn_logged(copy, of_copy(log_path, k)));
   }
   const std::vector<int> rcs = wait_all(pids, stop);
   for (std::size_t k = 0; k < rcs.size(); ++k) {
     if (rcs[k] == 0) continue;
-    const std::string log = k == 0 ? log_path : fmt::format("{}.copy{}", log_path, k);
     throw Error(ErrorCategory::kInternal,
                 fmt::format("dtplan calibrate: the executor probe ({}) failed with exit {}: {}",
-                            run.plan.config.summary(), rcs[k], log_tail(log)));
+                            run.plan.config.summary(), rcs[k], log_tail(of_copy(log_path, k))));
   }
   run.traces.push_back(ir::read_measured_trace(trace_path));
   std::ifstream in(metrics_path);

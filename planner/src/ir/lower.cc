@@ -532,9 +532,8 @@ class Lowering {
     // rank's) and shared experts, whole on every tensor-parallel rank.
     std::int64_t moe_layer = 2 * norm + m.moe.experts * m.hidden + (m.moe.shared_gate ? m.hidden : 0);
     if (plan::CostModel::moe_token_parallel(c_)) {
-      auto mlp = [&](std::int64_t width) { return (m.fc1_columns(width) + width) * m.hidden; };
-      moe_layer += m.moe.experts / c_.ep * mlp(m.moe.ffn_hidden);
-      if (m.moe.shared_ffn_hidden > 0) moe_layer += mlp(m.moe.shared_ffn_hidden);
+      moe_layer += m.moe.experts / c_.ep * m.mlp_params(m.moe.ffn_hidden, false) +
+                   m.mlp_params(m.moe.shared_ffn_hidden, false);  // 0 without shared experts
     }
     std::int64_t n = 0;
     for (int u = b.lo; u < b.hi; ++u) {

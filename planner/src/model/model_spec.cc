@@ -31,11 +31,6 @@ std::string_view to_string(Optimizer opt) {
 
 namespace {
 
-// Weights and biases of a layer's dense MLP of width f (biases with linear_bias).
-std::int64_t mlp_params(const ModelSpec& m, std::int64_t fc1_columns, std::int64_t f, bool bias) {
-  return m.hidden * fc1_columns + f * m.hidden + (bias ? fc1_columns + m.hidden : 0);
-}
-
 // A layer without its MLP: both norms, the attention's projections and their biases.
 std::int64_t attention_params(const ModelSpec& m) {
   std::int64_t norm_params = m.norm == NormKind::kLayerNorm ? 2 * m.hidden : m.hidden;  // weight (+ bias)
@@ -47,7 +42,7 @@ std::int64_t attention_params(const ModelSpec& m) {
 
 std::int64_t shared_expert_params(const ModelSpec& m) {
   if (m.moe.shared_ffn_hidden == 0) return 0;
-  return mlp_params(m, m.shared_fc1_columns(), m.moe.shared_ffn_hidden, false) + (m.moe.shared_gate ? m.hidden : 0);
+  return m.mlp_params(m.moe.shared_ffn_hidden, false) + (m.moe.shared_gate ? m.hidden : 0);
 }
 
 }  // namespace
@@ -63,18 +58,20 @@ std::int64_t ModelSpec::moe_layers() const {
   return n;
 }
 
-std::int64_t ModelSpec::layer_params() const {
-  return attention_params(*this) + mlp_params(*this, fc1_columns(), ffn_hidden, linear_bias);
+std::int64_t ModelSpec::mlp_params(std::int64_t width, bool bias) const {
+  const std::int64_t fc1 = fc1_columns(width);
+  return hidden * fc1 + width * hidden + (bias ? fc1 + hidden : 0);
 }
 
+std::int64_t ModelSpec::layer_params() const { return attention_params(*this) + mlp_params(ffn_hidden, linear_bias); }
+
 std::int64_t ModelSpec::moe_layer_params() const {
-  return attention_params(*this) + moe.experts * hidden +
-         moe.experts * mlp_params(*this, expert_fc1_columns(), moe.ffn_hidden, false) + shared_expert_params(*this);
+  return attention_params(*this) + moe.experts * hidden + moe.experts * mlp_params(moe.ffn_hidden, false) +
+         shared_expert_params(*this);
 }
 
 std::int64_t ModelSpec::moe_layer_active_matmul_params() const {
-  return moe.experts * hidden + moe.top_k * mlp_params(*this, expert_fc1_columns(), moe.ffn_hidden, false) +
-         shared_expert_params(*this);
+  return moe.experts * hidden + moe.top_k * mlp_params(moe.ffn_hidden, false) + shared_expert_params(*this);
 }
 
 std::int64_t ModelSpec::embedding_params() const {

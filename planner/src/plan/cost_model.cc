@@ -523,16 +523,16 @@ double CostModel::layer_params(const ParallelConfig& c, int layer) const {
 }
 
 double CostModel::expert_layer_params(const ParallelConfig& c, int layer) const {
-  return graph_.is_moe(layer) ? moe_expert_params_ / (moe_tp(c) * c.ep) : 0.0;
+  return graph_.is_moe(layer) ? moe_layer_expert_params(c) : 0.0;
 }
 
 double CostModel::stage_expert_params(const ParallelConfig& c, int stage) const {
-  return graph_.moe.empty() ? 0.0 : stage_moe_layers(c, stage) * moe_expert_params_ / (moe_tp(c) * c.ep);
+  return graph_.moe.empty() ? 0.0 : stage_moe_layers(c, stage) * moe_layer_expert_params(c);
 }
 
 double CostModel::expert_params(const ParallelConfig& c, int first_layer, int layers) const {
   if (graph_.moe.empty()) return 0;
-  return graph_.moe_layers_in(first_layer, layers) * moe_expert_params_ / (moe_tp(c) * c.ep);
+  return graph_.moe_layers_in(first_layer, layers) * moe_layer_expert_params(c);
 }
 
 double CostModel::stage_params(const ParallelConfig& c, int stage) const {
@@ -624,7 +624,7 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   double gb = grad_bytes_per_param(t);
   double ob = optimizer_bytes_per_param(t);
   // The routed experts' share (their optimizer state is sharded over edp, not dp).
-  const double stage_experts = moe_layers * moe_expert_params_ / (moe_tp(c) * c.ep);
+  const double stage_experts = moe_layers * moe_layer_expert_params(c);
   mem.weights_bytes = mem.params * wb;
   mem.gradients_bytes = mem.params * gb;
   mem.optimizer_bytes = optimizer_state_params(c, mem.params, stage_experts) * ob;

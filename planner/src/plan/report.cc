@@ -169,17 +169,21 @@ std::string binding_constraint(const Explanation& e) {
 
 namespace {
 
-// A why-line's name for the other way to place the experts under tp > 1.
+// "<choice> instead: <what it costs> (<how its layout differs>)".
+std::string why_line(const Explanation& e, const std::string& choice, const Estimate& other) {
+  return fmt::format("{} instead: {} ({})", choice, quantified_difference(e.chosen, other),
+                     config_difference(e.chosen.config, other.config));
+}
+
+// A why-line's name for the other way to place the experts under tp > 1, and whether `whole` is that other way.
 std::string etp_choice(bool whole) { return whole ? "etp=1 (whole experts)" : "etp=tp (experts split)"; }
+bool other_etp(const ParallelConfig& c, bool whole) { return c.tp > 1 && whole != CostModel::moe_token_parallel(c); }
 
 std::vector<std::string> why_lines(const Explanation& e) {
   std::vector<std::string> lines;
   if (!e.search) return lines;
   const ParallelConfig& c = e.chosen.config;
-  auto add = [&](const std::string& dim, const Estimate& other) {
-    lines.push_back(fmt::format("{} instead: {} ({})", dim, quantified_difference(e.chosen, other),
-                                config_difference(c, other.config)));
-  };
+  auto add = [&](const std::string& dim, const Estimate& other) { lines.push_back(why_line(e, dim, other)); };
   for (const auto& [tp, est] : e.search->best_per_tp) {
     if (tp != c.tp) add(fmt::format("tp={}", tp), est);
   }
@@ -193,7 +197,7 @@ std::vector<std::string> why_lines(const Explanation& e) {
     if (ep != c.ep) add(fmt::format("ep={}", ep), est);
   }
   for (const auto& [whole, est] : e.search->best_per_etp) {
-    if (c.tp > 1 && (whole == 1) != CostModel::moe_token_parallel(c)) add(etp_choice(whole == 1), est);
+    if (other_etp(c, whole == 1)) add(etp_choice(whole == 1), est);
   }
   return lines;
 }
@@ -204,38 +208,25 @@ std::vector<std::string> why_lines_short(const Explanation& e) {
   if (!e.search) return out;
   const ParallelConfig& c = e.chosen.config;
   auto neighbours = [&](const std::map<int, Estimate>& m, int chosen, const char* name) {
+    auto line = [&](int value, const Estimate& est) {
+      out.push_back(why_line(e, fmt::format("{}={}", name, value), est));
+    };
     auto it = m.find(chosen);
     if (it == m.end()) {
-      for (const auto& [k, est] : m)
-        out.push_back(fmt::format("{}={} instead: {} ({})", name, k, quantified_difference(e.chosen, est),
-                                  config_difference(c, est.config)));
+      for (const auto& [k, est] : m) line(k, est);
       return;
     }
-    if (it != m.begin()) {
-      auto p = std::prev(it);
-      out.push_back(fmt::format("{}={} instead: {} ({})", name, p->first, quantified_difference(e.chosen, p->second),
-                                config_difference(c, p->second.config)));
-    }
-    auto n = std::next(it);
-    if (n != m.end()) {
-      out.push_back(fmt::format("{}={} instead: {} ({})", name, n->first, quantified_difference(e.chosen, n->second),
-                                config_difference(c, n->second.config)));
-    }
+    if (it != m.begin()) line(std::prev(it)->first, std::prev(it)->second);
+    if (auto n = std::next(it); n != m.end()) line(n->first, n->second);
   };
   neighbours(e.search->best_per_tp, c.tp, "tp");
   neighbours(e.search->best_per_pp, c.pp, "pp");
   neighbours(e.search->best_per_ep, c.ep, "ep");
   for (const auto& [whole, est] : e.search->best_per_etp) {
-    if (c.tp > 1 && (whole == 1) != CostModel::moe_token_parallel(c)) {
-      out.push_back(fmt::format("{} instead: {} ({})", etp_choice(whole == 1), quantified_difference(e.chosen, est),
-                                config_difference(c, est.config)));
-    }
+    if (other_etp(c, whole == 1)) out.push_back(why_line(e, etp_choice(whole == 1), est));
   }
   for (const auto& [rc, est] : e.search->best_per_recompute) {
-    if (rc != to_string(c.recompute)) {
-      out.push_back(fmt::format("recompute={} instead: {} ({})", rc, quantified_difference(e.chosen, est),
-                                config_difference(c, est.config)));
-    }
+    if (rc != to_string(c.recompute)) out.push_back(why_line(e, fmt::format("recompute={}", rc), est));
   }
   // The best layout for tp=8 may also be the best for pp=4: say it once, under both names.
   std::vector<std::string> merged;

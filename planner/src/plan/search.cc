@@ -234,7 +234,7 @@ class Searcher {
   };
   EtpChoices expert_tensor_degrees(int tp, bool sequence_parallel) const {
     if (!cm_.model().model.moe.enabled()) return {};
-    if (opt_.fixed.etp) return {{*opt_.fixed.etp == 1 || *opt_.fixed.etp == tp ? *opt_.fixed.etp : tp, 0}, 1};
+    if (opt_.fixed.etp) return {{*opt_.fixed.etp, 0}, 1};  // 1, or tp pinned to it (check_options)
     if (tp == 1) return {{1, 0}, 1};
     if (!sequence_parallel) return {{tp, 0}, 1};
     return {{tp, 1}, 2};

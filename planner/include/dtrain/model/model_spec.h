@@ -109,6 +109,8 @@ struct ModelSpec {
     return activation == ActivationKind::kSwiGlu ? 2 * width : width;
   }
 
+  // Weights (and with `bias` biases) of an MLP of width `width`: a layer's dense MLP, an expert, the shared experts.
+  std::int64_t mlp_params(std::int64_t width, bool bias) const;
   // Parameters of one dense transformer layer (weights, biases, norms).
   std::int64_t layer_params() const;
   // Parameters of one MoE layer: attention and norms, router, every expert, shared experts.

@@ -217,11 +217,12 @@ class CostModel {
   // Parameters one GPU holds of `dense` dense and `moe` MoE layers (inline: the search's inner loop).
   double layers_params(const ParallelConfig& c, int dense, int moe) const {
     const double tp = c.tp;
-    const double etp = moe_tp(c);
     return static_cast<double>(dense) * (layer_params_sharded_ / tp + layer_params_replicated_) +
-           static_cast<double>(moe) * (moe_params_sharded_ / tp + moe_params_replicated_ + moe_shared_params_ / etp +
-                                       moe_expert_params_ / (etp * c.ep));
+           static_cast<double>(moe) * (moe_params_sharded_ / tp + moe_params_replicated_ +
+                                       moe_shared_params_ / moe_tp(c) + moe_layer_expert_params(c));
   }
+  // An MoE layer's routed experts' parameters one GPU holds (split over etp and ep).
+  double moe_layer_expert_params(const ParallelConfig& c) const { return moe_expert_params_ / (moe_tp(c) * c.ep); }
   // The MoE layers among a stage's (an MoE model's).
   int stage_moe_layers(const ParallelConfig& config, int stage) const;
   StageTimes layer_times(const std::vector<model::Op>& ops, const ParallelConfig& config) const;
