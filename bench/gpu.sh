@@ -21,9 +21,10 @@
 #             step and peak memory at three layouts; and the peak memory of full recomputation against none on
 #             llama-1b and llama-8x4096 (predicted beside measured);
 #   calibrate dtplan calibrate --device cuda, twice (both runs' figures side by side), then predicted beside measured:
-#             for each model of DTRAIN_GPU_CAL_MODELS and single-GPU layouts (the planner's choice, other
-#             micro-batches, recomputation), the step dtplan predicts from the calibrated cluster and from the
-#             catalog's (one-gpu.toml, below), the median step dtexec --trace measures, the summary
+#             for each model of DTRAIN_GPU_CAL_MODELS (default: every model of bench/models, in bf16) and single-GPU
+#             layouts (the planner's choice, other micro-batches, recomputation), the step dtplan predicts from the
+#             calibrated cluster and from the catalog's (one-gpu.toml, below), the median step dtexec --trace
+#             measures, the summary
 #             (prediction_summary.py), and dtplan compare's report (time per instruction kind, memory predicted
 #             against measured). Everything it wrote is packed into gpu-check/calibrate.tar.xz.
 #
@@ -305,19 +306,19 @@ if want calibrate && (($(time_left) > 120)); then
     tail -3 "$cal/cal$run.log"
   done
   if [[ -s $cal/cal1.toml ]]; then
-    for key in gemm_efficiency_max gemm_half_gflop attention_efficiency hbm_efficiency step_overhead_s \
-      microbatch_overhead_s kernel_launch_us duration_s; do
+    for key in gemm_efficiency_max gemm_half_gflop attention_efficiency hbm_efficiency optimizer_hbm_efficiency \
+      step_overhead_s microbatch_overhead_s host_op_forward_us host_op_backward_us kernel_launch_us duration_s; do
       printf '   %-22s %12s %12s\n' "$key" "$(grep -m1 "^$key = " "$cal/cal1.toml" | cut -d' ' -f3)" \
         "$(grep -m1 "^$key = " "$cal/cal2.toml" 2>/dev/null | cut -d' ' -f3)"
     done | tee "$cal/figures.txt"
     put "calibrate" "$(grep -m1 duration_s "$cal/figures.txt" | awk '{print $2 " s and " $3 " s"}'); figures in $cal/figures.txt"
-  sed 's/^dtype = .*/dtype = "bf16"/' bench/models/small-llama.toml >"$cal/small-llama.toml"
     : >"$cal/rows"
     printf '%-44s %11s %11s %11s %8s %8s\n' layout calibrated catalog measured error catalog | tee "$cal/table.txt"
     i=0
-    for model in ${DTRAIN_GPU_CAL_MODELS:-llama-1b llama-8x4096 small-llama}; do
-      model_file=bench/models/$model.toml
-      [[ $model == small-llama ]] && model_file=$cal/small-llama.toml
+    for model in ${DTRAIN_GPU_CAL_MODELS:-llama-1b llama-8x4096 small-llama medium-llama moe-1b}; do
+      # The CPU benchmark models (fp32) train in bf16 here, as the GPU models do.
+      model_file=$cal/$model.toml
+      sed 's/^dtype = .*/dtype = "bf16"/' "bench/models/$model.toml" >"$model_file"
       for fix in "" micro_batch=1 micro_batch=2 micro_batch=2,recompute=full micro_batch=4,recompute=selective; do
         (($(time_left) > 60)) || break
         i=$((i + 1))

@@ -488,6 +488,8 @@ topology::ClusterSpec calibrated_cluster(const topology::ClusterSpec& base, cons
     cal.microbatch_overhead_s = r.probe->microbatch_overhead_s;
     if (r.probe->collective_sync_us) c.network.collective_sync_us = *r.probe->collective_sync_us;
     if (r.probe->nvlink_gbps) c.node.nvlink_gbps = *r.probe->nvlink_gbps;
+    if (r.probe->host_op_forward_us) cal.host_op_forward_us = *r.probe->host_op_forward_us;
+    if (r.probe->host_op_backward_us) cal.host_op_backward_us = *r.probe->host_op_backward_us;
   }
   return c;
 }

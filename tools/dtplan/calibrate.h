@@ -99,6 +99,9 @@ struct ProbeFigures {
   // tensor-parallel runs (collectives of one and of four sequences).
   std::optional<double> collective_sync_us;
   std::optional<double> nvlink_gbps;
+  // GPU: the host's floor per op of a forward and of a backward pass, from a second run of a small model.
+  std::optional<double> host_op_forward_us;
+  std::optional<double> host_op_backward_us;
 };
 
 struct CalibrationResult {
@@ -160,7 +163,7 @@ topology::ClusterSpec default_cuda_base(const CalibrationResult& r);
 //   cuda: the [gpu] datasheet figures stay; gemm_efficiency_max, gemm_half_gflop and attention_efficiency are the
 //         measured fractions of them;
 //   both: optimizer_hbm_efficiency from AdamW; with the probe (r.probe), hbm_efficiency, the overheads and (CPU,
-//         several ranks) collective_sync_us and nvlink_gbps.
+//         several ranks) collective_sync_us and nvlink_gbps; (GPU) host_op_forward_us and host_op_backward_us.
 topology::ClusterSpec calibrated_cluster(const topology::ClusterSpec& base, const CalibrationResult& r);
 
 // calibrated_cluster as cluster.toml text with a [provenance] table (host, device, date, version, duration) that

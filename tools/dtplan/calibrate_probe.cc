@@ -44,11 +44,13 @@ namespace fs = std::filesystem;
 // sequences: the kernels run for milliseconds, so the host's launches hide behind them as they do in real training);
 // on a CPU a small one. Micro-batches of one sequence (two on a GPU, four on a CPU), so the gaps between instructions
 // are seen several times per step; on a CPU the tensor-parallel runs also take all four sequences as one micro-batch.
-std::string probe_model_text(const std::string& device) {
-  const bool gpu = device == "cuda";
+// `small` on a GPU: the CPU's small layer in bf16, whose kernels finish faster than the host issues them (the host's
+// floor per op).
+std::string probe_model_text(const std::string& device, bool small = false) {
+  const bool big = device == "cuda" && !small;
   return fmt::format(R"(format = 1
 [model]
-name = "calibrate-probe"
+name = "{}"
 arch = "llama"
 layers = 2
 hidden = {}
@@ -63,8 +65,9 @@ dtype = "{}"
 optimizer = "adamw"
 lr = 1e-4
 )",
-                     gpu ? 3072 : 256, gpu ? 8192 : 768, gpu ? 24 : 8, gpu ? 8 : 4, gpu ? 32000 : 256, gpu ? 4096 : 256,
-                     gpu ? 2 : 4, gpu ? "bf16" : "fp32");
+                     small ? "calibrate-probe-small" : "calibrate-probe", big ? 3072 : 256, big ? 8192 : 768,
+                     big ? 24 : 8, big ? 8 : 4, big ? 32000 : 256, big ? 4096 : 256, device == "cuda" ? 2 : 4,
+                     device == "cuda" ? "bf16" : "fp32");
 }
 
 // Starts `args` with stdout and stderr into `log`.
@@ -128,10 +131,14 @@ std::vector<int> wait_all(const std::vector<pid_t>& pids, const std::function<bo
   return rc;
 }
 
-double kind_seconds(const std::vector<ir::Comparison::Row>& rows, bool measured) {
+// The time per step of the passes of `rows` (compare's kinds): forward, backward, or both.
+enum class Pass { kForward, kBackward, kBoth };
+double kind_seconds(const std::vector<ir::Comparison::Row>& rows, bool measured, Pass pass = Pass::kBoth) {
   double s = 0;
   for (const auto& r : rows) {
-    if (r.key == "forward" || r.key == "backward" || r.key == "backward_input" || r.key == "backward_weight") {
+    const bool forward = r.key == "forward";
+    const bool backward = r.key == "backward" || r.key == "backward_input" || r.key == "backward_weight";
+    if ((forward && pass != Pass::kBackward) || (backward && pass != Pass::kForward)) {
       s += measured ? r.measured_s : r.predicted_s;
     }
   }
@@ -184,7 +191,7 @@ ProbeRun run_probe(const fs::path& bin, const fs::path& dir, const model::ModelD
                    const std::string& model_path, const topology::ClusterSpec& measured, plan::ParallelConfig config,
                    int ranks, const CalibrationResult& r, const std::function<void(const std::string&)>& progress,
                    const std::function<bool()>& stop, int copies = 1) {
-  const std::string tag = fmt::format("tp{}dp{}mb{}", config.tp, config.dp, config.micro_batch);
+  const std::string tag = fmt::format("{}-tp{}dp{}mb{}", model.model.name, config.tp, config.dp, config.micro_batch);
   const std::string plan_path = (dir / (tag + "-plan.toml")).string();
   const std::string trace_path = (dir / (tag + "-trace.json")).string();
   const std::string metrics_path = (dir / (tag + "-metrics.jsonl")).string();
@@ -248,6 +255,42 @@ std::pair<double, double> passes(const plan::Plan& priced, const ProbeRun& run) 
   return {kind_seconds(c.by_kind, false), kind_seconds(c.by_kind, true)};
 }
 
+// A GPU's second probe: a small model's layers, whose kernels finish faster than the host issues them, so that each
+// pass takes what the host needs per op (its work to issue the op's kernels and their launches). The simulator, with
+// floors of 1 and 2 ms per op far above any kernel of this model, counts the ops of the passes; the measured passes
+// over those counts are the floors.
+void probe_host_floor(const fs::path& bin, const fs::path& dir, const topology::ClusterSpec& measured,
+                      const CalibrationResult& r, const std::function<void(const std::string&)>& progress,
+                      const std::function<bool()>& stop, ProbeFigures& f) {
+  const std::string path = (dir / "probe-small.toml").string();
+  const std::string text = probe_model_text(r.device, true);
+  write_file_whole(path, text);
+  const model::ModelDescription small = model::parse_model(TomlDocument::parse_string(text, path));
+  const ProbeRun run = run_probe(bin, dir, small, path, measured, plan::ParallelConfig{}, 1, r, progress, stop);
+  auto at_floor = [&](double us) {
+    plan::Plan priced = run.plan;
+    priced.cluster.node.gpu.calibration.host_op_forward_us = us;
+    priced.cluster.node.gpu.calibration.host_op_backward_us = us;
+    return compared(priced, run);
+  };
+  const ir::Comparison one = at_floor(1000), two = at_floor(2000);
+  // Ops per step, each pass: what 1 ms more per op adds, in ms.
+  const double forward_ops =
+      (kind_seconds(two.by_kind, false, Pass::kForward) - kind_seconds(one.by_kind, false, Pass::kForward)) / 1e-3;
+  const double backward_ops =
+      (kind_seconds(two.by_kind, false, Pass::kBackward) - kind_seconds(one.by_kind, false, Pass::kBackward)) / 1e-3;
+  if (forward_ops < 1 || backward_ops < 1) return;  // nothing to divide by (cannot happen with a model's layers)
+  const double forward = kind_seconds(one.by_kind, true, Pass::kForward);
+  const double backward = kind_seconds(one.by_kind, true, Pass::kBackward);
+  f.host_op_forward_us = 1e6 * forward / forward_ops;
+  f.host_op_backward_us = 1e6 * backward / backward_ops;
+  progress(fmt::format(
+      "executor probe, a small model: forward {} over {:.0f} ops, backward {} over {:.0f} ops per step: the host's "
+      "floor is {:.1f} us per forward op and {:.1f} us per backward op",
+      format_seconds(forward), forward_ops, format_seconds(backward), backward_ops, *f.host_op_forward_us,
+      *f.host_op_backward_us));
+}
+
 }  // namespace
 
 std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured, const CalibrationResult& r,
@@ -299,6 +342,8 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
       "{:.0f}% of the bandwidth; {} per micro-batch between instructions, {} per step outside them",
       format_seconds(f.step_s), format_seconds(f.span_s), format_seconds(measured_passes), format_seconds(predicted),
       100 * f.hbm_efficiency, format_seconds(f.microbatch_overhead_s), format_seconds(f.step_overhead_s)));
+
+  if (r.device == "cuda") probe_host_floor(bin, dir.path, measured, r, progress, stop, f);
 
   // Several CPU ranks per node: tensor parallelism over all of them, whose collectives sit inside the passes. What the
   // passes take beyond the one-rank figures' prediction is what a collective between the ranks really costs, waits for

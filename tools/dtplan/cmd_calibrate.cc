@@ -146,6 +146,8 @@ void run_calibrate(const CalibrateCommand& o) {
                     {"step_overhead_s", r.probe->step_overhead_s}};
       if (r.probe->collective_sync_us) j["probe"]["collective_sync_us"] = *r.probe->collective_sync_us;
       if (r.probe->nvlink_gbps) j["probe"]["nvlink_gbps"] = *r.probe->nvlink_gbps;
+      if (r.probe->host_op_forward_us) j["probe"]["host_op_forward_us"] = *r.probe->host_op_forward_us;
+      if (r.probe->host_op_backward_us) j["probe"]["host_op_backward_us"] = *r.probe->host_op_backward_us;
     }
     j["all_reduce"] = nlohmann::json::array();
     for (std::size_t i = 0; i < r.all_reduce.size(); ++i) {

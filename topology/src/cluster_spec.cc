@@ -107,6 +107,8 @@ void read_calibration(TableReader& c, Calibration& cal) {
   frac("optimizer_hbm_efficiency", cal.optimizer_hbm_efficiency);
   nonneg("step_overhead_s", cal.step_overhead_s);
   nonneg("microbatch_overhead_s", cal.microbatch_overhead_s);
+  nonneg("host_op_forward_us", cal.host_op_forward_us);
+  nonneg("host_op_backward_us", cal.host_op_backward_us);
   nonneg("memory_fragmentation", cal.memory_fragmentation);
   nonneg("runtime_reserved_gib", cal.runtime_reserved_gib);
   if (auto v = c.get_number("moe_imbalance")) {
@@ -211,6 +213,11 @@ ClusterSpec parse_cluster_tables(TableReader root) {
         spec.provenance[key] = probe;
       }
       spec.provenance["calibration.optimizer_hbm_efficiency"] = phrase;  // AdamW, measured with the kernels
+      if (gpu_measured) {                                                // a GPU's second probe, a small model's layers
+        for (const char* key : {"calibration.host_op_forward_us", "calibration.host_op_backward_us"}) {
+          spec.provenance[key] = phrase + ", executor probe of a small model";
+        }
+      }
     }
   }
   spec.name = cluster->get_string("name").value_or("");
@@ -274,6 +281,10 @@ ClusterSpec parse_cluster_tables(TableReader root) {
 
   if (network) read_network(*network, spec.network);
   if (calibration) read_calibration(*calibration, ns.gpu.calibration);
+  if (ns.gpu.calibration.host_op_forward_us == 0 && ns.gpu.calibration.host_op_backward_us == 0) {
+    spec.provenance.erase("calibration.host_op_forward_us");  // a calibration from before dtplan measured them
+    spec.provenance.erase("calibration.host_op_backward_us");
+  }
   spec = default_network(std::move(spec));
   validate(spec);
   return spec;
@@ -325,6 +336,10 @@ std::string cluster_toml(const ClusterSpec& s, const std::string& prefix) {
   out += fmt::format("runtime_reserved_gib = {}\n", c.runtime_reserved_gib);
   if (c.optimizer_hbm_efficiency > 0) out += fmt::format("optimizer_hbm_efficiency = {}\n", c.optimizer_hbm_efficiency);
   if (c.moe_imbalance != 1.0) out += fmt::format("moe_imbalance = {}\n", c.moe_imbalance);
+  if (c.host_op_forward_us > 0 || c.host_op_backward_us > 0) {
+    out +=
+        fmt::format("host_op_forward_us = {}\nhost_op_backward_us = {}\n", c.host_op_forward_us, c.host_op_backward_us);
+  }
   out += "\n";
   out += fmt::format("[{}network]\nnvlink_latency_us = {}\nnetwork_latency_us = {}\np2p_latency_us = {}\n", p,
                      s.network.nvlink_latency_us, s.network.network_latency_us, s.network.p2p_latency_us);
@@ -353,6 +368,10 @@ std::string canonical_text(const ClusterSpec& s) {
   // Written only when set, so that the digests of clusters without it stay what they were.
   if (c.optimizer_hbm_efficiency > 0) out += fmt::format("optimizer_hbm_efficiency = {}\n", c.optimizer_hbm_efficiency);
   if (c.moe_imbalance != 1.0) out += fmt::format("moe_imbalance = {}\n", c.moe_imbalance);
+  if (c.host_op_forward_us > 0 || c.host_op_backward_us > 0) {
+    out +=
+        fmt::format("host_op_forward_us = {}\nhost_op_backward_us = {}\n", c.host_op_forward_us, c.host_op_backward_us);
+  }
   out += fmt::format("network = {} {} {}\n", s.network.nvlink_latency_us, s.network.network_latency_us,
                      s.network.p2p_latency_us);
   if (s.network.collective_sync_us > 0) out += fmt::format("collective_sync_us = {}\n", s.network.collective_sync_us);

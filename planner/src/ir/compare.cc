@@ -235,6 +235,8 @@ Comparison compare(const plan::Plan& plan, const SimulationReport& predicted,
     mem.rank = r;
     if (static_cast<std::size_t>(stage) < plan.predicted.stage_memory_bytes.size()) {
       mem.predicted_bytes = plan.predicted.stage_memory_bytes[static_cast<std::size_t>(stage)];
+      mem.reserved_bytes =
+          std::min(mem.predicted_bytes, plan.cluster.calibration().runtime_reserved_gib * 1024.0 * 1024.0 * 1024.0);
     }
     if (static_cast<std::size_t>(r) < rank_peak_bytes.size()) {
       mem.measured_bytes = static_cast<double>(rank_peak_bytes[static_cast<std::size_t>(r)]);
@@ -274,12 +276,15 @@ std::string comparison_text(const Comparison& c) {
   if (c.unmatched > 0) {
     out += fmt::format("({} predicted instructions have no measured slice)\n", c.unmatched);
   }
-  out += "\nmemory per stage (the plan's prediction; measured: the rank's peak backend memory)\n";
+  out +=
+      "\nmemory per stage (the plan's prediction without the runtime's reserve; measured: the rank's peak backend "
+      "memory)\n";
   for (const auto& m : c.memory) {
-    out += fmt::format("  stage {} (rank {}): predicted {}, measured {}{}\n", m.stage, m.rank,
-                       format_bytes(m.predicted_bytes),
+    out += fmt::format("  stage {} (rank {}): predicted {}{}, measured {}{}\n", m.stage, m.rank,
+                       format_bytes(m.compared_bytes()),
+                       m.reserved_bytes > 0 ? fmt::format(" (+{} reserve)", format_bytes(m.reserved_bytes)) : "",
                        m.measured_bytes > 0 ? format_bytes(m.measured_bytes) : std::string("- (no --metrics)"),
-                       m.measured_bytes > 0 ? fmt::format(" ({})", pct(m.predicted_bytes, m.measured_bytes)) : "");
+                       m.measured_bytes > 0 ? fmt::format(" ({})", pct(m.compared_bytes(), m.measured_bytes)) : "");
   }
   return out;
 }
@@ -315,6 +320,7 @@ nlohmann::json comparison_json(const Comparison& c) {
     j["memory"].push_back({{"stage", m.stage},
                            {"rank", m.rank},
                            {"predicted_bytes", m.predicted_bytes},
+                           {"reserved_bytes", m.reserved_bytes},
                            {"measured_bytes", m.measured_bytes}});
   }
   return j;

@@ -405,16 +405,37 @@ StageTimes scaled(const StageTimes& a, double n) {
 }
 }  // namespace
 
-StageTimes CostModel::layer_times(const std::vector<Op>& ops, const ParallelConfig& c) const {
-  StageTimes layer;
+StageTimes CostModel::ops_times(const std::vector<Op>& ops, const ParallelConfig& c) const {
+  StageTimes t;
+  double recomputed_ops = 0;
   for (const Op& op : ops) {
     double f = op_forward_seconds(op, c);
     double w = op_weight_grad_seconds(op, c);
-    layer.forward_s += f;
-    layer.backward_input_s += op.backward_factor * f - w;
-    layer.backward_weight_s += w;
-    if (c.recompute == Recompute::kSelective && op.kind == OpKind::kAttention) layer.recompute_s += f;
+    t.forward_s += f;
+    t.backward_input_s += op.backward_factor * f - w;
+    t.backward_weight_s += w;
+    if (c.recompute == Recompute::kSelective && op.kind == OpKind::kAttention) {
+      t.recompute_s += f;
+      recomputed_ops += 1;
+    }
   }
+  // The host's floor: no pass over these ops is faster than issuing them (a small model on a GPU).
+  const auto& cal = cluster_.calibration();
+  const double n = static_cast<double>(ops.size());
+  t.forward_s = std::max(t.forward_s, n * cal.host_op_forward_us * 1e-6);
+  t.recompute_s = std::max(t.recompute_s, recomputed_ops * cal.host_op_forward_us * 1e-6);
+  const double backward = t.backward_input_s + t.backward_weight_s;
+  const double floor = n * cal.host_op_backward_us * 1e-6;
+  if (floor > backward) {
+    const double scale = backward > 0 ? floor / backward : 0.0;  // the split between the two parts stays
+    t.backward_input_s = backward > 0 ? t.backward_input_s * scale : floor;
+    t.backward_weight_s *= scale;
+  }
+  return t;
+}
+
+StageTimes CostModel::layer_times(const std::vector<Op>& ops, const ParallelConfig& c) const {
+  StageTimes layer = ops_times(ops, c);
   double tp_f = layer_tp_forward_seconds(c);
   double tp_b = layer_tp_backward_seconds(c);
   double ep_f = 0;
@@ -456,17 +477,8 @@ LayerCosts CostModel::layer_costs(const ParallelConfig& c) const {
     lc.moe = &graph_.moe;
   }
 
-  auto add_ops = [&](const std::vector<Op>& ops, StageTimes& out) {
-    for (const Op& op : ops) {
-      double f = op_forward_seconds(op, c);
-      double w = op_weight_grad_seconds(op, c);
-      out.forward_s += f;
-      out.backward_input_s += op.backward_factor * f - w;
-      out.backward_weight_s += w;
-    }
-  };
-  add_ops(graph_.embedding, lc.embedding);
-  add_ops(graph_.head, lc.head);
+  lc.embedding = ops_times(graph_.embedding, c);
+  lc.head = ops_times(graph_.head, c);
   if (c.tp > 1) {
     GroupGeometry g = tp_group(c);
     double hb = hidden_bytes(c);

@@ -161,5 +161,60 @@ TEST(CostModel, ThePerCollectiveCostIsPaidOncePerCollective) {
   EXPECT_THROW(topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml")), Error);
 }
 
+// A small model on a GPU: its kernels finish faster than the host issues them, so every pass takes its op count times
+// the host's floor per op; a large one is untouched by the same floor.
+TEST(CostModel, TheHostsFloorPerOpBoundsTheSmallModelsPasses) {
+  auto small = model::load_model(kRoot + "/bench/models/small-llama.toml");
+  small.training.dtype = DType::kBf16;
+  auto cluster = topology::load_cluster(kRoot + "/examples/clusters/dgx-h100.toml");
+  cluster.nodes = 1;
+  const std::string digest_before = topology::canonical_text(cluster);
+  const CostModel plain(small, cluster);
+  cluster.node.gpu.calibration.host_op_forward_us = 20;
+  cluster.node.gpu.calibration.host_op_backward_us = 30;
+  const CostModel floored(small, cluster);
+  ParallelConfig c;
+  c.micro_batch = 1;
+  const LayerCosts a = plain.layer_costs(c);
+  const LayerCosts b = floored.layer_costs(c);
+  const auto& g = floored.graph();
+  const double layer_ops = static_cast<double>(g.layer.size());
+  ASSERT_LT(a.layer.forward_s, layer_ops * 20e-6);  // the floor binds
+  EXPECT_NEAR(b.layer.forward_s, layer_ops * 20e-6, 1e-12);
+  EXPECT_NEAR(b.layer.backward_input_s + b.layer.backward_weight_s, layer_ops * 30e-6, 1e-12);
+  // The input and weight gradients keep their proportions.
+  EXPECT_NEAR(b.layer.backward_weight_s / b.layer.backward_input_s,
+              a.layer.backward_weight_s / a.layer.backward_input_s, 1e-9);
+  EXPECT_NEAR(b.head.forward_s, static_cast<double>(g.head.size()) * 20e-6, 1e-12);
+  EXPECT_NEAR(b.embedding.forward_s, static_cast<double>(g.embedding.size()) * 20e-6, 1e-12);
+  // Full recomputation repeats the floored forward.
+  c.recompute = Recompute::kFull;
+  EXPECT_NEAR(floored.layer_costs(c).layer.recompute_s, layer_ops * 20e-6, 1e-12);
+
+  // GPT-3's layers on the same floor: far above it, unchanged.
+  auto gpt3 = model::load_model(kRoot + "/examples/models/gpt3-175b.toml");
+  const ParallelConfig big = layout(8, 8, 1, 1, 1);
+  EXPECT_EQ(CostModel(gpt3, cluster).layer_costs(big).layer.forward_s,
+            CostModel(gpt3, topology::load_cluster(kRoot + "/examples/clusters/dgx-h100.toml"))
+                .layer_costs(big)
+                .layer.forward_s);
+
+  // Written only when set (digests of clusters without it stay), read back, and checked.
+  EXPECT_EQ(digest_before.find("host_op"), std::string::npos);
+  EXPECT_NE(topology::canonical_text(cluster).find("host_op_forward_us = 20"), std::string::npos);
+  const std::string text = topology::cluster_toml(cluster, "");
+  const auto back = topology::parse_cluster(TomlDocument::parse_string(text, "c.toml"));
+  EXPECT_EQ(back.node.gpu.calibration.host_op_forward_us, 20);
+  EXPECT_EQ(back.node.gpu.calibration.host_op_backward_us, 30);
+  std::string bad = text;
+  bad.replace(bad.find("host_op_backward_us = 30"), 24, "host_op_backward_us = -3");
+  try {
+    topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml"));
+    ADD_FAILURE() << "a negative floor was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("host_op_backward_us"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace dtrain::plan

@@ -225,6 +225,9 @@ class CostModel {
   double moe_layer_expert_params(const ParallelConfig& c) const { return moe_expert_params_ / (moe_tp(c) * c.ep); }
   // The MoE layers among a stage's (an MoE model's).
   int stage_moe_layers(const ParallelConfig& config, int stage) const;
+  // The compute of one pass over `ops` (forward, backward split into input and weight gradients, and selective
+  // recomputation), each at least the ops' count times the host's floor per op.
+  StageTimes ops_times(const std::vector<model::Op>& ops, const ParallelConfig& config) const;
   StageTimes layer_times(const std::vector<model::Op>& ops, const ParallelConfig& config) const;
 
   model::ModelDescription model_;

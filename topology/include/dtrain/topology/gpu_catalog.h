@@ -32,6 +32,12 @@ struct Calibration {
   double step_overhead_s = 0.05;
   // Time lost per micro-batch per pipeline stage (kernel launch gaps, host scheduling).
   double microbatch_overhead_s = 0.0005;
+  // The least time one op of the model's graph takes in a forward (backward) pass on this device: the host's work to
+  // issue its kernels and their launches. A pass over a layer takes at least its op count times this, which is what
+  // sets the pace of a small model on a GPU (the kernels finish faster than the host issues them). 0: no floor (the
+  // catalog; a CPU, where the host is the device). dtplan calibrate --device cuda measures it.
+  double host_op_forward_us = 0;
+  double host_op_backward_us = 0;
   // Memory lost to the allocator's fragmentation, as a fraction of what tensors use.
   double memory_fragmentation = 0.05;
   // Memory the runtime takes before any tensor: CUDA context, cuBLAS workspaces, NCCL buffers.
