@@ -466,6 +466,7 @@ void apply_cuda(topology::ClusterSpec& c, const CalibrationResult& r) {
   cal.attention_efficiency = std::min(1.0, r.attention_efficiency * r.peak_flops / peak);
   cal.hbm_efficiency = std::min(1.0, r.memory_bytes_per_s / (g.hbm_gbps * 1e9));
   cal.optimizer_hbm_efficiency = optimizer_fraction(r, g.hbm_gbps * 1e9);
+  cal.expert_gemm_efficiency = r.expert_gemm_efficiency;
   if (r.device_memory_gib > 0) g.memory_gib = r.device_memory_gib;
 }
 

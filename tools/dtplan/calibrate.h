@@ -31,6 +31,8 @@
 //              bytes over their summed time.
 //   attention  cuda::attention_forward and backward (the kernel kAuto picks: tensor cores where they apply) at head
 //              sizes 64 and 128 across sequence lengths.
+//   experts    cuda::grouped_linear_* (the experts' grouped GEMMs, all three passes) for 8 experts of MoE layer shapes,
+//              against the plain GEMM curve's time for the same groups (expert_gemm_efficiency).
 //   launch     one tiny kernel launched back to back: the cost of a launch.
 // Communication between GPUs (NCCL) is the base cluster's: measuring it needs two or more GPUs in one machine.
 //
@@ -111,6 +113,10 @@ struct CalibrationResult {
   int ranks = 1;
   int threads_per_rank = 1;
   std::vector<GemmPoint> gemms;
+  // cuda: the experts' grouped GEMMs (8 groups of m rows each), and their rate against the fitted curve's for the same
+  // groups (1: none measured).
+  std::vector<GemmPoint> grouped_gemms;
+  double expert_gemm_efficiency = 1;
   double peak_flops = 0;      // fitted P
   double half_flops = 0;      // fitted h
   double gemm_fit_error = 0;  // mean relative error of the fit over the shapes
@@ -161,7 +167,7 @@ topology::ClusterSpec default_cuda_base(const CalibrationResult& r);
 //   cpu:  [gpu] tflops_fp32 (and the bf16 rate) and hbm_gbps are the measured peak and bandwidth per rank,
 //         gemm_half_gflop and attention_efficiency, the all-reduce figures;
 //   cuda: the [gpu] datasheet figures stay; gemm_efficiency_max, gemm_half_gflop and attention_efficiency are the
-//         measured fractions of them;
+//         measured fractions of them; expert_gemm_efficiency the grouped GEMMs' rate against the plain ones';
 //   both: optimizer_hbm_efficiency from AdamW; with the probe (r.probe), hbm_efficiency, the overheads and (CPU,
 //         several ranks) collective_sync_us and nvlink_gbps; (GPU) host_op_forward_us and host_op_backward_us.
 topology::ClusterSpec calibrated_cluster(const topology::ClusterSpec& base, const CalibrationResult& r);

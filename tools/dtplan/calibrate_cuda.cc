@@ -18,6 +18,7 @@
 #include "dtrain/kernels/cuda/context.h"
 #include "dtrain/kernels/cuda/dropout.h"
 #include "dtrain/kernels/cuda/elementwise.h"
+#include "dtrain/kernels/cuda/grouped_linear.h"
 #include "dtrain/kernels/cuda/linear.h"
 #include "dtrain/kernels/cuda/norm.h"
 #include "dtrain/kernels/cuda/optimizer.h"
@@ -98,6 +99,67 @@ void measure_gemms(cuda::Context& ctx, const CalibrateOptions& o, double budget,
   fit_gemms(r);
   progress(fmt::format("GEMM fit: peak {:.0f} TFLOP/s, half-size {:.3g} GFLOP, mean fit error {:.1f}%",
                        r.peak_flops / 1e12, r.half_flops / 1e9, 100 * r.gemm_fit_error));
+}
+
+// The experts' grouped GEMMs (cuda::grouped_linear_*, what the executor runs for an MoE layer's experts), all three
+// passes, for 8 experts of the MoE models dtrain trains (moe-1b: hidden 2048, SwiGLU width 2816, its fused fc1 of
+// 2 x 2816; Mixtral's hidden 4096 and width 14336 split over tp = 4) at 512 to 4096 rows per expert. Each against the
+// fitted plain GEMM curve for the same groups (one GEMM each, as the cost model prices them): expert_gemm_efficiency
+// is the curve's time over the measured time, summed over every call.
+void measure_grouped_gemms(cuda::Context& ctx, const CalibrateOptions& o, double budget, CalibrationResult& r,
+                           const std::function<void(const std::string&)>& progress, const std::function<bool()>& stop) {
+  const std::int64_t groups = 8;
+  std::vector<std::array<std::int64_t, 3>> shapes;  // rows per expert, out, in
+  for (std::int64_t rows : o.quick ? std::vector<std::int64_t>{2048} : std::vector<std::int64_t>{512, 2048, 4096}) {
+    shapes.push_back({rows, 5632, 2048});
+    shapes.push_back({rows, 2048, 2816});
+  }
+  if (!o.quick) shapes.push_back({2048, 7168, 4096});
+  const double per_call = budget / static_cast<double>(3 * shapes.size());
+  auto curve = [&](std::int64_t rows, std::int64_t out, std::int64_t in) {
+    const double flops = 2.0 * static_cast<double>(rows * out * in);
+    return static_cast<double>(groups) * (flops + r.half_flops) / r.peak_flops;
+  };
+  double predicted = 0, measured = 0;
+  for (const auto& [rows, out, in] : shapes) {
+    check_stop(stop);
+    const std::int64_t total = groups * rows;
+    const auto x = cuda::random_normal_bf16(ctx, total * in, 1.0f, 40);
+    const auto dy = cuda::random_normal_bf16(ctx, total * out, 1.0f, 41);
+    const auto w = cuda::random_normal_bf16(ctx, groups * out * in, 0.02f, 42);
+    auto y = cuda::allocate<bf16>(ctx, static_cast<std::size_t>(total * out));
+    auto dx = cuda::allocate<bf16>(ctx, static_cast<std::size_t>(total * in));
+    auto dw = cuda::allocate<float>(ctx, static_cast<std::size_t>(groups * out * in));
+    cuda::fill(ctx, groups * out * in, 0.0f, dw.data());
+    const std::vector<std::int64_t> counts(static_cast<std::size_t>(groups), rows);
+    std::vector<const bf16*> weights;
+    std::vector<float*> dweights;
+    for (std::int64_t g = 0; g < groups; ++g) {
+      weights.push_back(w.data() + g * out * in);
+      dweights.push_back(dw.data() + g * out * in);
+    }
+    const double f = gpu_seconds(ctx, per_call, [&] {
+      cuda::grouped_linear_forward(ctx, groups, counts.data(), in, out, x.data(), weights.data(), y.data());
+    });
+    const double bi = gpu_seconds(ctx, per_call, [&] {
+      cuda::grouped_linear_backward_input(ctx, groups, counts.data(), in, out, dy.data(), weights.data(), dx.data());
+    });
+    const double bw = gpu_seconds(ctx, per_call, [&] {
+      cuda::grouped_linear_backward_weight(ctx, groups, counts.data(), in, out, dy.data(), x.data(), dweights.data());
+    });
+    for (const auto& [seconds, pass] : {std::pair{f, "forward"}, {bi, "backward_input"}, {bw, "backward_weight"}}) {
+      r.grouped_gemms.push_back({rows, out, in, seconds, pass});
+    }
+    const double plain = curve(rows, out, in);
+    predicted += 3 * plain;
+    measured += f + bi + bw;
+    progress(
+        fmt::format("grouped GEMM {} x {}x{}x{}: forward {:.0f}%, input grad {:.0f}%, weight grad {:.0f}% of a "
+                    "plain GEMM's rate",
+                    groups, rows, out, in, 100 * plain / f, 100 * plain / bi, 100 * plain / bw));
+  }
+  r.expert_gemm_efficiency = measured > 0 ? std::min(1.0, predicted / measured) : 1.0;
+  progress(fmt::format("grouped GEMMs: {:.0f}% of the plain GEMMs' rate", 100 * r.expert_gemm_efficiency));
 }
 
 // The memory-bound kernels of a layer over `tokens` rows of `hidden` (FFN `ffn`), each counted by the bytes it must
@@ -245,6 +307,7 @@ CalibrationResult calibrate_cuda(const CalibrateOptions& o, const std::function<
   // The budget: GEMMs half, attention a quarter, memory-bound kernels the rest.
   const double budget = o.budget_s * (o.quick ? 0.25 : 1.0);
   measure_gemms(ctx, o, 0.5 * budget, r, progress, stop);
+  measure_grouped_gemms(ctx, o, 0.1 * budget, r, progress, stop);
   measure_memory(ctx, o, 0.2 * budget, r, progress, stop);
   measure_attention(ctx, o, 0.25 * budget, r, progress, stop);
   {

@@ -45,7 +45,7 @@ namespace fs = std::filesystem;
 // on a CPU a small one. Micro-batches of one sequence (two on a GPU, four on a CPU), so the gaps between instructions
 // are seen several times per step; on a CPU the tensor-parallel runs also take all four sequences as one micro-batch.
 // `small` on a GPU: the CPU's small layer in bf16, whose kernels finish faster than the host issues them (the host's
-// floor per op).
+// floor per op), in eight micro-batches.
 std::string probe_model_text(const std::string& device, bool small = false) {
   const bool big = device == "cuda" && !small;
   return fmt::format(R"(format = 1
@@ -66,7 +66,10 @@ optimizer = "adamw"
 lr = 1e-4
 )",
                      small ? "calibrate-probe-small" : "calibrate-probe", big ? 3072 : 256, big ? 8192 : 768,
-                     big ? 24 : 8, big ? 8 : 4, big ? 32000 : 256, big ? 4096 : 256, device == "cuda" ? 2 : 4,
+                     big ? 24 : 8, big ? 8 : 4, big ? 32000 : 256, big ? 4096 : 256,
+                     small              ? 8
+                     : device == "cuda" ? 2
+                                        : 4,
                      device == "cuda" ? "bf16" : "fp32");
 }
 
@@ -176,8 +179,8 @@ struct TempDir {
 
 namespace {
 
-// One probe run: the plan of `config` for `ranks` ranks on one node of `measured`, trained for 8 steps by dtexec (under
-// dtlaunch --nproc for more than one rank), its measured trace and step times.
+// One probe run: the plan of `config` for `ranks` ranks on one node of `measured`, trained for `steps` steps by dtexec
+// (under dtlaunch --nproc for more than one rank), its measured trace and step times.
 struct ProbeRun {
   plan::Plan plan;
   std::vector<ir::Program> programs;  // the plan's, lowered once: re-pricing the plan does not change them
@@ -190,7 +193,7 @@ struct ProbeRun {
 ProbeRun run_probe(const fs::path& bin, const fs::path& dir, const model::ModelDescription& model,
                    const std::string& model_path, const topology::ClusterSpec& measured, plan::ParallelConfig config,
                    int ranks, const CalibrationResult& r, const std::function<void(const std::string&)>& progress,
-                   const std::function<bool()>& stop, int copies = 1) {
+                   const std::function<bool()>& stop, int copies = 1, int steps = 8) {
   const std::string tag = fmt::format("{}-tp{}dp{}mb{}", model.model.name, config.tp, config.dp, config.micro_batch);
   const std::string plan_path = (dir / (tag + "-plan.toml")).string();
   const std::string trace_path = (dir / (tag + "-trace.json")).string();
@@ -205,7 +208,6 @@ ProbeRun run_probe(const fs::path& bin, const fs::path& dir, const model::ModelD
   run.plan = ir::plan_for_layout(model, node, config, model.training.global_batch);
   run.programs = ir::lower_all(run.plan);
   write_file_whole(plan_path, plan::render_plan(run.plan));
-  const int steps = 8;
   std::vector<std::string> args;
   if (ranks > 1) args = {(bin / "dtlaunch").string(), "--nproc", std::to_string(ranks), "--"};
   args.insert(args.end(), {(bin / "dtexec").string(), "train", "--model", model_path, "--plan", plan_path, "--device",
@@ -266,7 +268,8 @@ void probe_host_floor(const fs::path& bin, const fs::path& dir, const topology::
   const std::string text = probe_model_text(r.device, true);
   write_file_whole(path, text);
   const model::ModelDescription small = model::parse_model(TomlDocument::parse_string(text, path));
-  const ProbeRun run = run_probe(bin, dir, small, path, measured, plan::ParallelConfig{}, 1, r, progress, stop);
+  // Its steps take milliseconds: many of them, for a steady median.
+  const ProbeRun run = run_probe(bin, dir, small, path, measured, plan::ParallelConfig{}, 1, r, progress, stop, 1, 40);
   auto at_floor = [&](double us) {
     plan::Plan priced = run.plan;
     priced.cluster.node.gpu.calibration.host_op_forward_us = us;

@@ -121,6 +121,12 @@ void run_calibrate(const CalibrateCommand& o) {
     for (const auto& g : r.gemms) {
       j["gemms"].push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"pass", g.pass}, {"seconds", g.seconds}});
     }
+    j["grouped_gemms"] = nlohmann::json::array();
+    for (const auto& g : r.grouped_gemms) {
+      j["grouped_gemms"].push_back(
+          {{"groups", 8}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"pass", g.pass}, {"seconds", g.seconds}});
+    }
+    if (!r.grouped_gemms.empty()) j["expert_gemm_efficiency"] = r.expert_gemm_efficiency;
     j["attention"] = nlohmann::json::array();
     for (const auto& a : r.attention) {
       j["attention"].push_back({{"batch", a.batch},

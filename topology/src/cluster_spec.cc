@@ -105,6 +105,7 @@ void read_calibration(TableReader& c, Calibration& cal) {
   frac("attention_efficiency", cal.attention_efficiency);
   frac("hbm_efficiency", cal.hbm_efficiency);
   frac("optimizer_hbm_efficiency", cal.optimizer_hbm_efficiency);
+  frac("expert_gemm_efficiency", cal.expert_gemm_efficiency);
   nonneg("step_overhead_s", cal.step_overhead_s);
   nonneg("microbatch_overhead_s", cal.microbatch_overhead_s);
   nonneg("host_op_forward_us", cal.host_op_forward_us);
@@ -281,6 +282,10 @@ ClusterSpec parse_cluster_tables(TableReader root) {
 
   if (network) read_network(*network, spec.network);
   if (calibration) read_calibration(*calibration, ns.gpu.calibration);
+  if (measured && ns.gpu.calibration.expert_gemm_efficiency != 1.0 &&
+      spec.provenance.count("calibration.gemm_efficiency_max")) {
+    spec.provenance["calibration.expert_gemm_efficiency"] = spec.provenance["calibration.gemm_efficiency_max"];
+  }
   if (ns.gpu.calibration.host_op_forward_us == 0 && ns.gpu.calibration.host_op_backward_us == 0) {
     spec.provenance.erase("calibration.host_op_forward_us");  // a calibration from before dtplan measured them
     spec.provenance.erase("calibration.host_op_backward_us");
@@ -336,6 +341,7 @@ std::string cluster_toml(const ClusterSpec& s, const std::string& prefix) {
   out += fmt::format("runtime_reserved_gib = {}\n", c.runtime_reserved_gib);
   if (c.optimizer_hbm_efficiency > 0) out += fmt::format("optimizer_hbm_efficiency = {}\n", c.optimizer_hbm_efficiency);
   if (c.moe_imbalance != 1.0) out += fmt::format("moe_imbalance = {}\n", c.moe_imbalance);
+  if (c.expert_gemm_efficiency != 1.0) out += fmt::format("expert_gemm_efficiency = {}\n", c.expert_gemm_efficiency);
   if (c.host_op_forward_us > 0 || c.host_op_backward_us > 0) {
     out +=
         fmt::format("host_op_forward_us = {}\nhost_op_backward_us = {}\n", c.host_op_forward_us, c.host_op_backward_us);
@@ -368,6 +374,7 @@ std::string canonical_text(const ClusterSpec& s) {
   // Written only when set, so that the digests of clusters without it stay what they were.
   if (c.optimizer_hbm_efficiency > 0) out += fmt::format("optimizer_hbm_efficiency = {}\n", c.optimizer_hbm_efficiency);
   if (c.moe_imbalance != 1.0) out += fmt::format("moe_imbalance = {}\n", c.moe_imbalance);
+  if (c.expert_gemm_efficiency != 1.0) out += fmt::format("expert_gemm_efficiency = {}\n", c.expert_gemm_efficiency);
   if (c.host_op_forward_us > 0 || c.host_op_backward_us > 0) {
     out +=
         fmt::format("host_op_forward_us = {}\nhost_op_backward_us = {}\n", c.host_op_forward_us, c.host_op_backward_us);

@@ -203,8 +203,9 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
         const double experts = static_cast<double>(op.experts) / c.ep;
         const double imbalance = c.ep > 1 ? cluster_.calibration().moe_imbalance : 1.0;
         const double rows = p.tokens * static_cast<double>(op.top_k) / experts * imbalance;
-        if (op.split == TpSplit::kRow) return experts * gemm_seconds(rows, out, in / p.tp);
-        return experts * gemm_seconds(rows, std::ceil(out / p.tp), in);
+        const double grouped = experts / cluster_.calibration().expert_gemm_efficiency;  // one grouped call
+        if (op.split == TpSplit::kRow) return grouped * gemm_seconds(rows, out, in / p.tp);
+        return grouped * gemm_seconds(rows, std::ceil(out / p.tp), in);
       }
       if (op.split == TpSplit::kReplicated) return gemm_seconds(p.tokens, out, in);
       if (op.split == TpSplit::kRow) return gemm_seconds(p.tokens, out, in / p.tp);
@@ -406,29 +407,35 @@ StageTimes scaled(const StageTimes& a, double n) {
 }  // namespace
 
 StageTimes CostModel::ops_times(const std::vector<Op>& ops, const ParallelConfig& c) const {
+  // The host issues the ops one after the other, each `host` seconds after the one before (the first as the pass
+  // begins: in a long run of device-bound layers the host is ahead); the device runs each as soon as it is issued and
+  // the one before it is done. With no host cost a pass is the sum of its ops; with a large one (a small model on a
+  // GPU) about the ops' count times it.
+  const auto& cal = cluster_.calibration();
+  auto issued = [](const std::vector<double>& device, double host) {
+    double done = 0;
+    for (std::size_t i = 0; i < device.size(); ++i) done = std::max(done, static_cast<double>(i) * host) + device[i];
+    return done;
+  };
   StageTimes t;
-  double recomputed_ops = 0;
+  std::vector<double> forward, backward, recomputed;
   for (const Op& op : ops) {
     double f = op_forward_seconds(op, c);
     double w = op_weight_grad_seconds(op, c);
-    t.forward_s += f;
+    forward.push_back(f);
+    backward.push_back(op.backward_factor * f);
     t.backward_input_s += op.backward_factor * f - w;
     t.backward_weight_s += w;
-    if (c.recompute == Recompute::kSelective && op.kind == OpKind::kAttention) {
-      t.recompute_s += f;
-      recomputed_ops += 1;
-    }
+    if (c.recompute == Recompute::kSelective && op.kind == OpKind::kAttention) recomputed.push_back(f);
   }
-  // The host's floor: no pass over these ops is faster than issuing them (a small model on a GPU).
-  const auto& cal = cluster_.calibration();
-  const double n = static_cast<double>(ops.size());
-  t.forward_s = std::max(t.forward_s, n * cal.host_op_forward_us * 1e-6);
-  t.recompute_s = std::max(t.recompute_s, recomputed_ops * cal.host_op_forward_us * 1e-6);
-  const double backward = t.backward_input_s + t.backward_weight_s;
-  const double floor = n * cal.host_op_backward_us * 1e-6;
-  if (floor > backward) {
-    const double scale = backward > 0 ? floor / backward : 0.0;  // the split between the two parts stays
-    t.backward_input_s = backward > 0 ? t.backward_input_s * scale : floor;
+  std::reverse(backward.begin(), backward.end());  // the backward pass runs the ops last to first
+  t.forward_s = issued(forward, cal.host_op_forward_us * 1e-6);
+  t.recompute_s = issued(recomputed, cal.host_op_forward_us * 1e-6);
+  const double device = t.backward_input_s + t.backward_weight_s;
+  const double pass = issued(backward, cal.host_op_backward_us * 1e-6);
+  if (pass > device) {
+    const double scale = device > 0 ? pass / device : 0.0;  // the split between the two parts stays
+    t.backward_input_s = device > 0 ? t.backward_input_s * scale : pass;
     t.backward_weight_s *= scale;
   }
   return t;

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "dtrain/common/error.h"
+#include "dtrain/common/toml_reader.h"
 #include "dtrain/model/model_spec.h"
 #include "dtrain/plan/cost_model.h"
 #include "dtrain/plan/plan_file.h"
@@ -62,6 +63,37 @@ TEST(MoePlan, ExpertsSplitOverEpAndTheirAllToAllIsPriced) {
   // (Not quite 1.3 times: latencies stay, and bandwidth efficiency grows with the message.)
   EXPECT_GT(skewed.breakdown.ep_comm_s, 1.1 * ep8.breakdown.ep_comm_s);
   EXPECT_LT(skewed.breakdown.ep_comm_s, 1.3 * ep8.breakdown.ep_comm_s);
+}
+
+// A calibrated GPU's grouped GEMMs run below the plain GEMM curve: every expert GEMM (and only those) slows by the
+// measured factor; the figure is written and read back only when it is not 1.
+TEST(MoePlan, TheExpertsGroupedGemmsTakeTheirMeasuredRate) {
+  auto model = model::load_model(kRoot + "/examples/models/mixtral-8x7b.toml");
+  auto cluster = topology::load_cluster(kRoot + "/examples/clusters/dgx-h100.toml");
+  const std::string digest_before = topology::canonical_text(cluster);
+  const CostModel plain(model, cluster);
+  cluster.node.gpu.calibration.expert_gemm_efficiency = 0.5;
+  const CostModel grouped(model, cluster);
+  const ParallelConfig c = layout(2, 4, 4, 2, 1);
+  int experts = 0;
+  for (const auto& op : grouped.graph().moe_layer) {
+    const double ratio = grouped.op_forward_seconds(op, c) / plain.op_forward_seconds(op, c);
+    if (op.experts > 0) {
+      EXPECT_DOUBLE_EQ(ratio, 2.0) << op.name;
+      EXPECT_DOUBLE_EQ(grouped.op_weight_grad_seconds(op, c), 2.0 * plain.op_weight_grad_seconds(op, c)) << op.name;
+      ++experts;
+    } else {
+      EXPECT_DOUBLE_EQ(ratio, 1.0) << op.name;
+    }
+  }
+  EXPECT_EQ(experts, 2);  // fc1 and fc2
+  EXPECT_EQ(digest_before.find("expert_gemm_efficiency"), std::string::npos);
+  const std::string text = topology::cluster_toml(cluster, "");
+  EXPECT_EQ(topology::parse_cluster(TomlDocument::parse_string(text, "c.toml")).calibration().expert_gemm_efficiency,
+            0.5);
+  std::string bad = text;
+  bad.replace(bad.find("expert_gemm_efficiency = 0.5"), 28, "expert_gemm_efficiency = 1.5");
+  EXPECT_THROW(topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml")), Error);
 }
 
 TEST(MoePlan, RoutedFlopsAreTopKOfTheExperts) {

@@ -46,6 +46,9 @@ struct Calibration {
   // router balances perfectly). Scales that rank's expert GEMMs and all-to-all bytes. Measured routing (Switch,
   // Mixtral, DeepSeek) is 1.1-1.5 early in training and nearer 1 with a load-balancing loss.
   double moe_imbalance = 1.0;
+  // The experts' grouped GEMMs' rate against plain GEMMs of the same shapes (the curve above), which prices each
+  // expert's GEMM; 1: the same. dtplan calibrate --device cuda measures it.
+  double expert_gemm_efficiency = 1.0;
 };
 
 struct GpuSpec {
