@@ -307,7 +307,8 @@ if want calibrate && (($(time_left) > 120)); then
   done
   if [[ -s $cal/cal1.toml ]]; then
     for key in gemm_efficiency_max gemm_half_gflop attention_efficiency hbm_efficiency optimizer_hbm_efficiency \
-      step_overhead_s microbatch_overhead_s host_op_forward_us host_op_backward_us kernel_launch_us duration_s; do
+      expert_gemm_efficiency step_overhead_s microbatch_overhead_s host_op_forward_us host_op_backward_us kernel_launch_us \
+      duration_s; do
       printf '   %-22s %12s %12s\n' "$key" "$(grep -m1 "^$key = " "$cal/cal1.toml" | cut -d' ' -f3)" \
         "$(grep -m1 "^$key = " "$cal/cal2.toml" 2>/dev/null | cut -d' ' -f3)"
     done | tee "$cal/figures.txt"
