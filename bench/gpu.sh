@@ -339,7 +339,7 @@ if want calibrate && (($(time_left) > 120)); then
         fi
         measured=$(python3 -c "import json,sys,statistics; t=[json.loads(l)['step_s'] for l in open(sys.argv[1])][3:]; print(1000 * statistics.median(t))" "$cal/m$i.jsonl")
         line=$(head -1 "$cal/plan$i.txt")
-        printf '%-44s %11.2f %11s %11.2f %8s %8s\n' "$model $(echo "$line" | awk '{print $5, $7}')" "$predicted" \
+        printf '%-44s %11.2f %11s %11.2f %8s %8s\n' "$model $(echo "$line" | grep -oE '(mb|recompute)=[a-z0-9]+' | paste -sd' ')" "$predicted" \
           "${catalog:-nan}" "$measured" "$(awk -v p="$predicted" -v m="$measured" 'BEGIN { printf "%+.1f%%", 100 * (p - m) / m }')" \
           "$(awk -v p="${catalog:-0}" -v m="$measured" 'BEGIN { if (p > 0) printf "%+.1f%%", 100 * (p - m) / m; else print "-" }')" |
           tee -a "$cal/table.txt"

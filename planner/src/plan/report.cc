@@ -130,13 +130,28 @@ std::string quantified_difference(const Estimate& chosen, const Estimate& other)
   }
   std::sort(parts.begin(), parts.end(),
             [](const auto& a, const auto& b) { return std::fabs(a.first) > std::fabs(b.first); });
+  // In the unit of the step (a small model's steps take milliseconds).
+  const bool ms = chosen.iteration_s < 1.0;
+  auto amount = [ms](double d) { return ms ? fmt::format("{:+.3g} ms", d * 1e3) : fmt::format("{:+.3g} s", d); };
   std::vector<std::string> words;
-  for (std::size_t i = 0; i < parts.size() && i < 3; ++i) {
-    words.push_back(fmt::format("{} {:+.3g} s", parts[i].second, parts[i].first));
-  }
-  std::string out = fmt::format("{:+.1f}% ({:+.3g} s)", 100.0 * delta / chosen.iteration_s, delta);
+  for (std::size_t i = 0; i < parts.size() && i < 3; ++i)
+    words.push_back(parts[i].second + " " + amount(parts[i].first));
+  std::string out = fmt::format("{:+.1f}% ({})", 100.0 * delta / chosen.iteration_s, amount(delta));
   if (!words.empty()) out += ": " + join(words, ", ");
   return out;
+}
+
+// How much longer the chosen layout's step is for the host's cost per op ([calibration] host_op_*) than it would be
+// without it: the time the GPU waits for the host. 0 without those figures.
+double host_wait_s(const Explanation& e) {
+  if (e.model == nullptr) return 0;
+  topology::ClusterSpec device_only = e.model->cluster();
+  auto& cal = device_only.node.gpu.calibration;
+  if (cal.host_op_forward_us == 0 && cal.host_op_backward_us == 0) return 0;
+  cal.host_op_forward_us = cal.host_op_backward_us = 0;
+  const ParallelConfig& c = e.chosen.config;
+  const std::int64_t batch = static_cast<std::int64_t>(c.micro_batch) * c.num_microbatches * c.dp;
+  return e.chosen.iteration_s - CostModel(e.model->model(), device_only).evaluate(c, batch).iteration_s;
 }
 
 std::string binding_constraint(const Explanation& e) {
@@ -149,6 +164,13 @@ std::string binding_constraint(const Explanation& e) {
         config_difference(c.config, o.config), 100.0 * (c.iteration_s - o.iteration_s) / c.iteration_s,
         o.peak_memory_bytes / kGiB, o.peak_stage, (o.peak_memory_bytes - o.capacity_bytes) / kGiB,
         o.capacity_bytes / kGiB);
+  }
+  if (const double waiting = host_wait_s(e); waiting >= 0.25 * c.iteration_s) {
+    const auto& cal = e.model->cluster().calibration();
+    return fmt::format(
+        "the host's pace: for {} of the step the GPU waits for the host to issue the next op ({:.1f} us per "
+        "forward op, {:.1f} us per backward op); larger micro-batches give each op more work",
+        pct(waiting / c.iteration_s), cal.host_op_forward_us, cal.host_op_backward_us);
   }
   double bubble = c.breakdown.bubble_s / c.iteration_s;
   if (c.config.pp > 1 && bubble >= 0.08) {
@@ -303,13 +325,16 @@ std::string prediction_block(const Estimate& est, const CostModel& cm) {
   s += fmt::format(
       "  per GPU              {:.1f} TFLOP/s model ({} MFU), {:.1f} TFLOP/s hardware ({} HFU) of {:.0f} peak\n",
       est.tflops_per_gpu, pct(est.mfu), est.hfu * peak, pct(est.hfu), peak);
-  s += "\nWhere the time goes                              seconds    share\n";
+  // Seconds, or milliseconds for a step under a second (a small model: three decimals of seconds would show zeros).
+  const bool ms = est.iteration_s < 1.0;
+  const double unit = ms ? 1e3 : 1.0;
+  s += fmt::format("\nWhere the time goes                         {:>12}    share\n", ms ? "milliseconds" : "seconds");
   for (const auto& cat : kCategories) {
     double v = est.breakdown.*cat.field;
     if (cat.field == &TimeBreakdown::ep_comm_s && est.config.etp == 0) continue;  // a dense model
-    s += fmt::format("  {:<44} {:>8.3f} {:>8}\n", cat.label, v, pct(v / est.iteration_s));
+    s += fmt::format("  {:<44} {:>8.3f} {:>8}\n", cat.label, v * unit, pct(v / est.iteration_s));
   }
-  s += fmt::format("  {:<44} {:>8.3f}\n", "total", est.iteration_s);
+  s += fmt::format("  {:<44} {:>8.3f}\n", "total", est.iteration_s * unit);
   return s;
 }
 

@@ -18,6 +18,7 @@ std::string fmt_arg(int v) { return std::to_string(v); }
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::string kRoot = DTRAIN_SOURCE_DIR;
 const std::string kDtplan = std::string(DTRAIN_BINARY_DIR) + "/bin/dtplan";
@@ -83,6 +84,27 @@ TEST(DtplanCli, ExplainGpt3On1024A100) {
     EXPECT_THAT(r.out, HasSubstr(section));
   }
   EXPECT_THAT(r.out, HasSubstr("on 1024 x A100-SXM4-80GB (128 nodes x 8"));
+}
+
+// A small model on a GPU whose host cost per op was measured (with the small overheads a calibration measures):
+// explain names the host as what binds, in milliseconds.
+TEST(DtplanCli, ExplainNamesTheHostsPaceForASmallModel) {
+  TempDir tmp;
+  const std::string cluster = slurp(kRoot + "/examples/clusters/dgx-h100.toml");
+  ASSERT_EQ(cluster.find("[calibration]"), std::string::npos);
+  const auto path = tmp.write("cluster.toml", cluster +
+                                                  "\n[calibration]\nhost_op_forward_us = 20\nhost_op_backward_us = 24\n"
+                                                  "step_overhead_s = 0.0001\nmicrobatch_overhead_s = 0.00003\n");
+  Result r = run("explain --model " + kRoot + "/bench/models/small-llama.toml --cluster " + path + " --gpus 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("the host's pace: for "));
+  EXPECT_THAT(r.out, HasSubstr("(20.0 us per forward op, 24.0 us per backward op)"));
+  EXPECT_THAT(r.out, HasSubstr("Where the time goes                         milliseconds    share"));
+  // Without the figures the same model is bound by its math.
+  Result plain = run("explain --model " + kRoot + "/bench/models/small-llama.toml --cluster " + kRoot +
+                     "/examples/clusters/dgx-h100.toml --gpus 1");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_THAT(plain.out, Not(HasSubstr("the host's pace")));
 }
 
 TEST(DtplanCli, JsonTwinHasTheDocumentedFieldsAndTheSameNumbers) {
