@@ -204,6 +204,7 @@ int write_plan(exec::TrainOptions options, const std::string& path) {
 
 int main(int argc, char** argv) {
   using namespace dtrain;
+  kernels::cpu::shorten_blas_spin(argv);  // may run this program again, with OPENBLAS_THREAD_TIMEOUT set
   CLI::App app{"dtexec: run one rank of a dtrain training job"};
   app.set_version_flag("--version", std::string("dtexec ") + kVersion);
   app.require_subcommand(1);

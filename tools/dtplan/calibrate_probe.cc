@@ -317,7 +317,7 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
   // bandwidth of the executor's memory-bound work and the overheads.
   plan::ParallelConfig single;
   const int copies = r.device == "cpu" ? r.ranks : 1;
-  const ProbeRun one = run_probe(bin, dir.path, model, model_path, measured, single, 1, r, progress, stop, copies);
+  const ProbeRun one = run_probe(bin, dir.path, model, model_path, measured, single, 1, r, progress, stop, copies, 24);
   const ir::Comparison a = compared(one.plan, one);
   // The same plan priced with twice the memory bandwidth: what moves is the memory-bound time, halved.
   plan::Plan doubled = one.plan;

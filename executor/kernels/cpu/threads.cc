@@ -1,8 +1,10 @@
 #include "dtrain/kernels/threads.h"
 
 #include <cblas.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <string>
 
 #include "dtrain/common/error.h"
@@ -32,6 +34,13 @@ void set_kernel_threads(int n) {
 }
 
 int kernel_threads() { return g_kernel_threads.load(std::memory_order_relaxed); }
+
+void shorten_blas_spin(char** argv) {
+  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") != nullptr) return;
+  if (::setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1) != 0) return;
+  ::execv("/proc/self/exe", argv);
+  ::unsetenv("OPENBLAS_THREAD_TIMEOUT");  // the exec failed: go on as loaded
+}
 
 void set_num_threads(int n) {
   set_blas_threads(n);

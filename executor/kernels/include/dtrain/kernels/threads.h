@@ -26,4 +26,12 @@ int kernel_threads();
 // Both of the above: what a rank calls once at start-up with its share of the machine's cores.
 void set_num_threads(int n);
 
+// OpenBLAS's idle workers spin after each GEMM for a time fixed when the library loads (OPENBLAS_THREAD_TIMEOUT,
+// read before main; by default long). Between the GEMMs of a layer dtrain's own kernels run, and spinning workers
+// take their cores: on a 2-core machine one rank with 2 threads then trains up to a third slower, and by how much
+// differs from process to process. When OPENBLAS_THREAD_TIMEOUT is unset, this sets it to 4 (the shortest spin
+// OpenBLAS allows) and executes /proc/self/exe again with the same arguments, so that the library reads it at load;
+// it returns only when the variable was already set (or the exec failed, which changes nothing but the speed).
+void shorten_blas_spin(char** argv);
+
 }  // namespace dtrain::kernels::cpu
