@@ -37,8 +37,8 @@
 // Communication between GPUs (NCCL) is the base cluster's: measuring it needs two or more GPUs in one machine.
 //
 // Both devices end with the executor probe (probe_executor, calibrate_probe.cc): dtexec, found beside dtplan, trains
-// a 2-layer Llama for 8 steps on the device (one rank, two micro-batches, --trace), with the figures measured so far.
-// Its measured timeline against the simulator's timeline of the same plan (dtrain/ir/compare.h) gives what kernels
+// a 2-layer Llama for 8 to 24 steps on the device (one rank, two micro-batches, --trace), with the figures measured so
+// far. Its measured timeline against the simulator's timeline of the same plan (dtrain/ir/compare.h) gives what kernels
 // alone cannot: the step's time outside the instructions (step_overhead_s), the gaps between instructions per
 // micro-batch (microbatch_overhead_s), and the bandwidth the executor's memory-bound work really reaches, counted in
 // the cost model's bytes (hbm_efficiency: the forward and backward passes' time beyond the GEMMs and attention).
