@@ -2,6 +2,7 @@
 // them, and shows a node's topology. See docs/user-guide.md.
 #include <algorithm>
 #include <cstdio>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "dtrain/common/cli_main.h"
 #include "dtrain/common/log.h"
 #include "dtrain/common/version.h"
+#include "dtrain/kernels/threads.h"
 
 namespace dtrain::dtplan {
 namespace {
@@ -28,6 +30,8 @@ void set_exit_code(ExitCode code) { g_exit_code = code; }
 
 int main(int argc, char** argv) {
   using namespace dtrain;
+  // calibrate measures the CPU kernels as dtexec runs them: with OpenBLAS's workers sleeping soon after a GEMM.
+  if (argc > 1 && std::string_view(argv[1]) == "calibrate") kernels::cpu::shorten_blas_spin(argv);
   CLI::App app{"dtplan: plan, explain, lower, verify and simulate distributed training layouts"};
   app.set_version_flag("--version", std::string("dtplan ") + kVersion);
   app.require_subcommand(1);
