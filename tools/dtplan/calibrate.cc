@@ -140,6 +140,7 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
   const auto t_start = Clock::now();
   CalibrationResult r;
   r.ranks = std::max(1, o.ranks);
+  r.quick = o.quick;
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   r.threads_per_rank = std::max(1, cores / r.ranks);
   kernels::cpu::set_num_threads(r.threads_per_rank);

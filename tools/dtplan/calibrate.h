@@ -112,6 +112,7 @@ struct CalibrationResult {
   double device_memory_gib = 0;  // cuda: the GPU's memory as the driver reports it
   int ranks = 1;
   int threads_per_rank = 1;
+  bool quick = false;  // --quick: the probes train 8 steps each (longer ones steady the figures)
   std::vector<GemmPoint> gemms;
   // cuda: the experts' grouped GEMMs (8 groups of m rows each), and their rate against the fitted curve's for the same
   // groups (1: none measured).

@@ -294,6 +294,7 @@ CalibrationResult calibrate_cuda(const CalibrateOptions& o, const std::function<
   CalibrationResult r;
   r.device = "cuda";
   r.ranks = std::max(1, o.ranks);
+  r.quick = o.quick;
   if (r.ranks > gpus) {
     throw input_error(fmt::format("--device cuda --ranks-per-node {}: this machine has {} GPU(s)", r.ranks, gpus));
   }

@@ -269,7 +269,8 @@ void probe_host_floor(const fs::path& bin, const fs::path& dir, const topology::
   write_file_whole(path, text);
   const model::ModelDescription small = model::parse_model(TomlDocument::parse_string(text, path));
   // Its steps take milliseconds: many of them, for a steady median.
-  const ProbeRun run = run_probe(bin, dir, small, path, measured, plan::ParallelConfig{}, 1, r, progress, stop, 1, 40);
+  const ProbeRun run =
+      run_probe(bin, dir, small, path, measured, plan::ParallelConfig{}, 1, r, progress, stop, 1, r.quick ? 8 : 40);
   auto at_floor = [&](double us) {
     plan::Plan priced = run.plan;
     priced.cluster.node.gpu.calibration.host_op_forward_us = us;
@@ -317,7 +318,8 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
   // bandwidth of the executor's memory-bound work and the overheads.
   plan::ParallelConfig single;
   const int copies = r.device == "cpu" ? r.ranks : 1;
-  const ProbeRun one = run_probe(bin, dir.path, model, model_path, measured, single, 1, r, progress, stop, copies, 24);
+  const ProbeRun one =
+      run_probe(bin, dir.path, model, model_path, measured, single, 1, r, progress, stop, copies, r.quick ? 8 : 24);
   const ir::Comparison a = compared(one.plan, one);
   // The same plan priced with twice the memory bandwidth: what moves is the memory-bound time, halved.
   plan::Plan doubled = one.plan;
@@ -375,7 +377,8 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
       sharded.tp = tp;
       sharded.micro_batch = micro_batch;
       // 20 steps: with 8, three calibrations of one machine fitted 480 to 2330 us per collective.
-      const ProbeRun run = run_probe(bin, dir.path, model, model_path, fitted, sharded, tp, r, progress, stop, 1, 20);
+      const ProbeRun run =
+          run_probe(bin, dir.path, model, model_path, fitted, sharded, tp, r, progress, stop, 1, r.quick ? 8 : 20);
       Point p{};
       std::tie(p.P, p.M) = passes(run.plan, run);
       plan::Plan later = run.plan;
