@@ -407,36 +407,38 @@ StageTimes scaled(const StageTimes& a, double n) {
 }  // namespace
 
 StageTimes CostModel::ops_times(const std::vector<Op>& ops, const ParallelConfig& c) const {
-  // The host issues the ops one after the other, each `host` seconds after the one before (the first as the pass
-  // begins: in a long run of device-bound layers the host is ahead); the device runs each as soon as it is issued and
-  // the one before it is done. With no host cost a pass is the sum of its ops; with a large one (a small model on a
-  // GPU) about the ops' count times it.
+  // The host issues the ops one after the other, each `h` seconds after the one before (the first as the pass begins:
+  // in a long run of device-bound layers the host is ahead); the device runs each as soon as it is issued and the one
+  // before it is done. So op i (from 0) ends at T_i = max(T_{i-1}, i h) + d_i. With no host cost a pass is the sum of
+  // its ops; with a large one (a small model on a GPU) about the ops' count times it. The backward pass runs the ops
+  // last to first: it ends at max over m of ((n - 1 - m) h + the device time of ops 0..m), tracked in the same loop.
+  // (One pass, no buffers: the search prices every candidate through here.)
   const auto& cal = cluster_.calibration();
-  auto issued = [](const std::vector<double>& device, double host) {
-    double done = 0;
-    for (std::size_t i = 0; i < device.size(); ++i) done = std::max(done, static_cast<double>(i) * host) + device[i];
-    return done;
-  };
+  const double hf = cal.host_op_forward_us * 1e-6, hb = cal.host_op_backward_us * 1e-6;
   StageTimes t;
-  std::vector<double> forward, backward, recomputed;
-  for (const Op& op : ops) {
+  double backward_prefix = 0, backward_latest = 0;  // the device time of ops 0..m; the largest prefix - m hb
+  int recomputed = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
     double f = op_forward_seconds(op, c);
     double w = op_weight_grad_seconds(op, c);
-    forward.push_back(f);
-    backward.push_back(op.backward_factor * f);
+    t.forward_s = std::max(t.forward_s, static_cast<double>(i) * hf) + f;
     t.backward_input_s += op.backward_factor * f - w;
     t.backward_weight_s += w;
-    if (c.recompute == Recompute::kSelective && op.kind == OpKind::kAttention) recomputed.push_back(f);
+    backward_prefix += op.backward_factor * f;
+    backward_latest = std::max(backward_latest, backward_prefix - static_cast<double>(i) * hb);
+    if (c.recompute == Recompute::kSelective && op.kind == OpKind::kAttention) {
+      t.recompute_s = std::max(t.recompute_s, static_cast<double>(recomputed++) * hf) + f;
+    }
   }
-  std::reverse(backward.begin(), backward.end());  // the backward pass runs the ops last to first
-  t.forward_s = issued(forward, cal.host_op_forward_us * 1e-6);
-  t.recompute_s = issued(recomputed, cal.host_op_forward_us * 1e-6);
-  const double device = t.backward_input_s + t.backward_weight_s;
-  const double pass = issued(backward, cal.host_op_backward_us * 1e-6);
-  if (pass > device) {
-    const double scale = device > 0 ? pass / device : 0.0;  // the split between the two parts stays
-    t.backward_input_s = device > 0 ? t.backward_input_s * scale : pass;
-    t.backward_weight_s *= scale;
+  if (hb > 0 && !ops.empty()) {
+    const double device = t.backward_input_s + t.backward_weight_s;
+    const double pass = static_cast<double>(ops.size() - 1) * hb + backward_latest;
+    if (pass > device) {
+      const double scale = device > 0 ? pass / device : 0.0;  // the split between the two parts stays
+      t.backward_input_s = device > 0 ? t.backward_input_s * scale : pass;
+      t.backward_weight_s *= scale;
+    }
   }
   return t;
 }
