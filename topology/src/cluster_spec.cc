@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <string>
 
 #include "dtrain/common/error.h"
 #include "dtrain/common/strings.h"
@@ -182,6 +184,8 @@ ClusterSpec parse_cluster_tables(TableReader root) {
   if (!cluster) root.fail_table("missing the [cluster] table (name, nodes)");
   if (!node) root.fail_table("missing the [node] table (gpus, gpu, nvlink_domain, nvlink_gbps, nics, nic_gbps)");
 
+  std::optional<std::string> gpu_phrase;  // a GPU calibration's provenance, for the figures only it writes
+  bool gpu_probed = false;
   if (measured) {
     // Written by dtplan calibrate: where the measured figures came from (explain shows it beside each figure).
     auto host = measured->get_string("host").value_or("?");
@@ -214,12 +218,9 @@ ClusterSpec parse_cluster_tables(TableReader root) {
         spec.provenance[key] = probe;
       }
       spec.provenance["calibration.optimizer_hbm_efficiency"] = phrase;  // AdamW, measured with the kernels
-      if (gpu_measured) {                                                // a GPU's second probe, a small model's layers
-        for (const char* key : {"calibration.host_op_forward_us", "calibration.host_op_backward_us"}) {
-          spec.provenance[key] = phrase + ", executor probe of a small model";
-        }
-      }
     }
+    if (gpu_measured) gpu_phrase = phrase;
+    gpu_probed = gpu_measured && probed;
   }
   spec.name = cluster->get_string("name").value_or("");
   if (spec.name.empty()) cluster->fail("name", "required key is missing or empty");
@@ -282,13 +283,15 @@ ClusterSpec parse_cluster_tables(TableReader root) {
 
   if (network) read_network(*network, spec.network);
   if (calibration) read_calibration(*calibration, ns.gpu.calibration);
-  if (measured && ns.gpu.calibration.expert_gemm_efficiency != 1.0 &&
-      spec.provenance.count("calibration.gemm_efficiency_max")) {
-    spec.provenance["calibration.expert_gemm_efficiency"] = spec.provenance["calibration.gemm_efficiency_max"];
+  // Figures a GPU calibration writes only when measured (one from before dtplan measured them has none).
+  const Calibration& cal = ns.gpu.calibration;
+  if (gpu_phrase && cal.expert_gemm_efficiency != 1.0) {
+    spec.provenance["calibration.expert_gemm_efficiency"] = *gpu_phrase;
   }
-  if (ns.gpu.calibration.host_op_forward_us == 0 && ns.gpu.calibration.host_op_backward_us == 0) {
-    spec.provenance.erase("calibration.host_op_forward_us");  // a calibration from before dtplan measured them
-    spec.provenance.erase("calibration.host_op_backward_us");
+  if (gpu_probed && (cal.host_op_forward_us > 0 || cal.host_op_backward_us > 0)) {  // the small model's probe
+    for (const char* key : {"calibration.host_op_forward_us", "calibration.host_op_backward_us"}) {
+      spec.provenance[key] = *gpu_phrase + ", executor probe of a small model";
+    }
   }
   spec = default_network(std::move(spec));
   validate(spec);
@@ -322,6 +325,24 @@ std::string node_toml(const ClusterSpec& s) {
   return out;
 }
 
+namespace {
+
+// The [calibration] keys written only when set (as cluster.toml lines, and in the canonical text), so that the
+// digests of clusters without them stay what they were.
+std::string optional_calibration_lines(const Calibration& c) {
+  std::string out;
+  if (c.optimizer_hbm_efficiency > 0) out += fmt::format("optimizer_hbm_efficiency = {}\n", c.optimizer_hbm_efficiency);
+  if (c.moe_imbalance != 1.0) out += fmt::format("moe_imbalance = {}\n", c.moe_imbalance);
+  if (c.expert_gemm_efficiency != 1.0) out += fmt::format("expert_gemm_efficiency = {}\n", c.expert_gemm_efficiency);
+  if (c.host_op_forward_us > 0 || c.host_op_backward_us > 0) {
+    out +=
+        fmt::format("host_op_forward_us = {}\nhost_op_backward_us = {}\n", c.host_op_forward_us, c.host_op_backward_us);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string cluster_toml(const ClusterSpec& s, const std::string& prefix) {
   std::string p = prefix.empty() ? "" : prefix + ".";
   const NodeSpec& n = s.node;
@@ -339,13 +360,7 @@ std::string cluster_toml(const ClusterSpec& s, const std::string& prefix) {
       fmt::format("hbm_efficiency = {}\nstep_overhead_s = {}\nmicrobatch_overhead_s = {}\nmemory_fragmentation = {}\n",
                   c.hbm_efficiency, c.step_overhead_s, c.microbatch_overhead_s, c.memory_fragmentation);
   out += fmt::format("runtime_reserved_gib = {}\n", c.runtime_reserved_gib);
-  if (c.optimizer_hbm_efficiency > 0) out += fmt::format("optimizer_hbm_efficiency = {}\n", c.optimizer_hbm_efficiency);
-  if (c.moe_imbalance != 1.0) out += fmt::format("moe_imbalance = {}\n", c.moe_imbalance);
-  if (c.expert_gemm_efficiency != 1.0) out += fmt::format("expert_gemm_efficiency = {}\n", c.expert_gemm_efficiency);
-  if (c.host_op_forward_us > 0 || c.host_op_backward_us > 0) {
-    out +=
-        fmt::format("host_op_forward_us = {}\nhost_op_backward_us = {}\n", c.host_op_forward_us, c.host_op_backward_us);
-  }
+  out += optional_calibration_lines(c);
   out += "\n";
   out += fmt::format("[{}network]\nnvlink_latency_us = {}\nnetwork_latency_us = {}\np2p_latency_us = {}\n", p,
                      s.network.nvlink_latency_us, s.network.network_latency_us, s.network.p2p_latency_us);
@@ -371,14 +386,7 @@ std::string canonical_text(const ClusterSpec& s) {
   out += fmt::format("calibration = {} {} {} {} {} {} {} {}\n", c.gemm_efficiency_max, c.gemm_half_gflop,
                      c.attention_efficiency, c.hbm_efficiency, c.step_overhead_s, c.microbatch_overhead_s,
                      c.memory_fragmentation, c.runtime_reserved_gib);
-  // Written only when set, so that the digests of clusters without it stay what they were.
-  if (c.optimizer_hbm_efficiency > 0) out += fmt::format("optimizer_hbm_efficiency = {}\n", c.optimizer_hbm_efficiency);
-  if (c.moe_imbalance != 1.0) out += fmt::format("moe_imbalance = {}\n", c.moe_imbalance);
-  if (c.expert_gemm_efficiency != 1.0) out += fmt::format("expert_gemm_efficiency = {}\n", c.expert_gemm_efficiency);
-  if (c.host_op_forward_us > 0 || c.host_op_backward_us > 0) {
-    out +=
-        fmt::format("host_op_forward_us = {}\nhost_op_backward_us = {}\n", c.host_op_forward_us, c.host_op_backward_us);
-  }
+  out += optional_calibration_lines(c);
   out += fmt::format("network = {} {} {}\n", s.network.nvlink_latency_us, s.network.network_latency_us,
                      s.network.p2p_latency_us);
   if (s.network.collective_sync_us > 0) out += fmt::format("collective_sync_us = {}\n", s.network.collective_sync_us);

@@ -235,8 +235,7 @@ Comparison compare(const plan::Plan& plan, const SimulationReport& predicted,
     mem.rank = r;
     if (static_cast<std::size_t>(stage) < plan.predicted.stage_memory_bytes.size()) {
       mem.predicted_bytes = plan.predicted.stage_memory_bytes[static_cast<std::size_t>(stage)];
-      mem.reserved_bytes =
-          std::min(mem.predicted_bytes, plan.cluster.calibration().runtime_reserved_gib * 1024.0 * 1024.0 * 1024.0);
+      mem.reserved_bytes = std::min(mem.predicted_bytes, plan.cluster.calibration().runtime_reserved_bytes());
     }
     if (static_cast<std::size_t>(r) < rank_peak_bytes.size()) {
       mem.measured_bytes = static_cast<double>(rank_peak_bytes[static_cast<std::size_t>(r)]);

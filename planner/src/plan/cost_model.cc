@@ -714,7 +714,7 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
     transient = std::max(transient, tokens * vocab_shard * e);
   }
   mem.transient_bytes = transient;
-  mem.reserved_bytes = cal.runtime_reserved_gib * kGiB;
+  mem.reserved_bytes = cal.runtime_reserved_bytes();
   double tensors = mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes + mem.activations_bytes +
                    mem.boundary_bytes + mem.transient_bytes;
   mem.fragmentation_bytes = cal.memory_fragmentation * tensors;

@@ -42,6 +42,7 @@ struct Calibration {
   double memory_fragmentation = 0.05;
   // Memory the runtime takes before any tensor: CUDA context, cuBLAS workspaces, NCCL buffers.
   double runtime_reserved_gib = 2.0;
+  double runtime_reserved_bytes() const { return runtime_reserved_gib * 1024.0 * 1024.0 * 1024.0; }
   // Mixture of experts with ep > 1: the routed rows the busiest expert-parallel rank gets, over the mean (1: the
   // router balances perfectly). Scales that rank's expert GEMMs and all-to-all bytes. Measured routing (Switch,
   // Mixtral, DeepSeek) is 1.1-1.5 early in training and nearer 1 with a load-balancing loss.
