@@ -116,8 +116,8 @@ void fit_gemms(CalibrationResult& r) {
   r.gemm_fit_error = err / static_cast<double>(points.size());
 }
 
-int reps_for(double call_s, double target_s) {
-  return std::clamp(static_cast<int>(target_s / std::max(call_s, 1e-6)), 3, 50);
+int reps_for(double call_s, double target_s, int max_reps) {
+  return std::clamp(static_cast<int>(target_s / std::max(call_s, 1e-6)), 3, max_reps);
 }
 
 void check_stop(const std::function<bool()>& stop) {
@@ -144,8 +144,12 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   r.threads_per_rank = std::max(1, cores / r.ranks);
   kernels::cpu::set_num_threads(r.threads_per_rank);
-  // The budget: GEMMs half, attention a third, memory the rest.
-  const double budget = o.budget_s * (o.quick ? 0.25 : 1.0);
+  // The time the kernels are timed for (10 s of the budget, --quick a quarter of that): GEMMs half, attention a
+  // third, memory the rest, as many calls as fit, up to 2000 of one. A small GEMM's first few dozen calls run slower
+  // than the rest (256x256x256: 100-165 GFLOP/s over 50 calls, 182-184 over 2000), and the GEMM fit's half-size
+  // rests on the small shapes.
+  const double budget = std::min(o.budget_s, 10.0) * (o.quick ? 0.25 : 1.0);
+  constexpr int kMaxReps = 2000;
   // More ranks than cores: every figure is the rank's share of the cores (concurrent_seconds).
   const bool over = r.ranks > cores;
   progress(fmt::format("{} rank(s) at once, {} thread(s) each ({} cores{})", r.ranks, r.threads_per_rank, cores,
@@ -171,7 +175,7 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
     const kernels::LinearShape shape{m, k, n};
     auto call = [&](int i) { kernels::cpu::linear_forward(shape, x[i].data(), w[i].data(), nullptr, y[i].data()); };
     const double first = timed([&] { call(0); });
-    GemmPoint p{m, n, k, concurrent_seconds(r.ranks, reps_for(first, per_gemm), call, over)};
+    GemmPoint p{m, n, k, concurrent_seconds(r.ranks, reps_for(first, per_gemm, kMaxReps), call, over)};
     r.gemms.push_back(p);
     progress(fmt::format("GEMM {}x{}x{}: {} per call, {:.1f} GFLOP/s per rank", m, n, k, format_seconds(p.seconds),
                          2.0 * m * n * k / p.seconds / 1e9));
@@ -196,7 +200,7 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
       kernels::cpu::rmsnorm_forward(shape, x[i].data(), gamma.data(), 1e-5f, y[i].data(), rstd[i].data());
     };
     const double first = timed([&] { call(0); });
-    const double s = concurrent_seconds(r.ranks, reps_for(first, 0.15 * budget / r.ranks), call, over);
+    const double s = concurrent_seconds(r.ranks, reps_for(first, 0.15 * budget / r.ranks, kMaxReps), call, over);
     r.memory_bytes_per_s = 8.0 * static_cast<double>(rows * hidden) / s;
     progress(fmt::format("memory: {:.2f} GB/s per rank (RMSNorm of {} rows of {})", r.memory_bytes_per_s / 1e9, rows,
                          hidden));
@@ -223,7 +227,7 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
       ++configs[static_cast<std::size_t>(i)].step;
     };
     const double first = timed([&] { call(0); });
-    const double s = concurrent_seconds(r.ranks, reps_for(first, 0.1 * budget / r.ranks), call, over);
+    const double s = concurrent_seconds(r.ranks, reps_for(first, 0.1 * budget / r.ranks, kMaxReps), call, over);
     // param, grad, m, v read; param, m, v written: 28 bytes per parameter.
     r.memory_ops.push_back({"adamw", 28.0 * static_cast<double>(n), s});
     progress(
@@ -275,7 +279,7 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
       fwd(0);
       bwd(0);
     });
-    const int reps = reps_for(first, 0.3 * budget / static_cast<double>(seqs.size()) / r.ranks);
+    const int reps = reps_for(first, 0.3 * budget / static_cast<double>(seqs.size()) / r.ranks, kMaxReps);
     AttentionPoint p{seq,
                      concurrent_seconds(r.ranks, reps, fwd, over),
                      concurrent_seconds(r.ranks, reps, bwd, over),

@@ -191,8 +191,8 @@ Line fit_line(const std::vector<std::pair<double, double>>& xy);
 // Fits r.gemms: time = (F + h) / P over the FLOPs F, giving r.peak_flops (P), r.half_flops (h) and r.gemm_fit_error.
 void fit_gemms(CalibrationResult& r);
 
-// Repetitions for about `target_s` of timed work given one call's time (at least 3, at most 50).
-int reps_for(double call_s, double target_s);
+// Repetitions for about `target_s` of timed work given one call's time (at least 3, at most `max_reps`).
+int reps_for(double call_s, double target_s, int max_reps = 50);
 
 // Throws dtrain::Error (exit 10, "interrupted; nothing was written") when stop() is true.
 void check_stop(const std::function<bool()>& stop);
