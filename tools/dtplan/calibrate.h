@@ -54,6 +54,7 @@
 #include <string>
 #include <vector>
 
+#include "calibrate_fit.h"
 #include "dtrain/topology/cluster_spec.h"
 
 namespace dtrain::dtplan {
@@ -95,11 +96,14 @@ struct ProbeFigures {
   double predicted_passes_s = 0;  // forward and backward passes per step, by the figures before the probe
   double measured_passes_s = 0;
   double hbm_efficiency = 0;
+  double compute_speedup = 1;  // CPU: the GEMM peak's factor where the passes ran faster than it predicts
   double microbatch_overhead_s = 0;
   double step_overhead_s = 0;
-  // CPU, several ranks per node: the fixed cost of one collective between them and the bandwidth, fitted to two
-  // tensor-parallel runs (collectives of one and of four sequences).
+  // CPU, several ranks per node: the fixed cost of one collective between them, the latency per ring step and the
+  // bandwidth, fitted to three tensor-parallel runs (collectives of one and of four sequences, and of one sequence with
+  // sequence parallelism).
   std::optional<double> collective_sync_us;
+  std::optional<double> nvlink_latency_us;
   std::optional<double> nvlink_gbps;
   // GPU: the host's floor per op of a forward and of a backward pass, from a second run of a small model.
   std::optional<double> host_op_forward_us;
@@ -180,13 +184,6 @@ std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const Cal
 
 // What both devices share: the fits and the measuring loop's checks.
 namespace calibrate_detail {
-
-// y = slope x + intercept by least squares on relative error (weights 1 / y^2); through the origin when that fit gives
-// a negative intercept.
-struct Line {
-  double slope = 0, intercept = 0;
-};
-Line fit_line(const std::vector<std::pair<double, double>>& xy);
 
 // Fits r.gemms: time = (F + h) / P over the FLOPs F, giving r.peak_flops (P), r.half_flops (h) and r.gemm_fit_error.
 void fit_gemms(CalibrationResult& r);

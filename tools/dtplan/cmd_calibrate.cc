@@ -148,9 +148,11 @@ void run_calibrate(const CalibrateCommand& o) {
                     {"passes_predicted_s", r.probe->predicted_passes_s},
                     {"passes_measured_s", r.probe->measured_passes_s},
                     {"hbm_efficiency", r.probe->hbm_efficiency},
+                    {"compute_speedup", r.probe->compute_speedup},
                     {"microbatch_overhead_s", r.probe->microbatch_overhead_s},
                     {"step_overhead_s", r.probe->step_overhead_s}};
       if (r.probe->collective_sync_us) j["probe"]["collective_sync_us"] = *r.probe->collective_sync_us;
+      if (r.probe->nvlink_latency_us) j["probe"]["nvlink_latency_us"] = *r.probe->nvlink_latency_us;
       if (r.probe->nvlink_gbps) j["probe"]["nvlink_gbps"] = *r.probe->nvlink_gbps;
       if (r.probe->host_op_forward_us) j["probe"]["host_op_forward_us"] = *r.probe->host_op_forward_us;
       if (r.probe->host_op_backward_us) j["probe"]["host_op_backward_us"] = *r.probe->host_op_backward_us;

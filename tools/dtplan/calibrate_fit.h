@@ -1,0 +1,24 @@
+// The fits of dtplan calibrate (calibrate.h) that are arithmetic alone: a line through measured points, and the bounded
+// least-squares fit of the executor probe's collective figures.
+#pragma once
+
+#include <array>
+#include <utility>
+#include <vector>
+
+namespace dtrain::dtplan::calibrate_detail {
+
+// y = slope x + intercept by least squares on relative error (weights 1 / y^2); through the origin when that fit gives
+// a negative intercept.
+struct Line {
+  double slope = 0, intercept = 0;
+};
+Line fit_line(const std::vector<std::pair<double, double>>& xy);
+
+// The least-squares change of three figures that closes `gap` (one entry per run; slopes[i][j]: how run i's prediction
+// moves per unit of figure j), each figure (current[j] + change[j]) kept at or above lowest[j]: every figure free where
+// that fits within the bounds, else the best fit with some figures held at their current value or their bound.
+std::array<double, 3> bounded_fit(const std::vector<std::array<double, 3>>& slopes, const std::vector<double>& gap,
+                                  const std::array<double, 3>& current, const std::array<double, 3>& lowest);
+
+}  // namespace dtrain::dtplan::calibrate_detail
