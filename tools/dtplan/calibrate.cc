@@ -496,7 +496,12 @@ topology::ClusterSpec calibrated_cluster(const topology::ClusterSpec& base, cons
     cal.microbatch_overhead_s = r.probe->microbatch_overhead_s;
     if (r.probe->collective_sync_us) c.network.collective_sync_us = *r.probe->collective_sync_us;
     if (r.probe->nvlink_latency_us) c.network.nvlink_latency_us = *r.probe->nvlink_latency_us;
+    if (r.probe->subgroup_sync_us) c.network.subgroup_sync_us = *r.probe->subgroup_sync_us;
     if (r.probe->nvlink_gbps) c.node.nvlink_gbps = *r.probe->nvlink_gbps;
+    if (r.probe->idle_core_reclaim) {
+      c.node.cores = r.probe->cores;
+      cal.idle_core_reclaim = *r.probe->idle_core_reclaim;
+    }
     if (r.probe->host_op_forward_us) cal.host_op_forward_us = *r.probe->host_op_forward_us;
     if (r.probe->host_op_backward_us) cal.host_op_backward_us = *r.probe->host_op_backward_us;
   }

@@ -105,6 +105,12 @@ struct ProbeFigures {
   std::optional<double> collective_sync_us;
   std::optional<double> nvlink_latency_us;
   std::optional<double> nvlink_gbps;
+  // CPU, four ranks per node or more: what a collective of a group of two costs more, from a run with dp = ranks / 2.
+  std::optional<double> subgroup_sync_us;
+  // CPU, more ranks per node than cores: the cores, and the fraction of a waiting rank's share of them that the busy
+  // ranks take up, fitted to a pipeline run (dp = ranks / 2, pp = 2).
+  int cores = 0;
+  std::optional<double> idle_core_reclaim;
   // GPU: the host's floor per op of a forward and of a backward pass, from a second run of a small model.
   std::optional<double> host_op_forward_us;
   std::optional<double> host_op_backward_us;

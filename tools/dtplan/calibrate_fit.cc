@@ -73,7 +73,8 @@ std::array<double, 3> bounded_fit(const std::vector<std::array<double, 3>>& slop
     if (!solved) continue;
     for (std::size_t p = 0; p < k; ++p) change[free[p]] = a[p][3] / a[p][p];
     bool feasible = true;
-    for (int j = 0; j < 3; ++j) feasible = feasible && std::isfinite(change[j]) && current[j] + change[j] >= lowest[j] - 1e-9;
+    for (int j = 0; j < 3; ++j)
+      feasible = feasible && std::isfinite(change[j]) && current[j] + change[j] >= lowest[j] - 1e-9;
     if (!feasible) continue;
     double residual = 0;
     for (std::size_t i = 0; i < gap.size(); ++i) {

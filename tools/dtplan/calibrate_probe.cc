@@ -363,6 +363,15 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
 
   if (r.device == "cuda") probe_host_floor(bin, dir.path, measured, r, progress, stop, f);
 
+  // The cluster with the figures fitted so far, which the later runs are priced with.
+  topology::ClusterSpec fitted = measured;
+  topology::Calibration& fc = fitted.node.gpu.calibration;
+  fc.hbm_efficiency = f.hbm_efficiency;
+  fitted.node.gpu.tflops_fp32 *= f.compute_speedup;
+  fitted.node.gpu.tflops_bf16 *= f.compute_speedup;
+  fc.step_overhead_s = f.step_overhead_s;
+  fc.microbatch_overhead_s = f.microbatch_overhead_s;
+
   // Several CPU ranks per node: tensor parallelism over all of them, whose collectives sit inside the passes. What the
   // passes take beyond the one-rank figures' prediction is what a collective between the ranks really costs, waits for
   // the slowest rank and the ranks' sharing of the cores included. A collective's time is a fixed cost per collective
@@ -375,23 +384,22 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     progress(fmt::format("no dtlaunch beside this dtplan ({}): the links between ranks stay the all-reduce's",
                          (bin / "dtlaunch").string()));
   } else if (r.device == "cpu" && tp > 1 && model.model.heads % tp == 0 && model.model.kv_heads % tp == 0) {
-    topology::ClusterSpec fitted = measured;
-    topology::Calibration& fc = fitted.node.gpu.calibration;
-    fc.hbm_efficiency = f.hbm_efficiency;
-    fitted.node.gpu.tflops_fp32 *= f.compute_speedup;
-    fitted.node.gpu.tflops_bf16 *= f.compute_speedup;
-    fc.step_overhead_s = f.step_overhead_s;
-    fc.microbatch_overhead_s = f.microbatch_overhead_s;
     // Per run: the measured passes less the predicted ones, and how the prediction moves per unit of each figure: a
     // microsecond more per collective, a microsecond more per ring step, the bandwidth term once more (what halves
     // when the bandwidth doubles).
     std::vector<double> gap;
     std::vector<std::array<double, 3>> slopes;
     std::vector<std::pair<double, double>> shown;  // (measured, predicted) per run, for the progress line
-    for (const auto& [micro_batch, sp] :
-         {std::pair{1, false}, std::pair{static_cast<int>(model.training.global_batch), false}, std::pair{1, true}}) {
+    struct Layout {
+      int tp, micro_batch;
+      bool sp;
+    };
+    std::vector<Layout> layouts{
+        {tp, 1, false}, {tp, static_cast<int>(model.training.global_batch), false}, {tp, 1, true}};
+    for (const auto& [group, micro_batch, sp] : layouts) {
       plan::ParallelConfig sharded;
-      sharded.tp = tp;
+      sharded.tp = group;
+      sharded.dp = tp / group;
       sharded.micro_batch = micro_batch;
       sharded.sequence_parallel = sp;
       // 20 steps: with 8, three calibrations of one machine fitted 480 to 2330 us per collective.
@@ -411,7 +419,7 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
       shown.emplace_back(measured_s, expected);
     }
     // Each figure's change, within its bounds (per collective and per ring step at least 0, the bandwidth at most the
-    // all-reduce's alone): the least-squares fit over the three runs with every figure free, or, where that leaves a
+    // all-reduce's alone): the least-squares fit over the runs with every figure free, or, where that leaves a
     // bound, with the offending figures held at the bound or at the all-reduce's value. (Unbounded, two ranks on two
     // cores put all of it on the cost per collective and fitted 14 GB/s against the all-reduce's 2.)
     const std::array<double, 3> current{fitted.network.collective_sync_us, fitted.network.nvlink_latency_us, 1.0};
@@ -420,14 +428,81 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     f.collective_sync_us = std::clamp(current[0] + change[0], 0.0, 1e5);
     f.nvlink_latency_us = std::max(0.0, current[1] + change[1]);
     f.nvlink_gbps = fitted.node.nvlink_gbps / std::max(1 + change[2], 0.05);
+    std::vector<std::string> runs;
+    for (std::size_t i = 0; i < layouts.size(); ++i) {
+      runs.push_back(fmt::format("{} against {} ({} of {}{})", format_seconds(shown[i].first),
+                                 format_seconds(shown[i].second), layouts[i].micro_batch == 1 ? "1 sequence" : "all",
+                                 layouts[i].tp, layouts[i].sp ? ", sequence parallel" : ""));
+    }
     progress(fmt::format(
-        "executor probe, tp={}: passes {}, {} and {} (sequence parallel) measured against {}, {} and {} predicted: "
-        "{:.0f} us per collective, {:.0f} us per ring step, {:.2f} GB/s between the ranks (the all-reduce alone: "
-        "{:.0f} us per ring step, {:.2f} GB/s)",
-        tp, format_seconds(shown[0].first), format_seconds(shown[1].first), format_seconds(shown[2].first),
-        format_seconds(shown[0].second), format_seconds(shown[1].second), format_seconds(shown[2].second),
-        *f.collective_sync_us, *f.nvlink_latency_us, *f.nvlink_gbps, fitted.network.nvlink_latency_us,
+        "executor probe, tensor parallel: passes measured {}: {:.0f} us per collective, {:.0f} us per ring step, "
+        "{:.2f} GB/s between the ranks (the all-reduce alone: {:.0f} us per ring step, {:.2f} GB/s)",
+        join(runs, ", "), *f.collective_sync_us, *f.nvlink_latency_us, *f.nvlink_gbps, fitted.network.nvlink_latency_us,
         fitted.node.nvlink_gbps));
+    fitted.network.collective_sync_us = *f.collective_sync_us;
+    fitted.network.nvlink_latency_us = *f.nvlink_latency_us;
+    fitted.node.nvlink_gbps = *f.nvlink_gbps;
+
+    // With four ranks and more, groups of two (dp = ranks / 2): several groups at once on the shared cores, which
+    // drift apart between the dp all-reduces, so that a member a collective waits for may be off its core while
+    // another group's rank holds it. What such a collective costs beyond the figures above, per collective, from one
+    // more run ([network] subgroup_sync_us; 4 ranks on 2 cores: small-llama dp2 tp2 came out 13% fast without it).
+    if (tp >= 4 && tp % 2 == 0) {
+      plan::ParallelConfig pairs;
+      pairs.tp = 2;
+      pairs.dp = tp / 2;
+      const ProbeRun run =
+          run_probe(bin, dir.path, model, model_path, fitted, pairs, tp, r, progress, stop, 1, r.quick ? 8 : 20);
+      const auto [expected, measured_s] = passes(run.plan, run);
+      plan::Plan later = run.plan;
+      later.cluster.network.subgroup_sync_us += 1000;
+      const double per_us = (passes(later, run).first - expected) / 1000;
+      f.subgroup_sync_us = per_us > 0 ? std::clamp((measured_s - expected) / per_us, 0.0, 1e5) : 0.0;
+      fitted.network.subgroup_sync_us = *f.subgroup_sync_us;
+      progress(
+          fmt::format("executor probe, groups of 2: passes {} measured against {} predicted: {:.0f} us more per "
+                      "collective of a group smaller than the node's ranks",
+                      format_seconds(measured_s), format_seconds(expected), *f.subgroup_sync_us));
+    }
+  }
+
+  // More CPU ranks than cores: a pipeline's ranks wait in its fill and drain, and the busy ones run on the cores they
+  // leave, though not on all of them (a waiting rank's threads still wake to poll, the scheduler moves work late).
+  // A run of the probe with two stages (dp = ranks / 2) fits the fraction of the waiting ranks' share that the busy
+  // ones take up: the value of [calibration] idle_core_reclaim whose predicted step is the measured one.
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (r.device == "cpu" && r.ranks > cores && r.ranks % 2 == 0 && model.model.layers % 2 == 0 &&
+      fs::exists(bin / "dtlaunch")) {
+    fitted.node.cores = cores;
+    plan::ParallelConfig piped;
+    piped.pp = 2;
+    piped.dp = r.ranks / 2;
+    const ProbeRun run =
+        run_probe(bin, dir.path, model, model_path, fitted, piped, r.ranks, r, progress, stop, 1, r.quick ? 8 : 16);
+    auto predicted_step = [&](double reclaim) {
+      plan::Plan priced = run.plan;
+      priced.cluster.node.gpu.calibration.idle_core_reclaim = reclaim;
+      return compared(priced, run).predicted_step_s;
+    };
+    const double measured_step = compared(run.plan, run).measured_step_s;
+    double low = 0, high = 1;  // the predicted step falls as the reclaimed share grows
+    if (measured_step >= predicted_step(0)) {
+      high = 0;
+    } else if (measured_step <= predicted_step(1)) {
+      low = 1;
+    } else {
+      for (int i = 0; i < 20; ++i) {
+        const double mid = 0.5 * (low + high);
+        (predicted_step(mid) > measured_step ? low : high) = mid;
+      }
+    }
+    f.cores = cores;
+    f.idle_core_reclaim = 0.5 * (low + high);
+    progress(fmt::format(
+        "executor probe, pp=2 dp={}: step {} measured against {} with the waiting ranks' cores idle and {} with all "
+        "of them taken up: the busy ranks take up {:.0f}% of them ({} cores)",
+        piped.dp, format_seconds(measured_step), format_seconds(predicted_step(0)), format_seconds(predicted_step(1)),
+        100 * *f.idle_core_reclaim, cores));
   }
   return f;
 }

@@ -153,7 +153,12 @@ void run_calibrate(const CalibrateCommand& o) {
                     {"step_overhead_s", r.probe->step_overhead_s}};
       if (r.probe->collective_sync_us) j["probe"]["collective_sync_us"] = *r.probe->collective_sync_us;
       if (r.probe->nvlink_latency_us) j["probe"]["nvlink_latency_us"] = *r.probe->nvlink_latency_us;
+      if (r.probe->subgroup_sync_us) j["probe"]["subgroup_sync_us"] = *r.probe->subgroup_sync_us;
       if (r.probe->nvlink_gbps) j["probe"]["nvlink_gbps"] = *r.probe->nvlink_gbps;
+      if (r.probe->idle_core_reclaim) {
+        j["probe"]["cores"] = r.probe->cores;
+        j["probe"]["idle_core_reclaim"] = *r.probe->idle_core_reclaim;
+      }
       if (r.probe->host_op_forward_us) j["probe"]["host_op_forward_us"] = *r.probe->host_op_forward_us;
       if (r.probe->host_op_backward_us) j["probe"]["host_op_backward_us"] = *r.probe->host_op_backward_us;
     }

@@ -114,6 +114,10 @@ void read_calibration(TableReader& c, Calibration& cal) {
   nonneg("host_op_backward_us", cal.host_op_backward_us);
   nonneg("memory_fragmentation", cal.memory_fragmentation);
   nonneg("runtime_reserved_gib", cal.runtime_reserved_gib);
+  if (auto v = c.get_number("idle_core_reclaim")) {
+    if (!(*v >= 0.0 && *v <= 1.0)) c.fail("idle_core_reclaim", "must be in [0, 1]");
+    cal.idle_core_reclaim = *v;
+  }
   if (auto v = c.get_number("moe_imbalance")) {
     if (*v < 1.0) c.fail("moe_imbalance", "must be at least 1 (the busiest rank's routed rows over the mean)");
     cal.moe_imbalance = *v;
@@ -137,6 +141,10 @@ void read_network(TableReader& n, NetworkSpec& net) {
   if (auto v = n.get_number("collective_sync_us")) {
     if (*v < 0) n.fail("collective_sync_us", "must not be negative");
     net.collective_sync_us = *v;
+  }
+  if (auto v = n.get_number("subgroup_sync_us")) {
+    if (*v < 0) n.fail("subgroup_sync_us", "must not be negative");
+    net.subgroup_sync_us = *v;
   }
   auto tables = n.table_array("efficiency");
   if (!tables.empty()) net.efficiency.clear();
@@ -267,6 +275,7 @@ ClusterSpec parse_cluster_tables(TableReader root) {
   ns.nics = static_cast<int>(n.get_int_at_least("nics", 0).value_or(ns.gpus));
   ns.nic_gbps = n.get_positive_number("nic_gbps").value_or(25.0);
   ns.pcie_gbps = n.get_positive_number("pcie_gbps").value_or(25.0);
+  ns.cores = static_cast<int>(n.get_int_at_least("cores", 1).value_or(0));
   if (spec.nodes > 1 && ns.nics == 0) {
     n.fail("nics", fmt::format("is 0 but [cluster] nodes = {}: nodes need a network to train together", spec.nodes));
   }
@@ -317,6 +326,7 @@ std::string node_toml(const ClusterSpec& s) {
   out += fmt::format("gpus = {}\ngpu = {}\nnvlink_domain = {}\nnvlink_gbps = {}\nnics = {}\nnic_gbps = {}\n", n.gpus,
                      toml_string(n.gpu.name), n.nvlink_domain, n.nvlink_gbps, n.nics, n.nic_gbps);
   out += fmt::format("pcie_gbps = {}\n", n.pcie_gbps);
+  if (n.cores > 0) out += fmt::format("cores = {}\n", n.cores);  // only when set: other digests stay
   if (!n.nic_of_gpu.empty()) {
     std::vector<std::string> r;
     for (int v : n.nic_of_gpu) r.push_back(std::to_string(v));
@@ -334,6 +344,7 @@ std::string optional_calibration_lines(const Calibration& c) {
   if (c.optimizer_hbm_efficiency > 0) out += fmt::format("optimizer_hbm_efficiency = {}\n", c.optimizer_hbm_efficiency);
   if (c.moe_imbalance != 1.0) out += fmt::format("moe_imbalance = {}\n", c.moe_imbalance);
   if (c.expert_gemm_efficiency != 1.0) out += fmt::format("expert_gemm_efficiency = {}\n", c.expert_gemm_efficiency);
+  if (c.idle_core_reclaim != 1.0) out += fmt::format("idle_core_reclaim = {}\n", c.idle_core_reclaim);
   if (c.host_op_forward_us > 0 || c.host_op_backward_us > 0) {
     out +=
         fmt::format("host_op_forward_us = {}\nhost_op_backward_us = {}\n", c.host_op_forward_us, c.host_op_backward_us);
@@ -365,6 +376,7 @@ std::string cluster_toml(const ClusterSpec& s, const std::string& prefix) {
   out += fmt::format("[{}network]\nnvlink_latency_us = {}\nnetwork_latency_us = {}\np2p_latency_us = {}\n", p,
                      s.network.nvlink_latency_us, s.network.network_latency_us, s.network.p2p_latency_us);
   if (s.network.collective_sync_us > 0) out += fmt::format("collective_sync_us = {}\n", s.network.collective_sync_us);
+  if (s.network.subgroup_sync_us > 0) out += fmt::format("subgroup_sync_us = {}\n", s.network.subgroup_sync_us);
   for (const auto& e : s.network.efficiency) {
     out += fmt::format("\n[[{}network.efficiency]]\nscope = {}\n", p, toml_string(e.scope));
     if (e.participants > 0) out += fmt::format("participants = {}\n", e.participants);
@@ -390,6 +402,7 @@ std::string canonical_text(const ClusterSpec& s) {
   out += fmt::format("network = {} {} {}\n", s.network.nvlink_latency_us, s.network.network_latency_us,
                      s.network.p2p_latency_us);
   if (s.network.collective_sync_us > 0) out += fmt::format("collective_sync_us = {}\n", s.network.collective_sync_us);
+  if (s.network.subgroup_sync_us > 0) out += fmt::format("subgroup_sync_us = {}\n", s.network.subgroup_sync_us);
   for (const auto& e : s.network.efficiency) {
     out += fmt::format("efficiency {} {}:", e.scope, e.participants);
     for (std::size_t i = 0; i < e.bytes.size(); ++i) out += fmt::format(" {}={}", e.bytes[i], e.efficiency[i]);

@@ -32,6 +32,10 @@ class Coster {
                       : static_cast<double>(activation_bytes(plan.model.training.dtype));
     weight_bytes_ = plan.model.training.dtype == DType::kFp32 ? 4.0 : 2.0;
     layers_ = static_cast<int>(m.layers);
+    // CPU ranks sharing fewer cores: the passes at the speed the analytic estimate finds for this layout's idle time.
+    if (plan.cluster.node.cores > 0 && plan.cluster.node.gpus > plan.cluster.node.cores) {
+      speedup_ = cm_.evaluate(c_, plan.inputs.global_batch).breakdown.shared_core_speedup;
+    }
   }
 
   double operator()(const Program& p, const Instr& in) const {
@@ -39,13 +43,14 @@ class Coster {
     switch (in.op) {
       case Opcode::kForward: {
         const ChunkInfo* ci = p.chunk_info(in.chunk);
-        return plan::CostModel::chunk_times(lc_, ci->first_layer, ci->layers, ci->embedding, ci->head).forward_s +
-               overhead_;
+        return (plan::CostModel::chunk_times(lc_, ci->first_layer, ci->layers, ci->embedding, ci->head).forward_s +
+                overhead_) /
+               speedup_;
       }
       case Opcode::kBackward:
       case Opcode::kBackwardInput:
       case Opcode::kBackwardWeight:
-        return backward(p, in);
+        return backward(p, in) / speedup_;
       case Opcode::kSend:
       case Opcode::kRecv:
         return options_.free_communication ? 0.0 : p2p_;
@@ -166,6 +171,7 @@ class Coster {
   plan::LayerCosts lc_;
   double p2p_ = 0;
   double overhead_ = 0;
+  double speedup_ = 1;
   double grad_bytes_ = 4;
   double weight_bytes_ = 2;
   int layers_ = 0;

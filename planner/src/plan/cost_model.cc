@@ -327,6 +327,7 @@ double CostModel::collective_seconds(double bytes, const GroupGeometry& g, doubl
   if (k > 1) {
     double bw = (g.nvlink ? node.nvlink_gbps : node.pcie_gbps) * 1e9;
     double eff = net.efficiency_at("nvlink", k, bytes);
+    if (k < node.gpus) t += net.subgroup_sync_s();
     t += net.collective_sync_s() + net.nvlink_latency_s() * steps_factor * (k - 1) +
          bw_factor * (k - 1) / k * bytes / (bw * eff);
   }
@@ -797,7 +798,29 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
       pipe = mbs * t_max + (fill_sum - fill_at_max);
       break;
   }
+  // CPU ranks sharing fewer cores than there are ranks: the calibrated figures are a rank's share with every rank
+  // busy; while some wait (the fill and drain, the transfers), the busy ones run on the cores they leave, as much of
+  // them as [calibration] idle_core_reclaim says. A rank is busy for its stages' mean over the step: each pass is
+  // faster by 1 + reclaim x (ranks / max(busy ranks, cores) - 1), the busy ranks themselves depending on it (a few
+  // rounds settle it).
+  double speedup = 1;
+  const double ranks = cluster_.node.gpus, cores = cluster_.node.cores;
+  const double reclaim = cluster_.node.gpu.calibration.idle_core_reclaim;
+  if (p > 1 && cores > 0 && ranks > cores && reclaim > 0) {
+    const double transfers = p2p_seconds(c) * (static_cast<double>(mbs) * v + 2.0 * (p - 1));
+    for (int round = 0; round < 4; ++round) {
+      const double busy = ranks * (mbs * t_sum / p / speedup) / (pipe / speedup + transfers);
+      speedup = 1 + reclaim * (ranks / std::max(busy, cores) - 1);
+    }
+    t_max /= speedup;
+    for (StageTimes* st : {&bottleneck, &param_stage_times}) *st = scaled(*st, 1 / speedup);
+    if (stage_times != nullptr) {
+      for (auto& st : *stage_times) st = scaled(st, 1 / speedup);
+    }
+    pipe /= speedup;
+  }
   TimeBreakdown b;
+  b.shared_core_speedup = speedup;
   b.recompute_s = mbs * bottleneck.recompute_s;
   b.tp_comm_s = mbs * bottleneck.tp_comm_s;
   b.ep_comm_s = mbs * bottleneck.ep_comm_s;

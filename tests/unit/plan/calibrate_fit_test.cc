@@ -22,8 +22,7 @@ TEST(CalibrateFit, ThreeRunsRecoverTheThreeFigures) {
 // Runs that want a negative latency per ring step and a bandwidth above the all-reduce's: both held at their bounds,
 // the cost per collective takes what is left, and stays at least 0.
 TEST(CalibrateFit, FiguresPastTheirBoundsAreHeldThere) {
-  const std::vector<std::array<double, 3>> slopes{
-      {40e-6, 80e-6, 0.010}, {10e-6, 20e-6, 0.010}, {80e-6, 80e-6, 0.011}};
+  const std::vector<std::array<double, 3>> slopes{{40e-6, 80e-6, 0.010}, {10e-6, 20e-6, 0.010}, {80e-6, 80e-6, 0.011}};
   const std::array<double, 3> truth{3000, -200, -0.5};  // latency 100 - 200 < 0; bandwidth term x0.5 < 1
   std::vector<double> gap;
   for (const auto& s : slopes) gap.push_back(s[0] * truth[0] + s[1] * truth[1] + s[2] * truth[2]);

@@ -229,5 +229,87 @@ TEST(CostModel, TheHostsFloorPerOpBoundsTheSmallModelsPasses) {
   }
 }
 
+// Four CPU ranks on two cores: a pipeline's ranks wait during its fill and drain, and the busy ones run on the cores
+// the waiting ones leave. Layouts with every rank busy all the time, and ranks with a core each, are unchanged.
+TEST(CostModel, PipelineRanksSharingCoresRunFasterWhileOthersWait) {
+  auto model = model::load_model(kRoot + "/bench/models/small-llama.toml");
+  auto cluster = topology::load_cluster(kRoot + "/examples/clusters/local-cpu.toml");
+  cluster.node.gpus = 4;
+  cluster.node.nvlink_domain = 4;
+  const std::string digest_before = topology::canonical_text(cluster);
+  const CostModel own(model, cluster);
+  cluster.node.cores = 2;
+  const CostModel shared(model, cluster);
+  const std::int64_t batch = model.training.global_batch;
+
+  const Estimate a = own.evaluate(layout(1, 4, 1, 1, 1), batch);
+  const Estimate b = shared.evaluate(layout(1, 4, 1, 1, 1), batch);
+  EXPECT_EQ(a.breakdown.shared_core_speedup, 1.0);
+  // 8 micro-batches over 4 stages: each rank busy about 8 of 11 stage slots, so about 2.9 ranks on 2 cores.
+  EXPECT_GT(b.breakdown.shared_core_speedup, 1.2);
+  EXPECT_LT(b.breakdown.shared_core_speedup, 2.0);
+  EXPECT_NEAR(b.breakdown.compute_s * b.breakdown.shared_core_speedup, a.breakdown.compute_s,
+              1e-9 * a.breakdown.compute_s);
+  EXPECT_LT(b.iteration_s, a.iteration_s);
+  // Data parallelism keeps every rank busy: no change.
+  EXPECT_EQ(shared.evaluate(layout(1, 1, 4, 1, 1), batch).iteration_s,
+            own.evaluate(layout(1, 1, 4, 1, 1), batch).iteration_s);
+  // Two ranks on two cores: each already has one.
+  auto two = cluster;
+  two.node.gpus = two.node.nvlink_domain = 2;
+  EXPECT_EQ(CostModel(model, two).evaluate(layout(1, 2, 1, 1, 1), batch).breakdown.shared_core_speedup, 1.0);
+
+  // The busy ranks take up only part of the waiting ranks' cores (idle_core_reclaim, fitted by dtplan calibrate): a
+  // speed-up between none and the whole; none at 0.
+  auto partly = cluster;
+  partly.node.gpu.calibration.idle_core_reclaim = 0.4;
+  const double part = CostModel(model, partly).evaluate(layout(1, 4, 1, 1, 1), batch).breakdown.shared_core_speedup;
+  EXPECT_GT(part, 1.05);
+  EXPECT_LT(part, b.breakdown.shared_core_speedup);
+  auto none = cluster;
+  none.node.gpu.calibration.idle_core_reclaim = 0;
+  EXPECT_EQ(CostModel(model, none).evaluate(layout(1, 4, 1, 1, 1), batch).iteration_s, a.iteration_s);
+
+  // Written only when set; read back; a core count below 1 and a fraction outside [0, 1] are refused.
+  EXPECT_EQ(digest_before.find("cores"), std::string::npos);
+  EXPECT_EQ(digest_before.find("idle_core_reclaim"), std::string::npos);
+  const std::string text = topology::cluster_toml(partly, "");
+  const auto back = topology::parse_cluster(TomlDocument::parse_string(text, "c.toml"));
+  EXPECT_EQ(back.node.cores, 2);
+  EXPECT_EQ(back.node.gpu.calibration.idle_core_reclaim, 0.4);
+  std::string bad = text;
+  bad.replace(bad.find("cores = 2"), 9, "cores = 0");
+  EXPECT_THROW(topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml")), Error);
+  bad = text;
+  bad.replace(bad.find("idle_core_reclaim = 0.4"), 23, "idle_core_reclaim = 1.5");
+  EXPECT_THROW(topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml")), Error);
+}
+
+// Four CPU ranks on two cores: a collective of a group of two pays [network] subgroup_sync_us on top (the other
+// group's ranks hold the cores while it waits); a group of all four does not.
+TEST(CostModel, ACollectiveOfASmallerGroupThanTheNodePaysTheSubgroupWait) {
+  auto model = model::load_model(kRoot + "/bench/models/small-llama.toml");
+  auto cluster = topology::load_cluster(kRoot + "/examples/clusters/local-cpu.toml");
+  cluster.node.gpus = 4;
+  cluster.node.nvlink_domain = 4;
+  const std::string digest_before = topology::canonical_text(cluster);
+  const CostModel plain(model, cluster);
+  cluster.network.subgroup_sync_us = 2000;
+  const CostModel waiting(model, cluster);
+  const std::int64_t batch = model.training.global_batch;
+  // layout(tp, pp, dp, ...) as above: tp4 keeps its price, dp2 tp2 pays more for each tensor-parallel collective.
+  EXPECT_EQ(waiting.evaluate(layout(4, 1, 1, 1, 1), batch).breakdown.tp_comm_s,
+            plain.evaluate(layout(4, 1, 1, 1, 1), batch).breakdown.tp_comm_s);
+  EXPECT_GT(waiting.evaluate(layout(2, 1, 2, 1, 1), batch).breakdown.tp_comm_s,
+            plain.evaluate(layout(2, 1, 2, 1, 1), batch).breakdown.tp_comm_s + 1e-3);
+  // Written only when set, read back, refused when negative.
+  EXPECT_EQ(digest_before.find("subgroup_sync_us"), std::string::npos);
+  const std::string text = topology::cluster_toml(cluster, "");
+  EXPECT_EQ(topology::parse_cluster(TomlDocument::parse_string(text, "c.toml")).network.subgroup_sync_us, 2000);
+  std::string bad = text;
+  bad.replace(bad.find("subgroup_sync_us = 2000"), 23, "subgroup_sync_us = -1");
+  EXPECT_THROW(topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml")), Error);
+}
+
 }  // namespace
 }  // namespace dtrain::plan

@@ -36,6 +36,9 @@ struct TimeBreakdown {
   double dp_comm_s = 0;    // exposed data-parallel reduction (and parameter all-gather)
   double optimizer_s = 0;  // optimizer step, gradient norm, tied-embedding reduction
   double overhead_s = 0;   // fixed per-step overhead
+  // CPU ranks sharing fewer cores ([node] cores): how much faster the passes run than the calibrated per-rank figures
+  // say, because the ranks are not all busy at once (a pipeline's fill and drain); 1 otherwise. Applied already.
+  double shared_core_speedup = 1;
   double total() const {
     return compute_s + recompute_s + tp_comm_s + ep_comm_s + bubble_s + pp_comm_s + dp_comm_s + optimizer_s +
            overhead_s;

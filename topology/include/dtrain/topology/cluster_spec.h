@@ -33,6 +33,10 @@ struct NodeSpec {
   double nic_gbps = 25;         // per NIC, per direction, GB/s
   double pcie_gbps = 25;        // GPU <-> host/PCIe switch, per direction, GB/s
   std::vector<int> nic_of_gpu;  // the NIC each GPU uses (rail); default: GPU g -> NIC g * nics / gpus
+  // A node of CPU ranks: the cores its ranks share (dtplan calibrate writes it). With more ranks than cores the
+  // calibrated figures are each rank's share of them with every rank busy; a rank that waits (a pipeline's fill and
+  // drain) leaves its share to the others. 0: every rank has its own device.
+  int cores = 0;
   // Inter-node bandwidth available to one GPU when all GPUs of the node communicate at once.
   double network_gbps_per_gpu() const { return nics * nic_gbps / gpus; }
   double node_network_gbps() const { return nics * nic_gbps; }
@@ -58,6 +62,10 @@ struct NetworkSpec {
   double collective_sync_us = 0;
   double nvlink_latency_s() const { return nvlink_latency_us * 1e-6; }
   double collective_sync_s() const { return collective_sync_us * 1e-6; }
+  // More again for a collective whose group holds fewer of the node's ranks than all (CPU ranks sharing cores: the
+  // other groups' ranks hold the cores while the group waits for a member); 0 unless given (dtplan calibrate).
+  double subgroup_sync_us = 0;
+  double subgroup_sync_s() const { return subgroup_sync_us * 1e-6; }
   double network_latency_s() const { return network_latency_us * 1e-6; }
   double p2p_latency_s() const { return p2p_latency_us * 1e-6; }
   std::vector<EfficiencyCurve> efficiency;

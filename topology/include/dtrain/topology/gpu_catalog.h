@@ -50,6 +50,9 @@ struct Calibration {
   // The experts' grouped GEMMs' rate against plain GEMMs of the same shapes (the curve above), which prices each
   // expert's GEMM; 1: the same. dtplan calibrate --device cuda measures it.
   double expert_gemm_efficiency = 1.0;
+  // CPU ranks sharing fewer cores ([node] cores): the fraction of a waiting rank's share of the cores that the busy
+  // ranks take up (1: all of it, as a scheduler in theory would; 0: none). dtplan calibrate fits it to a pipeline run.
+  double idle_core_reclaim = 1.0;
 };
 
 struct GpuSpec {
