@@ -192,7 +192,8 @@ ClusterSpec parse_cluster_tables(TableReader root) {
   if (!cluster) root.fail_table("missing the [cluster] table (name, nodes)");
   if (!node) root.fail_table("missing the [node] table (gpus, gpu, nvlink_domain, nvlink_gbps, nics, nic_gbps)");
 
-  std::optional<std::string> gpu_phrase;  // a GPU calibration's provenance, for the figures only it writes
+  std::optional<std::string> gpu_phrase;        // a GPU calibration's provenance, for the figures only it writes
+  std::optional<std::string> cpu_probe_phrase;  // a CPU calibration's probe, for the links it fits between ranks
   bool gpu_probed = false;
   if (measured) {
     // Written by dtplan calibrate: where the measured figures came from (explain shows it beside each figure).
@@ -229,6 +230,7 @@ ClusterSpec parse_cluster_tables(TableReader root) {
     }
     if (gpu_measured) gpu_phrase = phrase;
     gpu_probed = gpu_measured && probed;
+    if (!gpu_measured && probed) cpu_probe_phrase = phrase + ", executor probe";
   }
   spec.name = cluster->get_string("name").value_or("");
   if (spec.name.empty()) cluster->fail("name", "required key is missing or empty");
@@ -296,6 +298,17 @@ ClusterSpec parse_cluster_tables(TableReader root) {
   const Calibration& cal = ns.gpu.calibration;
   if (gpu_phrase && cal.expert_gemm_efficiency != 1.0) {
     spec.provenance["calibration.expert_gemm_efficiency"] = *gpu_phrase;
+  }
+  if (cpu_probe_phrase && spec.network.collective_sync_us > 0) {  // the tensor-parallel runs over the ranks
+    for (const char* key : {"network.collective_sync_us", "network.nvlink_latency_us", "node.nvlink_gbps"}) {
+      spec.provenance[key] = *cpu_probe_phrase + ", tensor-parallel runs";
+    }
+    if (spec.network.subgroup_sync_us > 0) {
+      spec.provenance["network.subgroup_sync_us"] = *cpu_probe_phrase + ", groups of 2";
+    }
+  }
+  if (cpu_probe_phrase && ns.cores > 0) {  // the pipeline run over more ranks than cores
+    spec.provenance["calibration.idle_core_reclaim"] = *cpu_probe_phrase + ", a pipeline run";
   }
   if (gpu_probed && (cal.host_op_forward_us > 0 || cal.host_op_backward_us > 0)) {  // the small model's probe
     for (const char* key : {"calibration.host_op_forward_us", "calibration.host_op_backward_us"}) {
