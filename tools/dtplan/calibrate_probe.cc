@@ -402,9 +402,10 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
       sharded.dp = tp / group;
       sharded.micro_batch = micro_batch;
       sharded.sequence_parallel = sp;
-      // 20 steps: with 8, three calibrations of one machine fitted 480 to 2330 us per collective.
+      // 20 steps: with 8, three calibrations of one machine fitted 480 to 2330 us per collective. --quick: 5 (its three
+      // runs in 15 s with 4 ranks on 2 cores).
       const ProbeRun run =
-          run_probe(bin, dir.path, model, model_path, fitted, sharded, tp, r, progress, stop, 1, r.quick ? 8 : 20);
+          run_probe(bin, dir.path, model, model_path, fitted, sharded, tp, r, progress, stop, 1, r.quick ? 5 : 20);
       const auto [expected, measured_s] = passes(run.plan, run);
       plan::Plan later = run.plan;
       later.cluster.network.collective_sync_us += 1000;
@@ -447,12 +448,11 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     // drift apart between the dp all-reduces, so that a member a collective waits for may be off its core while
     // another group's rank holds it. What such a collective costs beyond the figures above, per collective, from one
     // more run ([network] subgroup_sync_us; 4 ranks on 2 cores: small-llama dp2 tp2 came out 13% fast without it).
-    if (tp >= 4 && tp % 2 == 0) {
+    if (tp >= 4 && tp % 2 == 0 && !r.quick) {  // --quick: not in its 15 s
       plan::ParallelConfig pairs;
       pairs.tp = 2;
       pairs.dp = tp / 2;
-      const ProbeRun run =
-          run_probe(bin, dir.path, model, model_path, fitted, pairs, tp, r, progress, stop, 1, r.quick ? 8 : 20);
+      const ProbeRun run = run_probe(bin, dir.path, model, model_path, fitted, pairs, tp, r, progress, stop, 1, 20);
       const auto [expected, measured_s] = passes(run.plan, run);
       plan::Plan later = run.plan;
       later.cluster.network.subgroup_sync_us += 1000;
@@ -471,14 +471,13 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
   // A run of the probe with two stages (dp = ranks / 2) fits the fraction of the waiting ranks' share that the busy
   // ones take up: the value of [calibration] idle_core_reclaim whose predicted step is the measured one.
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  if (r.device == "cpu" && r.ranks > cores && r.ranks % 2 == 0 && model.model.layers % 2 == 0 &&
+  if (r.device == "cpu" && !r.quick && r.ranks > cores && r.ranks % 2 == 0 && model.model.layers % 2 == 0 &&
       fs::exists(bin / "dtlaunch")) {
     fitted.node.cores = cores;
     plan::ParallelConfig piped;
     piped.pp = 2;
     piped.dp = r.ranks / 2;
-    const ProbeRun run =
-        run_probe(bin, dir.path, model, model_path, fitted, piped, r.ranks, r, progress, stop, 1, r.quick ? 8 : 16);
+    const ProbeRun run = run_probe(bin, dir.path, model, model_path, fitted, piped, r.ranks, r, progress, stop, 1, 16);
     auto predicted_step = [&](double reclaim) {
       plan::Plan priced = run.plan;
       priced.cluster.node.gpu.calibration.idle_core_reclaim = reclaim;
