@@ -497,7 +497,6 @@ topology::ClusterSpec calibrated_cluster(const topology::ClusterSpec& base, cons
     if (r.probe->collective_sync_us) c.network.collective_sync_us = *r.probe->collective_sync_us;
     if (r.probe->nvlink_latency_us) c.network.nvlink_latency_us = *r.probe->nvlink_latency_us;
     if (r.probe->subgroup_sync_us) c.network.subgroup_sync_us = *r.probe->subgroup_sync_us;
-    if (r.probe->nvlink_gbps) c.node.nvlink_gbps = *r.probe->nvlink_gbps;
     if (r.probe->idle_core_reclaim) {
       c.node.cores = r.probe->cores;
       cal.idle_core_reclaim = *r.probe->idle_core_reclaim;
@@ -528,8 +527,8 @@ std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const Cal
                 "and hbm_gbps\n"
                 "# the measured bandwidth per rank; the nvlink efficiency curve comes from all-reduces between the "
                 "ranks;\n"
-                "# hbm_efficiency, the overheads, [node] nvlink_gbps and [network] collective_sync_us and "
-                "nvlink_latency_us\n"
+                "# hbm_efficiency, the overheads, [network] collective_sync_us, nvlink_latency_us and "
+                "subgroup_sync_us\n"
                 "# from the executor probe (short dtexec runs). Point-to-point latency and the links between nodes "
                 "are the\n"
                 "# base cluster's.\n"

@@ -99,12 +99,11 @@ struct ProbeFigures {
   double compute_speedup = 1;  // CPU: the GEMM peak's factor where the passes ran faster than it predicts
   double microbatch_overhead_s = 0;
   double step_overhead_s = 0;
-  // CPU, several ranks per node: the fixed cost of one collective between them, the latency per ring step and the
-  // bandwidth, fitted to three tensor-parallel runs (collectives of one and of four sequences, and of one sequence with
-  // sequence parallelism).
+  // CPU, several ranks per node: the fixed cost of one collective between them and the latency per ring step, fitted
+  // to three tensor-parallel runs (collectives of one and of four sequences, and of one sequence with sequence
+  // parallelism).
   std::optional<double> collective_sync_us;
   std::optional<double> nvlink_latency_us;
-  std::optional<double> nvlink_gbps;
   // CPU, four ranks per node or more: what a collective of a group of two costs more, from a run with dp = ranks / 2.
   std::optional<double> subgroup_sync_us;
   // CPU, more ranks per node than cores: the cores, and the fraction of a waiting rank's share of them that the busy

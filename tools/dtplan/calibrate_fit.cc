@@ -27,31 +27,35 @@ Line fit_line(const std::vector<std::pair<double, double>>& xy) {
   return l;
 }
 
-std::array<double, 3> bounded_fit(const std::vector<std::array<double, 3>>& slopes, const std::vector<double>& gap,
-                                  const std::array<double, 3>& current, const std::array<double, 3>& lowest) {
-  // Each figure free, held at its current value, or held at its bound: 27 cases, the feasible one of least residual
+std::vector<double> bounded_fit(const std::vector<std::vector<double>>& slopes, const std::vector<double>& gap,
+                                const std::vector<double>& current, const std::vector<double>& lowest) {
+  // Each figure free, held at its current value, or held at its bound: 3^n cases, the feasible one of least residual
   // (the first of equals: every figure free comes first, a figure held where it was before one held at its bound).
-  std::array<double, 3> best{};
+  const std::size_t n = current.size();
+  std::vector<double> best(n, 0.0);
   double best_residual = std::numeric_limits<double>::infinity();
   double scale = 0;
   for (double g : gap) scale += g * g;
-  for (int code = 0; code < 27; ++code) {
-    std::array<int, 3> state{code % 3, code / 3 % 3, code / 9};  // 0 free, 1 held, 2 at the bound
-    std::array<double, 3> change{};
-    std::vector<int> free;
-    for (int j = 0; j < 3; ++j) {
-      if (state[j] == 0) free.push_back(j);
-      if (state[j] == 2) change[j] = lowest[j] - current[j];
+  std::size_t cases = 1;
+  for (std::size_t j = 0; j < n; ++j) cases *= 3;
+  for (std::size_t code = 0; code < cases; ++code) {
+    std::vector<double> change(n, 0.0);
+    std::vector<std::size_t> free;
+    std::size_t rest_code = code;
+    for (std::size_t j = 0; j < n; ++j, rest_code /= 3) {
+      const std::size_t state = rest_code % 3;  // 0 free, 1 held, 2 at the bound
+      if (state == 0) free.push_back(j);
+      if (state == 2) change[j] = lowest[j] - current[j];
     }
-    // Normal equations over the free figures, on what the held ones leave of the gap.
+    // Normal equations over the free figures, on what the held ones leave of the gap: k rows of k + 1.
     const std::size_t k = free.size();
-    std::array<std::array<double, 4>, 3> a{};
+    std::vector<std::vector<double>> a(k, std::vector<double>(k + 1, 0.0));
     for (std::size_t i = 0; i < gap.size(); ++i) {
       double rest = gap[i];
-      for (int j = 0; j < 3; ++j) rest -= slopes[i][j] * change[j];
+      for (std::size_t j = 0; j < n; ++j) rest -= slopes[i][j] * change[j];
       for (std::size_t p = 0; p < k; ++p) {
         for (std::size_t q = 0; q < k; ++q) a[p][q] += slopes[i][free[p]] * slopes[i][free[q]];
-        a[p][3] += slopes[i][free[p]] * rest;
+        a[p][k] += slopes[i][free[p]] * rest;
       }
     }
     bool solved = true;
@@ -63,23 +67,24 @@ std::array<double, 3> bounded_fit(const std::vector<std::array<double, 3>>& slop
       std::swap(a[p], a[pivot]);
       double diag_scale = 0;
       for (std::size_t q = 0; q < k; ++q) diag_scale = std::max(diag_scale, std::abs(a[q][q]));
-      if (std::abs(a[p][p]) <= 1e-12 * diag_scale || a[p][p] == 0) solved = false;
+      if (a[p][p] == 0 || std::abs(a[p][p]) <= 1e-12 * diag_scale) solved = false;
       for (std::size_t q = 0; q < k && solved; ++q) {
         if (q == p) continue;
         const double factor = a[q][p] / a[p][p];
-        for (std::size_t c = 0; c < 4; ++c) a[q][c] -= factor * a[p][c];
+        for (std::size_t c = 0; c <= k; ++c) a[q][c] -= factor * a[p][c];
       }
     }
     if (!solved) continue;
-    for (std::size_t p = 0; p < k; ++p) change[free[p]] = a[p][3] / a[p][p];
+    for (std::size_t p = 0; p < k; ++p) change[free[p]] = a[p][k] / a[p][p];
     bool feasible = true;
-    for (int j = 0; j < 3; ++j)
+    for (std::size_t j = 0; j < n; ++j) {
       feasible = feasible && std::isfinite(change[j]) && current[j] + change[j] >= lowest[j] - 1e-9;
+    }
     if (!feasible) continue;
     double residual = 0;
     for (std::size_t i = 0; i < gap.size(); ++i) {
       double r = gap[i];
-      for (int j = 0; j < 3; ++j) r -= slopes[i][j] * change[j];
+      for (std::size_t j = 0; j < n; ++j) r -= slopes[i][j] * change[j];
       residual += r * r;
     }
     if (residual < best_residual - 1e-9 * scale) {

@@ -2,7 +2,6 @@
 // least-squares fit of the executor probe's collective figures.
 #pragma once
 
-#include <array>
 #include <utility>
 #include <vector>
 
@@ -15,10 +14,10 @@ struct Line {
 };
 Line fit_line(const std::vector<std::pair<double, double>>& xy);
 
-// The least-squares change of three figures that closes `gap` (one entry per run; slopes[i][j]: how run i's prediction
+// The least-squares change of n figures that closes `gap` (one entry per run; slopes[i][j]: how run i's prediction
 // moves per unit of figure j), each figure (current[j] + change[j]) kept at or above lowest[j]: every figure free where
 // that fits within the bounds, else the best fit with some figures held at their current value or their bound.
-std::array<double, 3> bounded_fit(const std::vector<std::array<double, 3>>& slopes, const std::vector<double>& gap,
-                                  const std::array<double, 3>& current, const std::array<double, 3>& lowest);
+std::vector<double> bounded_fit(const std::vector<std::vector<double>>& slopes, const std::vector<double>& gap,
+                                const std::vector<double>& current, const std::vector<double>& lowest);
 
 }  // namespace dtrain::dtplan::calibrate_detail

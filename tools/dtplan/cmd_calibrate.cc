@@ -154,7 +154,6 @@ void run_calibrate(const CalibrateCommand& o) {
       if (r.probe->collective_sync_us) j["probe"]["collective_sync_us"] = *r.probe->collective_sync_us;
       if (r.probe->nvlink_latency_us) j["probe"]["nvlink_latency_us"] = *r.probe->nvlink_latency_us;
       if (r.probe->subgroup_sync_us) j["probe"]["subgroup_sync_us"] = *r.probe->subgroup_sync_us;
-      if (r.probe->nvlink_gbps) j["probe"]["nvlink_gbps"] = *r.probe->nvlink_gbps;
       if (r.probe->idle_core_reclaim) {
         j["probe"]["cores"] = r.probe->cores;
         j["probe"]["idle_core_reclaim"] = *r.probe->idle_core_reclaim;

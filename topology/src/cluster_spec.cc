@@ -300,7 +300,7 @@ ClusterSpec parse_cluster_tables(TableReader root) {
     spec.provenance["calibration.expert_gemm_efficiency"] = *gpu_phrase;
   }
   if (cpu_probe_phrase && spec.network.collective_sync_us > 0) {  // the tensor-parallel runs over the ranks
-    for (const char* key : {"network.collective_sync_us", "network.nvlink_latency_us", "node.nvlink_gbps"}) {
+    for (const char* key : {"network.collective_sync_us", "network.nvlink_latency_us"}) {
       spec.provenance[key] = *cpu_probe_phrase + ", tensor-parallel runs";
     }
     if (spec.network.subgroup_sync_us > 0) {
