@@ -229,13 +229,19 @@ TEST(CostModel, TheHostsFloorPerOpBoundsTheSmallModelsPasses) {
   }
 }
 
+// examples/clusters/local-cpu.toml with four ranks on its node.
+topology::ClusterSpec four_cpu_ranks() {
+  auto cluster = topology::load_cluster(kRoot + "/examples/clusters/local-cpu.toml");
+  cluster.node.gpus = 4;
+  cluster.node.nvlink_domain = 4;
+  return cluster;
+}
+
 // Four CPU ranks on two cores: a pipeline's ranks wait during its fill and drain, and the busy ones run on the cores
 // the waiting ones leave. Layouts with every rank busy all the time, and ranks with a core each, are unchanged.
 TEST(CostModel, PipelineRanksSharingCoresRunFasterWhileOthersWait) {
   auto model = model::load_model(kRoot + "/bench/models/small-llama.toml");
-  auto cluster = topology::load_cluster(kRoot + "/examples/clusters/local-cpu.toml");
-  cluster.node.gpus = 4;
-  cluster.node.nvlink_domain = 4;
+  auto cluster = four_cpu_ranks();
   const std::string digest_before = topology::canonical_text(cluster);
   const CostModel own(model, cluster);
   cluster.node.cores = 2;
@@ -289,9 +295,7 @@ TEST(CostModel, PipelineRanksSharingCoresRunFasterWhileOthersWait) {
 // group's ranks hold the cores while it waits); a group of all four does not.
 TEST(CostModel, ACollectiveOfASmallerGroupThanTheNodePaysTheSubgroupWait) {
   auto model = model::load_model(kRoot + "/bench/models/small-llama.toml");
-  auto cluster = topology::load_cluster(kRoot + "/examples/clusters/local-cpu.toml");
-  cluster.node.gpus = 4;
-  cluster.node.nvlink_domain = 4;
+  auto cluster = four_cpu_ranks();
   const std::string digest_before = topology::canonical_text(cluster);
   const CostModel plain(model, cluster);
   cluster.network.subgroup_sync_us = 2000;
