@@ -335,6 +335,13 @@ std::string prediction_block(const Estimate& est, const CostModel& cm) {
     s += fmt::format("  {:<44} {:>8.3f} {:>8}\n", cat.label, v * unit, pct(v / est.iteration_s));
   }
   s += fmt::format("  {:<44} {:>8.3f}\n", "total", est.iteration_s * unit);
+  if (est.breakdown.shared_core_speedup > 1) {
+    const auto& node = cm.cluster().node;
+    s += fmt::format(
+        "  (the passes at {:.2f}x the calibrated speed: {} ranks share {} cores, and while the pipeline's ranks wait,\n"
+        "   the busy ones take up {:.0f}% of the cores they leave: [node] cores, [calibration] idle_core_reclaim)\n",
+        est.breakdown.shared_core_speedup, node.gpus, node.cores, 100 * node.gpu.calibration.idle_core_reclaim);
+  }
   return s;
 }
 
@@ -463,6 +470,8 @@ nlohmann::json explain_json(const Explanation& e) {
   j["memory_bytes"] = {
       {"stages", stages}, {"peak", c.peak_memory_bytes}, {"peak_stage", c.peak_stage}, {"capacity", c.capacity_bytes}};
   j["binding_constraint"] = binding_constraint(e);
+  // CPU ranks sharing cores in a pipeline: the factor the passes' times above already include.
+  if (c.breakdown.shared_core_speedup > 1) j["shared_core_speedup"] = c.breakdown.shared_core_speedup;
   if (!cl.provenance.empty()) j["provenance"] = cl.provenance;
   if (e.compare) {
     j["compare"] = {{"label", e.compare_label},

@@ -107,6 +107,29 @@ TEST(DtplanCli, ExplainNamesTheHostsPaceForASmallModel) {
   EXPECT_THAT(plain.out, Not(HasSubstr("the host's pace")));
 }
 
+// Four CPU ranks on two cores with a fitted share of the waiting ranks' cores: explain says how much faster a
+// pipeline's passes run and why, and the JSON carries the factor; a layout without a pipeline says nothing of it.
+TEST(DtplanCli, ExplainSaysWhenPipelineRanksShareCores) {
+  TempDir tmp;
+  std::string cluster = slurp(kRoot + "/examples/clusters/local-cpu.toml");
+  cluster.replace(cluster.find("[node]\n"), 7, "[node]\ncores = 2\n");
+  cluster.replace(cluster.find("[calibration]\n"), 14, "[calibration]\nidle_core_reclaim = 0.45\n");
+  const auto path = tmp.write("cluster.toml", cluster);
+  const std::string model = kRoot + "/bench/models/small-llama.toml";
+  Result r = run("explain --model " + model + " --cluster " + path + " --gpus 4 --fix dp=1,tp=1,pp=4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("x the calibrated speed: 4 ranks share 2 cores"));
+  EXPECT_THAT(r.out, HasSubstr("the busy ones take up 45% of the cores they leave"));
+  Result j = run("explain --json --model " + model + " --cluster " + path + " --gpus 4 --fix dp=1,tp=1,pp=4");
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  const double speedup = nlohmann::json::parse(j.out).at("shared_core_speedup").get<double>();
+  EXPECT_GT(speedup, 1.05);
+  EXPECT_LT(speedup, 2.0);
+  Result flat = run("explain --model " + model + " --cluster " + path + " --gpus 4 --fix dp=4,tp=1,pp=1");
+  ASSERT_EQ(flat.exit_code, 0) << flat.err;
+  EXPECT_THAT(flat.out, Not(HasSubstr("ranks share")));
+}
+
 TEST(DtplanCli, JsonTwinHasTheDocumentedFieldsAndTheSameNumbers) {
   Result r = run("plan --json --model " + kGpt3 + " --cluster " + kDgx + " --gpus 1024");
   ASSERT_EQ(r.exit_code, 0) << r.err;
