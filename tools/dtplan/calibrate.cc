@@ -487,24 +487,26 @@ topology::ClusterSpec calibrated_cluster(const topology::ClusterSpec& base, cons
   } else {
     apply_cpu(c, r);
   }
-  if (r.probe) {
-    topology::Calibration& cal = c.node.gpu.calibration;
-    cal.hbm_efficiency = r.probe->hbm_efficiency;
-    c.node.gpu.tflops_fp32 *= r.probe->compute_speedup;
-    c.node.gpu.tflops_bf16 *= r.probe->compute_speedup;
-    cal.step_overhead_s = r.probe->step_overhead_s;
-    cal.microbatch_overhead_s = r.probe->microbatch_overhead_s;
-    if (r.probe->collective_sync_us) c.network.collective_sync_us = *r.probe->collective_sync_us;
-    if (r.probe->nvlink_latency_us) c.network.nvlink_latency_us = *r.probe->nvlink_latency_us;
-    if (r.probe->subgroup_sync_us) c.network.subgroup_sync_us = *r.probe->subgroup_sync_us;
-    if (r.probe->idle_core_reclaim) {
-      c.node.cores = r.probe->cores;
-      cal.idle_core_reclaim = *r.probe->idle_core_reclaim;
-    }
-    if (r.probe->host_op_forward_us) cal.host_op_forward_us = *r.probe->host_op_forward_us;
-    if (r.probe->host_op_backward_us) cal.host_op_backward_us = *r.probe->host_op_backward_us;
-  }
+  if (r.probe) apply_probe(c, *r.probe);
   return c;
+}
+
+void apply_probe(topology::ClusterSpec& c, const ProbeFigures& f) {
+  topology::Calibration& cal = c.node.gpu.calibration;
+  cal.hbm_efficiency = f.hbm_efficiency;
+  c.node.gpu.tflops_fp32 *= f.compute_speedup;
+  c.node.gpu.tflops_bf16 *= f.compute_speedup;
+  cal.step_overhead_s = f.step_overhead_s;
+  cal.microbatch_overhead_s = f.microbatch_overhead_s;
+  if (f.collective_sync_us) c.network.collective_sync_us = *f.collective_sync_us;
+  if (f.nvlink_latency_us) c.network.nvlink_latency_us = *f.nvlink_latency_us;
+  if (f.subgroup_sync_us) c.network.subgroup_sync_us = *f.subgroup_sync_us;
+  if (f.idle_core_reclaim) {
+    c.node.cores = f.cores;
+    cal.idle_core_reclaim = *f.idle_core_reclaim;
+  }
+  if (f.host_op_forward_us) cal.host_op_forward_us = *f.host_op_forward_us;
+  if (f.host_op_backward_us) cal.host_op_backward_us = *f.host_op_backward_us;
 }
 
 std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const CalibrationResult& r,

@@ -178,9 +178,15 @@ topology::ClusterSpec default_cuda_base(const CalibrationResult& r);
 //         gemm_half_gflop and attention_efficiency, the all-reduce figures;
 //   cuda: the [gpu] datasheet figures stay; gemm_efficiency_max, gemm_half_gflop and attention_efficiency are the
 //         measured fractions of them; expert_gemm_efficiency the grouped GEMMs' rate against the plain ones';
-//   both: optimizer_hbm_efficiency from AdamW; with the probe (r.probe), hbm_efficiency, the overheads and (CPU,
-//         several ranks) collective_sync_us and nvlink_gbps; (GPU) host_op_forward_us and host_op_backward_us.
+//   both: optimizer_hbm_efficiency from AdamW; with the probe (r.probe, apply_probe), hbm_efficiency, the overheads
+//         and (CPU) the GEMM peak's factor, with several ranks collective_sync_us, nvlink_latency_us and
+//         subgroup_sync_us, with more ranks than cores [node] cores and idle_core_reclaim; (GPU) host_op_forward_us and
+//         host_op_backward_us.
 topology::ClusterSpec calibrated_cluster(const topology::ClusterSpec& base, const CalibrationResult& r);
+
+// The probe's figures on `c` (the cluster of the kernel figures alone: the GEMM peak is multiplied, not set): what
+// calibrated_cluster does with r.probe, and the probe itself with its first figures before its later runs.
+void apply_probe(topology::ClusterSpec& c, const ProbeFigures& f);
 
 // calibrated_cluster as cluster.toml text with a [provenance] table (host, device, date, version, duration) that
 // loads wherever a cluster.toml does.

@@ -258,6 +258,13 @@ std::pair<double, double> passes(const plan::Plan& priced, const ProbeRun& run) 
   return {kind_seconds(c.by_kind, false), kind_seconds(c.by_kind, true)};
 }
 
+// How much the run's predicted passes grow per unit of a figure: `raise` adds 1000 units of it to a copy of the plan.
+double passes_per_unit(const ProbeRun& run, double expected, const std::function<void(plan::Plan&)>& raise) {
+  plan::Plan raised = run.plan;
+  raise(raised);
+  return (passes(raised, run).first - expected) / 1000;
+}
+
 // A GPU's second probe: a small model's layers, whose kernels finish faster than the host issues them, so that each
 // pass takes what the host needs per op (its work to issue the op's kernels and their launches). The simulator, with
 // floors of 1 and 2 ms per op far above any kernel of this model, counts the ops of the passes; the measured passes
@@ -365,12 +372,7 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
 
   // The cluster with the figures fitted so far, which the later runs are priced with.
   topology::ClusterSpec fitted = measured;
-  topology::Calibration& fc = fitted.node.gpu.calibration;
-  fc.hbm_efficiency = f.hbm_efficiency;
-  fitted.node.gpu.tflops_fp32 *= f.compute_speedup;
-  fitted.node.gpu.tflops_bf16 *= f.compute_speedup;
-  fc.step_overhead_s = f.step_overhead_s;
-  fc.microbatch_overhead_s = f.microbatch_overhead_s;
+  apply_probe(fitted, f);
 
   // Several CPU ranks per node: tensor parallelism over all of them, whose collectives sit inside the passes. What the
   // passes take beyond the one-rank figures' prediction is what a collective between the ranks really costs, waits for
@@ -391,15 +393,13 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     std::vector<std::vector<double>> slopes;
     std::vector<std::pair<double, double>> shown;  // (measured, predicted) per run, for the progress line
     struct Layout {
-      int tp, micro_batch;
+      int micro_batch;
       bool sp;
     };
-    std::vector<Layout> layouts{
-        {tp, 1, false}, {tp, static_cast<int>(model.training.global_batch), false}, {tp, 1, true}};
-    for (const auto& [group, micro_batch, sp] : layouts) {
+    const std::vector<Layout> layouts{{1, false}, {static_cast<int>(model.training.global_batch), false}, {1, true}};
+    for (const auto& [micro_batch, sp] : layouts) {
       plan::ParallelConfig sharded;
-      sharded.tp = group;
-      sharded.dp = tp / group;
+      sharded.tp = tp;
       sharded.micro_batch = micro_batch;
       sharded.sequence_parallel = sp;
       // 20 steps: with 8, three calibrations of one machine fitted 480 to 2330 us per collective. --quick: 5 (its three
@@ -407,13 +407,10 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
       const ProbeRun run =
           run_probe(bin, dir.path, model, model_path, fitted, sharded, tp, r, progress, stop, 1, r.quick ? 5 : 20);
       const auto [expected, measured_s] = passes(run.plan, run);
-      plan::Plan later = run.plan;
-      later.cluster.network.collective_sync_us += 1000;
-      plan::Plan slower_steps = run.plan;
-      slower_steps.cluster.network.nvlink_latency_us += 1000;
       gap.push_back(measured_s - expected);
       slopes.push_back(
-          {(passes(later, run).first - expected) / 1000, (passes(slower_steps, run).first - expected) / 1000});
+          {passes_per_unit(run, expected, [](plan::Plan& p) { p.cluster.network.collective_sync_us += 1000; }),
+           passes_per_unit(run, expected, [](plan::Plan& p) { p.cluster.network.nvlink_latency_us += 1000; })});
       shown.emplace_back(measured_s, expected);
     }
     // Each figure's change, at least 0 each: the least-squares fit over the runs with both free, or, where that
@@ -428,7 +425,7 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     for (std::size_t i = 0; i < layouts.size(); ++i) {
       runs.push_back(fmt::format("{} against {} ({} of {}{})", format_seconds(shown[i].first),
                                  format_seconds(shown[i].second), layouts[i].micro_batch == 1 ? "1 sequence" : "all",
-                                 layouts[i].tp, layouts[i].sp ? ", sequence parallel" : ""));
+                                 tp, layouts[i].sp ? ", sequence parallel" : ""));
     }
     progress(fmt::format(
         "executor probe, tensor parallel: passes measured {}: {:.0f} us per collective, {:.0f} us per ring step (the "
@@ -448,9 +445,8 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
       pairs.dp = tp / 2;
       const ProbeRun run = run_probe(bin, dir.path, model, model_path, fitted, pairs, tp, r, progress, stop, 1, 20);
       const auto [expected, measured_s] = passes(run.plan, run);
-      plan::Plan later = run.plan;
-      later.cluster.network.subgroup_sync_us += 1000;
-      const double per_us = (passes(later, run).first - expected) / 1000;
+      const double per_us =
+          passes_per_unit(run, expected, [](plan::Plan& p) { p.cluster.network.subgroup_sync_us += 1000; });
       f.subgroup_sync_us = per_us > 0 ? std::clamp((measured_s - expected) / per_us, 0.0, 1e5) : 0.0;
       fitted.network.subgroup_sync_us = *f.subgroup_sync_us;
       progress(
@@ -479,10 +475,11 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
       return compared(priced, run).predicted_step_s;
     };
     const double measured_step = compared(run.plan, run).measured_step_s;
+    const double none_taken = predicted_step(0), all_taken = predicted_step(1);
     double low = 0, high = 1;  // the predicted step falls as the reclaimed share grows
-    if (measured_step >= predicted_step(0)) {
+    if (measured_step >= none_taken) {
       high = 0;
-    } else if (measured_step <= predicted_step(1)) {
+    } else if (measured_step <= all_taken) {
       low = 1;
     } else {
       for (int i = 0; i < 20; ++i) {
@@ -495,7 +492,7 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     progress(fmt::format(
         "executor probe, pp=2 dp={}: step {} measured against {} with the waiting ranks' cores idle and {} with all "
         "of them taken up: the busy ranks take up {:.0f}% of them ({} cores)",
-        piped.dp, format_seconds(measured_step), format_seconds(predicted_step(0)), format_seconds(predicted_step(1)),
+        piped.dp, format_seconds(measured_step), format_seconds(none_taken), format_seconds(all_taken),
         100 * *f.idle_core_reclaim, cores));
   }
   return f;
