@@ -110,6 +110,8 @@ struct ProbeFigures {
   // ranks take up, fitted to a pipeline run (dp = ranks / 2, pp = 2).
   int cores = 0;
   std::optional<double> idle_core_reclaim;
+  // The same run's point-to-point latency: what its step takes beyond the passes and the transfers' bytes.
+  std::optional<double> p2p_latency_us;
   // GPU: the host's floor per op of a forward and of a backward pass, from a second run of a small model.
   std::optional<double> host_op_forward_us;
   std::optional<double> host_op_backward_us;

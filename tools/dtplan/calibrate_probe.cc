@@ -457,9 +457,14 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
   }
 
   // More CPU ranks than cores: a pipeline's ranks wait in its fill and drain, and the busy ones run on the cores they
-  // leave, though not on all of them (a waiting rank's threads still wake to poll, the scheduler moves work late).
-  // A run of the probe with two stages (dp = ranks / 2) fits the fraction of the waiting ranks' share that the busy
-  // ones take up: the value of [calibration] idle_core_reclaim whose predicted step is the measured one.
+  // leave, though not on all of them (the scheduler moves work late). A run of the probe with two stages (dp = ranks
+  // / 2) fits two figures, one after the other:
+  //   - [calibration] idle_core_reclaim, the fraction of the waiting ranks' share that the busy ones take up, to the
+  //     first stage's compute busy time (its passes run faster while the other stage waits). Fitted to the step it
+  //     came out anywhere between 0 and 0.5 in eight calibrations: the step also holds the waits.
+  //   - [network] p2p_latency_us, to the step: what the step takes beyond the faster passes is the pipeline's waits.
+  //     A transfer between stages is a meeting of two ranks, each of which the other may find off its core, far
+  //     more than the base's latency between idle processes.
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   if (r.device == "cpu" && !r.quick && r.ranks > cores && r.ranks % 2 == 0 && model.model.layers % 2 == 0 &&
       fs::exists(bin / "dtlaunch")) {
@@ -469,31 +474,50 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     piped.dp = r.ranks / 2;
     // 24 steps: with 16, the fitted share moved between 0.2 and 0.47 over six calibrations.
     const ProbeRun run = run_probe(bin, dir.path, model, model_path, fitted, piped, r.ranks, r, progress, stop, 1, 24);
-    auto predicted_step = [&](double reclaim) {
+    auto first_stage_busy = [](const ir::Comparison& c, bool as_measured) {
+      if (c.by_stage.empty()) return 0.0;
+      return as_measured ? c.by_stage.front().measured_s : c.by_stage.front().predicted_s;
+    };
+    auto predicted_busy = [&](double reclaim) {
       plan::Plan priced = run.plan;
       priced.cluster.node.gpu.calibration.idle_core_reclaim = reclaim;
-      return compared(priced, run).predicted_step_s;
+      return first_stage_busy(compared(priced, run), false);
     };
-    const double measured_step = compared(run.plan, run).measured_step_s;
-    const double none_taken = predicted_step(0), all_taken = predicted_step(1);
-    double low = 0, high = 1;  // the predicted step falls as the reclaimed share grows
-    if (measured_step >= none_taken) {
+    const ir::Comparison as_run = compared(run.plan, run);
+    const double measured_busy = first_stage_busy(as_run, true);
+    const double none_taken = predicted_busy(0), all_taken = predicted_busy(1);
+    double low = 0, high = 1;  // the predicted busy time falls as the reclaimed share grows
+    if (measured_busy >= none_taken) {
       high = 0;
-    } else if (measured_step <= all_taken) {
+    } else if (measured_busy <= all_taken) {
       low = 1;
     } else {
       for (int i = 0; i < 20; ++i) {
         const double mid = 0.5 * (low + high);
-        (predicted_step(mid) > measured_step ? low : high) = mid;
+        (predicted_busy(mid) > measured_busy ? low : high) = mid;
       }
     }
     f.cores = cores;
     f.idle_core_reclaim = 0.5 * (low + high);
     progress(fmt::format(
-        "executor probe, pp=2 dp={}: step {} measured against {} with the waiting ranks' cores idle and {} with all "
-        "of them taken up: the busy ranks take up {:.0f}% of them ({} cores)",
-        piped.dp, format_seconds(measured_step), format_seconds(none_taken), format_seconds(all_taken),
+        "executor probe, pp=2 dp={}: rank 0 computed for {} per step, against {} predicted with the waiting ranks' "
+        "cores idle and {} with all of them taken up: the busy ranks take up {:.0f}% of them ({} cores)",
+        piped.dp, format_seconds(measured_busy), format_seconds(none_taken), format_seconds(all_taken),
         100 * *f.idle_core_reclaim, cores));
+    // The step grows by the transfers on its critical path times the latency: a line through two prices.
+    plan::Plan priced = run.plan;
+    priced.cluster.node.gpu.calibration.idle_core_reclaim = *f.idle_core_reclaim;
+    const double base_us = priced.cluster.network.p2p_latency_us;
+    const double step0 = compared(priced, run).predicted_step_s;
+    priced.cluster.network.p2p_latency_us = base_us + 1000;
+    const double per_us = (compared(priced, run).predicted_step_s - step0) / 1000;
+    if (per_us > 0) {
+      f.p2p_latency_us = std::clamp(base_us + (as_run.measured_step_s - step0) / per_us, 0.0, 1e5);
+      progress(fmt::format(
+          "executor probe, pp=2 dp={}: step {} measured against {} predicted with the base's {:.0f} us per transfer "
+          "between stages: {:.0f} us per transfer",
+          piped.dp, format_seconds(as_run.measured_step_s), format_seconds(step0), base_us, *f.p2p_latency_us));
+    }
   }
   return f;
 }

@@ -308,7 +308,8 @@ ClusterSpec parse_cluster_tables(TableReader root) {
     }
   }
   if (cpu_probe_phrase && ns.cores > 0) {  // the pipeline run over more ranks than cores
-    spec.provenance["calibration.idle_core_reclaim"] = *cpu_probe_phrase + ", a pipeline run";
+    spec.provenance["calibration.idle_core_reclaim"] = *cpu_probe_phrase + ", a pipeline run's compute";
+    spec.provenance["network.p2p_latency_us"] = *cpu_probe_phrase + ", a pipeline run's step";
   }
   if (gpu_probed && (cal.host_op_forward_us > 0 || cal.host_op_backward_us > 0)) {  // the small model's probe
     for (const char* key : {"calibration.host_op_forward_us", "calibration.host_op_backward_us"}) {

@@ -54,6 +54,11 @@ CostModel::CostModel(model::ModelDescription model, topology::ClusterSpec cluste
     : model_(std::move(model)),
       cluster_(topology::default_network(std::move(cluster))),
       graph_(model::build_layer_graph(model_.model, model_.training)) {
+  if (cluster_.network.subgroup_sync_us > 0 && cluster_.node.cores > 0 && cluster_.node.gpus > cluster_.node.cores) {
+    topology::ClusterSpec alone = cluster_;
+    alone.network.subgroup_sync_us = 0;
+    uncontended_ = std::make_shared<const CostModel>(model_, std::move(alone));
+  }
   // Without a rate for the training dtype every GEMM would take forever and each time would come out NaN.
   if (!(cluster_.node.gpu.peak_flops(model_.training.dtype) > 0)) {
     const std::string dtype(to_string(model_.training.dtype));
@@ -372,6 +377,16 @@ double CostModel::layer_tp_backward_seconds(const ParallelConfig& c) const {
   return layer_tp_forward_seconds(c);
 }
 
+double CostModel::regather_seconds(const std::vector<Op>& ops, const ParallelConfig& c) const {
+  if (!c.sequence_parallel || c.tp == 1) return 0;
+  // With sequence parallelism a column-parallel layer keeps only its input's sequence shard; its weight gradient
+  // all-gathers the shard again (ir/lower.cc), after the input gradient's GEMM (in BWD_W with zero-bubble).
+  // dtrain's executor runs it in stream order with the passes, so it is not hidden behind a GEMM.
+  int column = 0;
+  for (const Op& op : ops) column += op.split == model::TpSplit::kColumn && op.name.rfind("moe.", 0) != 0 ? 1 : 0;
+  return column * all_gather_seconds(hidden_bytes(c), tp_group(c));
+}
+
 double CostModel::p2p_seconds(const ParallelConfig& c) const {
   if (c.pp == 1) return 0;
   const auto& node = cluster_.node;
@@ -472,9 +487,11 @@ StageTimes CostModel::layer_times(const std::vector<Op>& ops, const ParallelConf
     }
   }
   if (c.recompute == Recompute::kFull) layer.recompute_s = layer.forward_s + tp_f + ep_f;
+  const double regather = regather_seconds(ops, c);
   layer.forward_s += tp_f + ep_f;
   layer.backward_input_s += tp_b + ep_f + layer.recompute_s;
-  layer.tp_comm_s = tp_f + tp_b + (c.recompute == Recompute::kFull ? tp_f : 0.0);
+  layer.backward_weight_s += regather;
+  layer.tp_comm_s = tp_f + tp_b + regather + (c.recompute == Recompute::kFull ? tp_f : 0.0);
   layer.ep_comm_s = 2.0 * ep_f + (c.recompute == Recompute::kFull ? ep_f : 0.0);
   return layer;
 }
@@ -502,9 +519,17 @@ LayerCosts CostModel::layer_costs(const ParallelConfig& c) const {
     double ce = 3.0 * all_reduce_seconds(4.0 * tokens, g);
     double fwd = (c.sequence_parallel ? all_gather_seconds(hb, g) : 0.0) + ce;
     double bwd = c.sequence_parallel ? reduce_scatter_seconds(hb, g) : all_reduce_seconds(hb, g);
+    const double regather = regather_seconds(graph_.head, c);
     lc.head.forward_s += fwd;
     lc.head.backward_input_s += bwd;
-    lc.head.tp_comm_s += fwd + bwd;
+    lc.head.backward_weight_s += regather;
+    lc.head.tp_comm_s += fwd + bwd + regather;
+    // With SP the lookup's reduce-scatter has an all-gather of the gradient for its backward.
+    if (c.sequence_parallel) {
+      const double emb_b = all_gather_seconds(hb, g);
+      lc.embedding.backward_input_s += emb_b;
+      lc.embedding.tp_comm_s += emb_b;
+    }
   }
   return lc;
 }
@@ -732,12 +757,49 @@ ParallelConfig CostModel::complete(ParallelConfig c, std::int64_t global_batch) 
   return c;
 }
 
+StageTimes CostModel::stage_pass_times(const ParallelConfig& c, const LayerCosts& lc, int s, int* layers) const {
+  const int p = c.pp, chunks = c.chunks();
+  StageTimes st;
+  for (int j = 0, first = 0, walked = 0; j < c.vpp; ++j) {
+    int ch = j * p + s;
+    int n = c.chunk_layers[static_cast<std::size_t>(ch)];
+    if (layers != nullptr) *layers += n;
+    if (lc.moe != nullptr) {
+      for (; walked < ch; ++walked) first += c.chunk_layers[static_cast<std::size_t>(walked)];
+      st += chunk_times(lc, first, n, ch == 0, ch == chunks - 1);
+      continue;
+    }
+    // A dense model: chunk_times without the layer count by kind (the search's innermost loop).
+    st += scaled(lc.layer, static_cast<double>(n));
+    if (ch == 0) st += lc.embedding;
+    if (ch == chunks - 1) st += lc.head;
+  }
+  return st;
+}
+
+double CostModel::shared_core_pipe(double pipe, double work, double balance, double contention, int p,
+                                   int passes) const {
+  const double ranks = cluster_.node.gpus, cores = cluster_.node.cores;
+  const double reclaim = cluster_.node.gpu.calibration.idle_core_reclaim;
+  auto faster = [&](double busy) { return 1 + reclaim * (ranks / std::max(busy, cores) - 1); };
+  const int q = std::min(p, passes);
+  const double d = (pipe - work) / (p - 1);  // one step of the fill (or the drain)
+  double shared = 0;
+  for (int k = 1; k < q; ++k) {
+    const double busy = ranks * k / p;
+    shared += 2 * d * (busy <= cores ? 1 - contention : 1) / faster(busy);
+  }
+  // The rest: q stages at work, each busy for `balance` of the slowest stage's time. (The transfers on the critical
+  // path come on top; while they go on, the ranks at either end wait for each other and leave no one to speed up.)
+  const double rest = std::max(0.0, pipe - 2.0 * (q - 1) * d);
+  return shared + rest / faster(ranks * q / p * balance);
+}
+
 TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc,
                                    std::vector<StageTimes>* stage_times) const {
   const auto& m = model_.model;
   const auto& cal = cluster_.calibration();
   const int p = c.pp, v = c.vpp, mbs = c.num_microbatches;
-  const int chunks = c.chunks();
   if (stage_times != nullptr) stage_times->assign(static_cast<std::size_t>(p), StageTimes{});
 
   // Per-micro-batch time of each stage (the sum of its chunks), tracking the slowest.
@@ -747,23 +809,10 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
   double max_params = 0, max_stage_experts = 0;
   int param_stage = 0;
   StageTimes param_stage_times;
+  int slowest = 0;
   for (int s = 0; s < p; ++s) {
-    StageTimes st;
     int layers = 0;
-    for (int j = 0, first = 0, walked = 0; j < v; ++j) {
-      int ch = j * p + s;
-      int n = c.chunk_layers[static_cast<std::size_t>(ch)];
-      layers += n;
-      if (lc.moe != nullptr) {
-        for (; walked < ch; ++walked) first += c.chunk_layers[static_cast<std::size_t>(walked)];
-        st += chunk_times(lc, first, n, ch == 0, ch == chunks - 1);
-        continue;
-      }
-      // A dense model: chunk_times without the layer count by kind (the search's innermost loop).
-      st += scaled(lc.layer, static_cast<double>(n));
-      if (ch == 0) st += lc.embedding;
-      if (ch == chunks - 1) st += lc.head;
-    }
+    StageTimes st = stage_pass_times(c, lc, s, &layers);
     if (stage_times != nullptr) (*stage_times)[static_cast<std::size_t>(s)] = st;
     double t = st.total() + overhead_per_mb;
     // Zero-bubble H1 fills the fill/drain with weight-gradient work: what remains per stage is
@@ -775,6 +824,7 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
       t_max = t;
       bottleneck = st;
       fill_at_max = fill;
+      slowest = s;
     }
     double params = lc.moe != nullptr ? stage_params(c, s) : stage_params(c, 0, layers, s == 0, s == p - 1);
     if (params > max_params) {
@@ -799,25 +849,31 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
       break;
   }
   // CPU ranks sharing fewer cores than there are ranks: the calibrated figures are a rank's share with every rank
-  // busy; while some wait (the fill and drain, the transfers), the busy ones run on the cores they leave, as much of
-  // them as [calibration] idle_core_reclaim says. A rank is busy for its stages' mean over the step: each pass is
-  // faster by 1 + reclaim x (ranks / max(busy ranks, cores) - 1), the busy ranks themselves depending on it (a few
-  // rounds settle it).
+  // busy; while some wait, the busy ones run on the cores they leave, as much of them as [calibration]
+  // idle_core_reclaim (e) says: with b of the R ranks busy on C cores a pass is faster by s(b) = 1 + e (R / max(b, C)
+  // - 1). How many are busy changes over the step (shared_core_pipe): the fill and the drain, d = bubble / (p - 1)
+  // each step of them, have k = 1 .. q - 1 of the p stages busy, the rest of the step q = min(p, micro-batches x vpp)
+  // (its waits for slower stages counted). The passes are then faster on average by the base pipe over
+  // the shared one (shared_core_speedup).
   double speedup = 1;
   const double ranks = cluster_.node.gpus, cores = cluster_.node.cores;
   const double reclaim = cluster_.node.gpu.calibration.idle_core_reclaim;
   if (p > 1 && cores > 0 && ranks > cores && reclaim > 0) {
-    const double transfers = p2p_seconds(c) * (static_cast<double>(mbs) * v + 2.0 * (p - 1));
-    for (int round = 0; round < 4; ++round) {
-      const double busy = ranks * (mbs * t_sum / p / speedup) / (pipe / speedup + transfers);
-      speedup = 1 + reclaim * (ranks / std::max(busy, cores) - 1);
+    // The slowest stage's share of time that is the contention of groups smaller than the node's ranks
+    // (subgroup_sync_us), which a phase with no more ranks busy than cores does without.
+    double contention = 0;
+    if (uncontended_ != nullptr) {
+      const double alone = uncontended_->stage_pass_times(c, uncontended_->layer_costs(c), slowest).total();
+      contention = std::clamp(1 - (alone + overhead_per_mb) / t_max, 0.0, 1.0);
     }
+    const double shared = shared_core_pipe(pipe, mbs * t_max, t_sum / p / t_max, contention, p, mbs * v);
+    speedup = pipe / shared;
     t_max /= speedup;
     for (StageTimes* st : {&bottleneck, &param_stage_times}) *st = scaled(*st, 1 / speedup);
     if (stage_times != nullptr) {
       for (auto& st : *stage_times) st = scaled(st, 1 / speedup);
     }
-    pipe /= speedup;
+    pipe = shared;
   }
   TimeBreakdown b;
   b.shared_core_speedup = speedup;

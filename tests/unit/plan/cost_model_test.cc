@@ -251,7 +251,8 @@ TEST(CostModel, PipelineRanksSharingCoresRunFasterWhileOthersWait) {
   const Estimate a = own.evaluate(layout(1, 4, 1, 1, 1), batch);
   const Estimate b = shared.evaluate(layout(1, 4, 1, 1, 1), batch);
   EXPECT_EQ(a.breakdown.shared_core_speedup, 1.0);
-  // 8 micro-batches over 4 stages: each rank busy about 8 of 11 stage slots, so about 2.9 ranks on 2 cores.
+  // 8 micro-batches over 4 stages, 11 stage slots: the fill and the drain (3 slots each, 1 to 3 stages busy) run up
+  // to twice as fast, the 5 slots with all four stages busy at the calibrated speed.
   EXPECT_GT(b.breakdown.shared_core_speedup, 1.2);
   EXPECT_LT(b.breakdown.shared_core_speedup, 2.0);
   EXPECT_NEAR(b.breakdown.compute_s * b.breakdown.shared_core_speedup, a.breakdown.compute_s,
@@ -313,6 +314,63 @@ TEST(CostModel, ACollectiveOfASmallerGroupThanTheNodePaysTheSubgroupWait) {
   std::string bad = text;
   bad.replace(bad.find("subgroup_sync_us = 2000"), 23, "subgroup_sync_us = -1");
   EXPECT_THROW(topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml")), Error);
+}
+
+// On shared cores a pipeline's fill and drain, with some stages waiting, run faster than its steady state: a pipeline
+// of 2 micro-batches over 2 stages, mostly fill and drain, is sped up more than one of 4; interleaving, whose fill
+// and drain are a vpp-th, less. The contention of groups smaller than the node's ranks (subgroup_sync_us) is gone
+// while only a stage's ranks are busy.
+TEST(CostModel, APipelinesFillAndDrainRunFasterOnSharedCoresThanItsSteadyState) {
+  auto model = model::load_model(kRoot + "/bench/models/small-llama.toml");
+  auto cluster = four_cpu_ranks();
+  cluster.node.cores = 2;
+  cluster.node.gpu.calibration.idle_core_reclaim = 0.8;
+  const CostModel cm(model, cluster);
+  const std::int64_t batch = model.training.global_batch;  // 8 sequences
+  auto speedup = [&](const CostModel& m, ParallelConfig c) {
+    return m.evaluate(c, batch).breakdown.shared_core_speedup;
+  };
+  // layout(tp, pp, dp, vpp, mb): dp2 pp2 with 2 micro-batches of 2 or 4 of 1, and interleaved (4 of 1).
+  const double few = speedup(cm, layout(1, 2, 2, 1, 2)), many = speedup(cm, layout(1, 2, 2, 1, 1));
+  const double interleaved = speedup(cm, layout(1, 2, 2, 2, 1));
+  EXPECT_GT(few, many + 0.05);
+  EXPECT_GT(many, interleaved);
+  EXPECT_GT(interleaved, 1.0);
+  // With only 1 + e faster while one stage of two works (and no faster in the rest), the speed-up stays below it.
+  EXPECT_LT(few, 1.8);
+
+  auto contended = cluster;
+  contended.network.subgroup_sync_us = 3000;
+  const CostModel waiting(model, contended);
+  const ParallelConfig tp2pp2 = layout(2, 2, 1, 1, 4);
+  EXPECT_GT(speedup(waiting, tp2pp2), speedup(cm, tp2pp2) + 0.05);
+  // Without cores to share the contention is paid throughout.
+  auto own = contended;
+  own.node.cores = 0;
+  const CostModel alone(model, own);
+  EXPECT_EQ(speedup(alone, tp2pp2), 1.0);
+  EXPECT_GT(alone.evaluate(tp2pp2, batch).iteration_s, waiting.evaluate(tp2pp2, batch).iteration_s);
+}
+
+// Sequence parallelism keeps a column-parallel layer's input as its sequence shard; the weight gradient all-gathers
+// it again (ir/lower.cc), two per dense layer (attention's qkv, the MLP's fc1) and one in the head, and the
+// embedding's backward all-gathers its gradient: the executor runs them in order with the passes.
+TEST(CostModel, SequenceParallelismPricesTheSavedInputsGatheredAgainForTheWeightGradients) {
+  auto model = model::load_model(kRoot + "/bench/models/small-llama.toml");
+  const CostModel cm(model, four_cpu_ranks());
+  ParallelConfig c = cm.complete(layout(2, 1, 2, 1, 4), model.training.global_batch);
+  c.sequence_parallel = true;
+  const double gather = cm.all_gather_seconds(cm.hidden_bytes(c), cm.tp_group(c));
+  ASSERT_GT(gather, 0);
+  EXPECT_DOUBLE_EQ(cm.regather_seconds(cm.graph().layer, c), 2 * gather);
+  const LayerCosts lc = cm.layer_costs(c);
+  EXPECT_NEAR(lc.layer.tp_comm_s, cm.layer_tp_forward_seconds(c) + cm.layer_tp_backward_seconds(c) + 2 * gather, 1e-12);
+  // In the weight-gradient part (a zero-bubble schedule's BWD_W gathers them there).
+  ParallelConfig without = c;
+  without.sequence_parallel = false;
+  EXPECT_EQ(cm.regather_seconds(cm.graph().layer, without), 0);
+  EXPECT_NEAR(lc.layer.backward_weight_s - cm.layer_costs(without).layer.backward_weight_s, 2 * gather, 1e-12);
+  EXPECT_NEAR(lc.embedding.tp_comm_s, cm.reduce_scatter_seconds(cm.hidden_bytes(c), cm.tp_group(c)) + gather, 1e-12);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,7 +74,7 @@ struct StageTimes {
   double backward_input_s = 0;   // input gradients (+ recomputation, + tp collectives of backward)
   double backward_weight_s = 0;  // weight gradients (separable in zero-bubble schedules)
   double recompute_s = 0;        // part of backward_input_s that is recomputation
-  double tp_comm_s = 0;          // part of forward_s + backward_input_s that is tp communication
+  double tp_comm_s = 0;          // part of the three passes' times that is tp communication
   double ep_comm_s = 0;          // part of forward_s + backward_input_s that is expert-parallel all-to-all
   double total() const { return forward_s + backward_input_s + backward_weight_s; }
 };
@@ -180,6 +181,18 @@ class CostModel {
   // Tensor-parallel collective time of one transformer layer's forward / backward pass.
   double layer_tp_forward_seconds(const ParallelConfig& config) const;
   double layer_tp_backward_seconds(const ParallelConfig& config) const;
+  // With sequence parallelism: the all-gathers of saved input shards for the weight gradients of `ops`' column-parallel
+  // layers (routed-expert MLPs keep their gathered input and need none).
+  // A pipe of `pipe` seconds (the calibrated figures' speed, every rank busy), `work` of them the slowest stage's
+  // passes, on CPU ranks that share fewer cores: the pipe when the busy ranks take up the waiting ones' cores
+  // ([calibration] idle_core_reclaim), phase by phase (see step_time). `balance`: the mean stage's share of the
+  // slowest one's time; `passes`: micro-batches x vpp.
+  // `contention`: the share of a pass that is subgroup_sync_us, gone while no more ranks than cores are busy.
+  double shared_core_pipe(double pipe, double work, double balance, double contention, int p, int passes) const;
+  // Per-micro-batch time of pipeline stage s (its chunks' sum); adds its layers to *layers when given.
+  StageTimes stage_pass_times(const ParallelConfig& config, const LayerCosts& costs, int s,
+                              int* layers = nullptr) const;
+  double regather_seconds(const std::vector<model::Op>& ops, const ParallelConfig& config) const;
   // Per-micro-batch cost of a model chunk of layers [first_layer, first_layer + layers), with the embedding and/or
   // head when asked.
   StageTimes chunk_times(const ParallelConfig& config, int first_layer, int layers, bool embedding, bool head) const;
@@ -242,6 +255,9 @@ class CostModel {
   double moe_params_replicated_ = 0;    // ... and the router, replicated
   double moe_expert_params_ = 0;        // an MoE layer's routed experts (split by etp and by ep)
   double moe_shared_params_ = 0;        // its shared experts (split by etp)
+  // CPU ranks sharing fewer cores, with [network] subgroup_sync_us: this model without it (what a pass costs while
+  // no more ranks than cores are busy); nullptr otherwise.
+  std::shared_ptr<const CostModel> uncontended_;
 };
 
 }  // namespace dtrain::plan
