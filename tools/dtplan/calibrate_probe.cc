@@ -472,8 +472,21 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     plan::ParallelConfig piped;
     piped.pp = 2;
     piped.dp = r.ranks / 2;
-    // 24 steps: with 16, the fitted share moved between 0.2 and 0.47 over six calibrations.
-    const ProbeRun run = run_probe(bin, dir.path, model, model_path, fitted, piped, r.ranks, r, progress, stop, 1, 24);
+    // Two runs of 20 steps, the faster counting: a slow period of the VM makes a run slower, never faster, and what
+    // the step holds beyond the passes goes into the transfers' latency (from one run of 24 steps it came out at 3.5
+    // to 7.4 ms in four calibrations).
+    ProbeRun run = run_probe(bin, dir.path, model, model_path, fitted, piped, r.ranks, r, progress, stop, 1, 20);
+    double run_step = compared(run.plan, run).measured_step_s;
+    {
+      ProbeRun again = run_probe(bin, dir.path, model, model_path, fitted, piped, r.ranks, r, progress, stop, 1, 20);
+      const double again_step = compared(again.plan, again).measured_step_s;
+      progress(fmt::format("executor probe, pp=2 dp={}: steps of {} and {}; the faster run counts", piped.dp,
+                           format_seconds(run_step), format_seconds(again_step)));
+      if (again_step < run_step) {
+        run = std::move(again);
+        run_step = again_step;
+      }
+    }
     auto first_stage_busy = [](const ir::Comparison& c, bool as_measured) {
       if (c.by_stage.empty()) return 0.0;
       return as_measured ? c.by_stage.front().measured_s : c.by_stage.front().predicted_s;
