@@ -166,6 +166,10 @@ int run_train(exec::TrainOptions options, const std::string& device, double time
       go.store_prefix = "dtrain/" + run + "/comm";
       comm = comm::connect_gloo(*gloo_store, rank, world, go);
     }
+    // Every rank's connections complete before any rank can end: a rank whose own side is connected could
+    // otherwise fail at once (a plan no layout fits) and reset a slower peer's connect, which then reports a peer
+    // failure instead of the reason.
+    comm->barrier();
   }
   if (client) {
     // dtlaunch's hang report lowers every rank's program from the plan the ranks agreed on (docs/launcher.md).

@@ -339,7 +339,8 @@ std::string prediction_block(const Estimate& est, const CostModel& cm) {
     const auto& node = cm.cluster().node;
     s += fmt::format(
         "  (the passes at {:.2f}x the calibrated speed: {} ranks share {} cores, and while the pipeline's ranks wait,\n"
-        "   the busy ones take up {:.0f}% of the cores they leave: [node] cores, [calibration] idle_core_reclaim)\n",
+        "   the busy ones take up {:.0f}% of the cores they leave: [node] cores, [calibration] idle_core_reclaim;\n"
+        "   the fill and the drain run faster than the steady state, an average over the step)\n",
         est.breakdown.shared_core_speedup, node.gpus, node.cores, 100 * node.gpu.calibration.idle_core_reclaim);
   }
   return s;

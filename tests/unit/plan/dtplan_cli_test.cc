@@ -120,6 +120,7 @@ TEST(DtplanCli, ExplainSaysWhenPipelineRanksShareCores) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("x the calibrated speed: 4 ranks share 2 cores"));
   EXPECT_THAT(r.out, HasSubstr("the busy ones take up 45% of the cores they leave"));
+  EXPECT_THAT(r.out, HasSubstr("the fill and the drain run faster than the steady state"));
   Result j = run("explain --json --model " + model + " --cluster " + path + " --gpus 4 --fix dp=1,tp=1,pp=4");
   ASSERT_EQ(j.exit_code, 0) << j.err;
   const double speedup = nlohmann::json::parse(j.out).at("shared_core_speedup").get<double>();
