@@ -224,10 +224,10 @@ LayerGraph build_layer_graph(const ModelSpec& m, const TrainingSpec& t) {
       op.backward_factor = 2.0;
     } else {
       // A flash kernel computes only the unmasked half of a causal product and keeps Q, K, V, the output and the
-      // per-row log-sum-exp (fp32).
+      // per-row log-sum-exp (fp32). The output is the projection's saved input, one tensor: counted there.
       op.causal_fraction = 0.5;
       op.bytes_per_token = e * (2.0 * h + 2.0 * kv);
-      op.saved_sharded_per_token = e * (2.0 * h + 2.0 * kv) + 4.0 * a;
+      op.saved_sharded_per_token = e * (h + 2.0 * kv) + 4.0 * a;
       op.backward_factor = 2.5;
     }
     g.layer.push_back(op);

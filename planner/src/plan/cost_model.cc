@@ -730,6 +730,13 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   }
   double transient = 0;
   if (c.recompute == Recompute::kFull) transient = full_layer;  // one layer recomputed in full
+  if (dense_layers > 0) {
+    // A dense layer's backward holds more than the saved activations it frees: the residual branch's gradient copy
+    // and, at the activation's backward, the gradient of the fc1 output (gate and up) where the freed activation
+    // output was (the executor's peak within a layer's backward).
+    const double fc1 = static_cast<double>(m.fc1_columns(m.ffn_hidden)) / tp;
+    transient = std::max(transient, tokens * e * (fc1 + static_cast<double>(m.hidden) / seq_div));
+  }
   if (last) {
     double head = 0;
     for (const Op& op : graph_.head) head += op.saved_sequence_per_token / seq_div + op.saved_sharded_per_token / tp;

@@ -373,5 +373,33 @@ TEST(CostModel, SequenceParallelismPricesTheSavedInputsGatheredAgainForTheWeight
   EXPECT_NEAR(lc.embedding.tp_comm_s, cm.reduce_scatter_seconds(cm.hidden_bytes(c), cm.tp_group(c)) + gather, 1e-12);
 }
 
+// With a flash kernel a layer keeps the tensors dtrain's executor keeps (layer_ops.cc, LayerState), each once: the
+// attention norm's input and output, Q K V, the attention output (the projection's input; the kernel's own output is
+// the same tensor), the log-sum-exp per head, the MLP norm's input and output, fc1's output (gate and up) and the
+// activation's output.
+TEST(CostModel, AFlashLayerKeepsEachTensorOfTheExecutorOnce) {
+  auto model = model::load_model(kRoot + "/bench/models/small-llama.toml");
+  const CostModel cm(model, four_cpu_ranks());
+  double saved = 0;
+  for (const model::Op& op : cm.graph().layer) saved += op.saved_sequence_per_token + op.saved_sharded_per_token;
+  const double h = 256, kv = 4 * 32, f = 768, heads = 8;
+  EXPECT_DOUBLE_EQ(saved, 4 * (h + h + (h + 2 * kv) + h + heads + h + h + 2 * f + f));
+}
+
+// A dense layer's backward holds, beyond the saved activations, the residual branch's gradient copy and the gradient
+// of the fc1 output: the stage's short-lived buffer when it is the largest (a pipeline stage without the head).
+TEST(CostModel, ALayersBackwardTemporariesAreTheStagesShortLivedBuffer) {
+  auto model = model::load_model(kRoot + "/bench/models/small-llama.toml");
+  const CostModel cm(model, four_cpu_ranks());
+  const ParallelConfig c = cm.complete(layout(2, 2, 1, 1, 8), model.training.global_batch);  // tp2 pp2, m = 1
+  const double tokens = 8 * 256;
+  EXPECT_DOUBLE_EQ(cm.stage_memory(c, 0).transient_bytes, tokens * 4 * (2 * 768 / 2 + 256));
+  // The last stage's logits gradient (tokens x vocab/tp) is smaller here: the larger of the two counts.
+  EXPECT_DOUBLE_EQ(cm.stage_memory(c, 1).transient_bytes, tokens * 4 * (2 * 768 / 2 + 256));
+  ParallelConfig sp = c;
+  sp.sequence_parallel = true;
+  EXPECT_DOUBLE_EQ(cm.stage_memory(sp, 0).transient_bytes, tokens * 4 * (2 * 768 / 2 + 256 / 2));
+}
+
 }  // namespace
 }  // namespace dtrain::plan
