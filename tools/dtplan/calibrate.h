@@ -182,8 +182,8 @@ topology::ClusterSpec default_cuda_base(const CalibrationResult& r);
 //         measured fractions of them; expert_gemm_efficiency the grouped GEMMs' rate against the plain ones';
 //   both: optimizer_hbm_efficiency from AdamW; with the probe (r.probe, apply_probe), hbm_efficiency, the overheads
 //         and (CPU) the GEMM peak's factor, with several ranks collective_sync_us, nvlink_latency_us and
-//         subgroup_sync_us, with more ranks than cores [node] cores and idle_core_reclaim; (GPU) host_op_forward_us and
-//         host_op_backward_us.
+//         subgroup_sync_us, with more ranks than cores [node] cores, idle_core_reclaim and p2p_latency_us; (GPU)
+//         host_op_forward_us and host_op_backward_us.
 topology::ClusterSpec calibrated_cluster(const topology::ClusterSpec& base, const CalibrationResult& r);
 
 // The probe's figures on `c` (the cluster of the kernel figures alone: the GEMM peak is multiplied, not set): what

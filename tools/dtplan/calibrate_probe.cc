@@ -476,15 +476,15 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     // the step holds beyond the passes goes into the transfers' latency (from one run of 24 steps it came out at 3.5
     // to 7.4 ms in four calibrations).
     ProbeRun run = run_probe(bin, dir.path, model, model_path, fitted, piped, r.ranks, r, progress, stop, 1, 20);
-    double run_step = compared(run.plan, run).measured_step_s;
+    ir::Comparison as_run = compared(run.plan, run);
     {
       ProbeRun again = run_probe(bin, dir.path, model, model_path, fitted, piped, r.ranks, r, progress, stop, 1, 20);
-      const double again_step = compared(again.plan, again).measured_step_s;
+      ir::Comparison again_as_run = compared(again.plan, again);
       progress(fmt::format("executor probe, pp=2 dp={}: steps of {} and {}; the faster run counts", piped.dp,
-                           format_seconds(run_step), format_seconds(again_step)));
-      if (again_step < run_step) {
+                           format_seconds(as_run.measured_step_s), format_seconds(again_as_run.measured_step_s)));
+      if (again_as_run.measured_step_s < as_run.measured_step_s) {
         run = std::move(again);
-        run_step = again_step;
+        as_run = std::move(again_as_run);
       }
     }
     auto first_stage_busy = [](const ir::Comparison& c, bool as_measured) {
@@ -496,7 +496,6 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
       priced.cluster.node.gpu.calibration.idle_core_reclaim = reclaim;
       return first_stage_busy(compared(priced, run), false);
     };
-    const ir::Comparison as_run = compared(run.plan, run);
     const double measured_busy = first_stage_busy(as_run, true);
     const double none_taken = predicted_busy(0), all_taken = predicted_busy(1);
     double low = 0, high = 1;  // the predicted busy time falls as the reclaimed share grows

@@ -33,6 +33,9 @@ double optimizer_bytes_per_param(const model::TrainingSpec& t) {
   return master + moments;
 }
 
+// An op of an MoE layer's MLP (layer_graph.cc names them "moe.*").
+bool is_moe_op(const Op& op) { return op.name.rfind("moe.", 0) == 0; }
+
 // Saved activation bytes per token of a layer's ops for one micro-batch (full recomputation aside); `selective`
 // leaves out the attention scores. `moe_div`: the MoE MLP's share of the tokens (tp with etp = 1, where each rank
 // routes its own sequence shard; else 1).
@@ -40,8 +43,8 @@ inline double saved_per_token(const std::vector<Op>& ops, double tp, double seq_
                               double moe_div = 1.0) {
   double bytes = 0;
   for (const Op& op : ops) {
-    const double replicated = moe_div > 1 && op.name.rfind("moe.", 0) == 0 ? op.saved_replicated_per_token / moe_div
-                                                                           : op.saved_replicated_per_token;
+    const double replicated =
+        moe_div > 1 && is_moe_op(op) ? op.saved_replicated_per_token / moe_div : op.saved_replicated_per_token;
     bytes += op.saved_sharded_per_token / tp + op.saved_sequence_per_token / seq_div + replicated;
     if (!selective) bytes += op.saved_quadratic_per_token / tp;
   }
@@ -198,7 +201,7 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
   const auto& m = model_.model;
   Partition p = partition(c, static_cast<double>(m.seq_len));
   // etp = 1: the MoE MLP's ops see this rank's sequence shard, with whole experts.
-  if (moe_token_parallel(c) && op.name.rfind("moe.", 0) == 0) p = {p.tokens / p.tp, p.tokens / p.tp, 1.0};
+  if (moe_token_parallel(c) && is_moe_op(op)) p = {p.tokens / p.tp, p.tokens / p.tp, 1.0};
   switch (op.kind) {
     case OpKind::kLinear: {
       double in = static_cast<double>(op.in_features), out = static_cast<double>(op.out_features);
@@ -383,7 +386,7 @@ double CostModel::regather_seconds(const std::vector<Op>& ops, const ParallelCon
   // all-gathers the shard again (ir/lower.cc), after the input gradient's GEMM (in BWD_W with zero-bubble).
   // dtrain's executor runs it in stream order with the passes, so it is not hidden behind a GEMM.
   int column = 0;
-  for (const Op& op : ops) column += op.split == model::TpSplit::kColumn && op.name.rfind("moe.", 0) != 0 ? 1 : 0;
+  for (const Op& op : ops) column += op.split == model::TpSplit::kColumn && !is_moe_op(op) ? 1 : 0;
   return column * all_gather_seconds(hidden_bytes(c), tp_group(c));
 }
 

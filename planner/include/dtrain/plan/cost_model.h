@@ -183,16 +183,16 @@ class CostModel {
   double layer_tp_backward_seconds(const ParallelConfig& config) const;
   // With sequence parallelism: the all-gathers of saved input shards for the weight gradients of `ops`' column-parallel
   // layers (routed-expert MLPs keep their gathered input and need none).
+  double regather_seconds(const std::vector<model::Op>& ops, const ParallelConfig& config) const;
   // A pipe of `pipe` seconds (the calibrated figures' speed, every rank busy), `work` of them the slowest stage's
   // passes, on CPU ranks that share fewer cores: the pipe when the busy ranks take up the waiting ones' cores
   // ([calibration] idle_core_reclaim), phase by phase (see step_time). `balance`: the mean stage's share of the
-  // slowest one's time; `passes`: micro-batches x vpp.
-  // `contention`: the share of a pass that is subgroup_sync_us, gone while no more ranks than cores are busy.
+  // slowest one's time; `contention`: the share of a pass that is subgroup_sync_us, gone while no more ranks than
+  // cores are busy; `passes`: micro-batches x vpp.
   double shared_core_pipe(double pipe, double work, double balance, double contention, int p, int passes) const;
   // Per-micro-batch time of pipeline stage s (its chunks' sum); adds its layers to *layers when given.
   StageTimes stage_pass_times(const ParallelConfig& config, const LayerCosts& costs, int s,
                               int* layers = nullptr) const;
-  double regather_seconds(const std::vector<model::Op>& ops, const ParallelConfig& config) const;
   // Per-micro-batch cost of a model chunk of layers [first_layer, first_layer + layers), with the embedding and/or
   // head when asked.
   StageTimes chunk_times(const ParallelConfig& config, int first_layer, int layers, bool embedding, bool head) const;
