@@ -506,6 +506,7 @@ void apply_probe(topology::ClusterSpec& c, const ProbeFigures& f) {
     cal.idle_core_reclaim = *f.idle_core_reclaim;
   }
   if (f.p2p_latency_us) c.network.p2p_latency_us = *f.p2p_latency_us;
+  if (f.p2p_pipelines_us) c.network.p2p_pipelines_us = *f.p2p_pipelines_us;
   if (f.host_op_forward_us) cal.host_op_forward_us = *f.host_op_forward_us;
   if (f.host_op_backward_us) cal.host_op_backward_us = *f.host_op_backward_us;
 }
@@ -534,7 +535,8 @@ std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const Cal
                 "subgroup_sync_us\n"
                 "# from the executor probe (short dtexec runs), with more ranks than cores also idle_core_reclaim "
                 "and\n"
-                "# p2p_latency_us (a pipeline run). The links between nodes are the base cluster's.\n"
+                "# p2p_latency_us and p2p_pipelines_us (pipeline runs). The links between nodes are the base "
+                "cluster's.\n"
                 "format = 1\n\n",
                 host, date, r.ranks, r.threads_per_rank);
   out += topology::cluster_toml(calibrated_cluster(base, r), "");

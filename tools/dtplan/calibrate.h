@@ -110,8 +110,11 @@ struct ProbeFigures {
   // ranks take up, fitted to a pipeline run (dp = ranks / 2, pp = 2).
   int cores = 0;
   std::optional<double> idle_core_reclaim;
-  // The same run's point-to-point latency: what its step takes beyond the passes and the transfers' bytes.
+  // The point-to-point latency of one pipeline over all the ranks (pp = ranks): what its step takes beyond the passes
+  // and the transfers' bytes; and what a transfer costs more for each further pipeline on the node, from the run
+  // above (its ranks / 2 - 1 further pipelines).
   std::optional<double> p2p_latency_us;
+  std::optional<double> p2p_pipelines_us;
   // GPU: the host's floor per op of a forward and of a backward pass, from a second run of a small model.
   std::optional<double> host_op_forward_us;
   std::optional<double> host_op_backward_us;
@@ -182,8 +185,8 @@ topology::ClusterSpec default_cuda_base(const CalibrationResult& r);
 //         measured fractions of them; expert_gemm_efficiency the grouped GEMMs' rate against the plain ones';
 //   both: optimizer_hbm_efficiency from AdamW; with the probe (r.probe, apply_probe), hbm_efficiency, the overheads
 //         and (CPU) the GEMM peak's factor, with several ranks collective_sync_us, nvlink_latency_us and
-//         subgroup_sync_us, with more ranks than cores [node] cores, idle_core_reclaim and p2p_latency_us; (GPU)
-//         host_op_forward_us and host_op_backward_us.
+//         subgroup_sync_us, with more ranks than cores [node] cores, idle_core_reclaim, p2p_latency_us and
+//         p2p_pipelines_us; (GPU) host_op_forward_us and host_op_backward_us.
 topology::ClusterSpec calibrated_cluster(const topology::ClusterSpec& base, const CalibrationResult& r);
 
 // The probe's figures on `c` (the cluster of the kernel figures alone: the GEMM peak is multiplied, not set): what

@@ -45,14 +45,14 @@ namespace fs = std::filesystem;
 // on a CPU a small one. Micro-batches of one sequence (two on a GPU, four on a CPU), so the gaps between instructions
 // are seen several times per step; on a CPU the tensor-parallel runs also take all four sequences as one micro-batch.
 // `small` on a GPU: the CPU's small layer in bf16, whose kernels finish faster than the host issues them (the host's
-// floor per op), in eight micro-batches.
-std::string probe_model_text(const std::string& device, bool small = false) {
+// floor per op), in eight micro-batches. `layers`: more than two for a pipeline over more than two ranks.
+std::string probe_model_text(const std::string& device, bool small = false, int layers = 2) {
   const bool big = device == "cuda" && !small;
   return fmt::format(R"(format = 1
 [model]
 name = "{}"
 arch = "llama"
-layers = 2
+layers = {}
 hidden = {}
 ffn_hidden = {}
 heads = {}
@@ -65,7 +65,10 @@ dtype = "{}"
 optimizer = "adamw"
 lr = 1e-4
 )",
-                     small ? "calibrate-probe-small" : "calibrate-probe", big ? 3072 : 256, big ? 8192 : 768,
+                     small         ? "calibrate-probe-small"
+                     : layers == 2 ? "calibrate-probe"
+                                   : fmt::format("calibrate-probe-{}-layers", layers),
+                     layers, big ? 3072 : 256, big ? 8192 : 768,
                      big ? 24 : 8, big ? 8 : 4, big ? 32000 : 256, big ? 4096 : 256,
                      small              ? 8
                      : device == "cuda" ? 2
@@ -265,6 +268,21 @@ double passes_per_unit(const ProbeRun& run, double expected, const std::function
   return (passes(raised, run).first - expected) / 1000;
 }
 
+// The value of a figure (`set` writes it into a plan) whose simulated step is `as_run`'s measured one, the passes
+// priced with `reclaim`: the step is linear in a transfer's cost (a line through two prices). None where the figure
+// does not move the step.
+std::optional<double> fit_to_step(const ProbeRun& run, const ir::Comparison& as_run, double reclaim, double from,
+                                  const std::function<void(plan::Plan&, double)>& set) {
+  plan::Plan priced = run.plan;
+  priced.cluster.node.gpu.calibration.idle_core_reclaim = reclaim;
+  set(priced, from);
+  const double step0 = compared(priced, run).predicted_step_s;
+  set(priced, from + 1000);
+  const double per_us = (compared(priced, run).predicted_step_s - step0) / 1000;
+  if (per_us <= 0) return std::nullopt;
+  return std::clamp(from + (as_run.measured_step_s - step0) / per_us, 0.0, 1e5);
+}
+
 // A GPU's second probe: a small model's layers, whose kernels finish faster than the host issues them, so that each
 // pass takes what the host needs per op (its work to issue the op's kernels and their launches). The simulator, with
 // floors of 1 and 2 ms per op far above any kernel of this model, counts the ops of the passes; the measured passes
@@ -457,36 +475,44 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
   }
 
   // More CPU ranks than cores: a pipeline's ranks wait in its fill and drain, and the busy ones run on the cores they
-  // leave, though not on all of them (the scheduler moves work late). A run of the probe with two stages (dp = ranks
-  // / 2) fits two figures, one after the other:
+  // leave, though not on all of them (the scheduler moves work late). Pipeline runs fit three figures:
   //   - [calibration] idle_core_reclaim, the fraction of the waiting ranks' share that the busy ones take up, to the
-  //     first stage's compute busy time (its passes run faster while the other stage waits). Fitted to the step it
-  //     came out anywhere between 0 and 0.5 in eight calibrations: the step also holds the waits.
-  //   - [network] p2p_latency_us, to the step: what the step takes beyond the faster passes is the pipeline's waits.
-  //     A transfer between stages is a meeting of two ranks, each of which the other may find off its core, far
-  //     more than the base's latency between idle processes.
+  //     first stage's compute busy time in a run with two stages (dp = ranks / 2: its passes run faster while the
+  //     other stage waits). Fitted to the step it came out anywhere between 0 and 0.5 in eight calibrations: the
+  //     step also holds the waits.
+  //   - [network] p2p_latency_us, to the step of one pipeline over all the ranks (pp = ranks, a model of as many
+  //     layers): what the step takes beyond the passes is the pipeline's waits. A transfer between stages is a
+  //     meeting of two ranks, each of which the other may find off its core, far more than the base's latency
+  //     between idle processes.
+  //   - [network] p2p_pipelines_us, to the step of the first run: with several pipelines on the cores a transfer's
+  //     partner is off its core more often, running another pipeline's pass. One figure for both cost 25% on
+  //     small-llama pp 4 in two of three benchmark runs: fitted to the two-stage run alone, it came out 3 to 7 ms
+  //     per transfer; one pipeline of four stages meets in about 1 ms.
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   if (r.device == "cpu" && !r.quick && r.ranks > cores && r.ranks % 2 == 0 && model.model.layers % 2 == 0 &&
       fs::exists(bin / "dtlaunch")) {
     fitted.node.cores = cores;
-    plan::ParallelConfig piped;
-    piped.pp = 2;
-    piped.dp = r.ranks / 2;
-    // Two runs of 20 steps, the faster counting: a slow period of the VM makes a run slower, never faster, and what
-    // the step holds beyond the passes goes into the transfers' latency (from one run of 24 steps it came out at 3.5
-    // to 7.4 ms in four calibrations).
-    ProbeRun run = run_probe(bin, dir.path, model, model_path, fitted, piped, r.ranks, r, progress, stop, 1, 20);
-    ir::Comparison as_run = compared(run.plan, run);
-    {
-      ProbeRun again = run_probe(bin, dir.path, model, model_path, fitted, piped, r.ranks, r, progress, stop, 1, 20);
+    // Two runs, the faster counting: a slow period of the VM makes a run slower, never faster, and what the step
+    // holds beyond the passes goes into the transfers' latency (from one run of 24 steps it came out at 3.5 to 7.4
+    // ms in four calibrations).
+    auto faster_of_two = [&](const model::ModelDescription& m, const std::string& path, const plan::ParallelConfig& c,
+                             int steps) {
+      ProbeRun run = run_probe(bin, dir.path, m, path, fitted, c, r.ranks, r, progress, stop, 1, steps);
+      ir::Comparison as_run = compared(run.plan, run);
+      ProbeRun again = run_probe(bin, dir.path, m, path, fitted, c, r.ranks, r, progress, stop, 1, steps);
       ir::Comparison again_as_run = compared(again.plan, again);
-      progress(fmt::format("executor probe, pp=2 dp={}: steps of {} and {}; the faster run counts", piped.dp,
+      progress(fmt::format("executor probe, pp={} dp={}: steps of {} and {}; the faster run counts", c.pp, c.dp,
                            format_seconds(as_run.measured_step_s), format_seconds(again_as_run.measured_step_s)));
       if (again_as_run.measured_step_s < as_run.measured_step_s) {
         run = std::move(again);
         as_run = std::move(again_as_run);
       }
-    }
+      return std::make_pair(std::move(run), std::move(as_run));
+    };
+    plan::ParallelConfig piped;
+    piped.pp = 2;
+    piped.dp = r.ranks / 2;
+    auto [run, as_run] = faster_of_two(model, model_path, piped, 20);
     auto first_stage_busy = [](const ir::Comparison& c, bool as_measured) {
       if (c.by_stage.empty()) return 0.0;
       return as_measured ? c.by_stage.front().measured_s : c.by_stage.front().predicted_s;
@@ -511,24 +537,38 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     }
     f.cores = cores;
     f.idle_core_reclaim = 0.5 * (low + high);
+    const double reclaim = *f.idle_core_reclaim;
     progress(fmt::format(
         "executor probe, pp=2 dp={}: rank 0 computed for {} per step, against {} predicted with the waiting ranks' "
         "cores idle and {} with all of them taken up: the busy ranks take up {:.0f}% of them ({} cores)",
         piped.dp, format_seconds(measured_busy), format_seconds(none_taken), format_seconds(all_taken),
-        100 * *f.idle_core_reclaim, cores));
-    // The step grows by the transfers on its critical path times the latency: a line through two prices.
-    plan::Plan priced = run.plan;
-    priced.cluster.node.gpu.calibration.idle_core_reclaim = *f.idle_core_reclaim;
-    const double base_us = priced.cluster.network.p2p_latency_us;
-    const double step0 = compared(priced, run).predicted_step_s;
-    priced.cluster.network.p2p_latency_us = base_us + 1000;
-    const double per_us = (compared(priced, run).predicted_step_s - step0) / 1000;
-    if (per_us > 0) {
-      f.p2p_latency_us = std::clamp(base_us + (as_run.measured_step_s - step0) / per_us, 0.0, 1e5);
+        100 * reclaim, cores));
+
+    // One pipeline over all the ranks: a model with a layer per rank, 12 steps per run (about 1 s of steps each).
+    const std::string deep_path = (dir.path / "probe-deep.toml").string();
+    const std::string deep_text = probe_model_text(r.device, false, r.ranks);
+    write_file_whole(deep_path, deep_text);
+    const model::ModelDescription deep_model = model::parse_model(TomlDocument::parse_string(deep_text, deep_path));
+    plan::ParallelConfig whole;
+    whole.pp = r.ranks;
+    const auto [deep, deep_as_run] = faster_of_two(deep_model, deep_path, whole, 12);
+    const double base_us = fitted.network.p2p_latency_us;
+    f.p2p_latency_us = fit_to_step(deep, deep_as_run, reclaim, base_us,
+                                   [](plan::Plan& p, double us) { p.cluster.network.p2p_latency_us = us; });
+    if (!f.p2p_latency_us) return f;
+    fitted.network.p2p_latency_us = *f.p2p_latency_us;
+    progress(fmt::format("executor probe, pp={}: step {}: {:.0f} us per transfer between stages (the base: {:.0f} us)",
+                         whole.pp, format_seconds(deep_as_run.measured_step_s), *f.p2p_latency_us, base_us));
+    // The two-stage run's pipelines: what their transfers cost more, per further pipeline.
+    const double latency_us = *f.p2p_latency_us;
+    f.p2p_pipelines_us = fit_to_step(run, as_run, reclaim, 0, [latency_us](plan::Plan& p, double us) {
+      p.cluster.network.p2p_latency_us = latency_us;
+      p.cluster.network.p2p_pipelines_us = us;
+    });
+    if (f.p2p_pipelines_us) {
       progress(fmt::format(
-          "executor probe, pp=2 dp={}: step {} measured against {} predicted with the base's {:.0f} us per transfer "
-          "between stages: {:.0f} us per transfer",
-          piped.dp, format_seconds(as_run.measured_step_s), format_seconds(step0), base_us, *f.p2p_latency_us));
+          "executor probe, pp=2 dp={}: step {}: {:.0f} us more per transfer for each further pipeline on the cores",
+          piped.dp, format_seconds(as_run.measured_step_s), *f.p2p_pipelines_us));
     }
   }
   return f;

@@ -159,6 +159,7 @@ void run_calibrate(const CalibrateCommand& o) {
         j["probe"]["idle_core_reclaim"] = *r.probe->idle_core_reclaim;
       }
       if (r.probe->p2p_latency_us) j["probe"]["p2p_latency_us"] = *r.probe->p2p_latency_us;
+      if (r.probe->p2p_pipelines_us) j["probe"]["p2p_pipelines_us"] = *r.probe->p2p_pipelines_us;
       if (r.probe->host_op_forward_us) j["probe"]["host_op_forward_us"] = *r.probe->host_op_forward_us;
       if (r.probe->host_op_backward_us) j["probe"]["host_op_backward_us"] = *r.probe->host_op_backward_us;
     }

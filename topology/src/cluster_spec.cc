@@ -146,6 +146,10 @@ void read_network(TableReader& n, NetworkSpec& net) {
     if (*v < 0) n.fail("subgroup_sync_us", "must not be negative");
     net.subgroup_sync_us = *v;
   }
+  if (auto v = n.get_number("p2p_pipelines_us")) {
+    if (*v < 0) n.fail("p2p_pipelines_us", "must not be negative");
+    net.p2p_pipelines_us = *v;
+  }
   auto tables = n.table_array("efficiency");
   if (!tables.empty()) net.efficiency.clear();
   for (auto& t : tables) {
@@ -309,7 +313,10 @@ ClusterSpec parse_cluster_tables(TableReader root) {
   }
   if (cpu_probe_phrase && ns.cores > 0) {  // the pipeline run over more ranks than cores
     spec.provenance["calibration.idle_core_reclaim"] = *cpu_probe_phrase + ", a pipeline run's compute";
-    spec.provenance["network.p2p_latency_us"] = *cpu_probe_phrase + ", a pipeline run's step";
+    spec.provenance["network.p2p_latency_us"] = *cpu_probe_phrase + ", one pipeline's step";
+    if (spec.network.p2p_pipelines_us > 0) {
+      spec.provenance["network.p2p_pipelines_us"] = *cpu_probe_phrase + ", several pipelines' step";
+    }
   }
   if (gpu_probed && (cal.host_op_forward_us > 0 || cal.host_op_backward_us > 0)) {  // the small model's probe
     for (const char* key : {"calibration.host_op_forward_us", "calibration.host_op_backward_us"}) {
@@ -391,6 +398,7 @@ std::string cluster_toml(const ClusterSpec& s, const std::string& prefix) {
                      s.network.nvlink_latency_us, s.network.network_latency_us, s.network.p2p_latency_us);
   if (s.network.collective_sync_us > 0) out += fmt::format("collective_sync_us = {}\n", s.network.collective_sync_us);
   if (s.network.subgroup_sync_us > 0) out += fmt::format("subgroup_sync_us = {}\n", s.network.subgroup_sync_us);
+  if (s.network.p2p_pipelines_us > 0) out += fmt::format("p2p_pipelines_us = {}\n", s.network.p2p_pipelines_us);
   for (const auto& e : s.network.efficiency) {
     out += fmt::format("\n[[{}network.efficiency]]\nscope = {}\n", p, toml_string(e.scope));
     if (e.participants > 0) out += fmt::format("participants = {}\n", e.participants);
@@ -417,6 +425,7 @@ std::string canonical_text(const ClusterSpec& s) {
                      s.network.p2p_latency_us);
   if (s.network.collective_sync_us > 0) out += fmt::format("collective_sync_us = {}\n", s.network.collective_sync_us);
   if (s.network.subgroup_sync_us > 0) out += fmt::format("subgroup_sync_us = {}\n", s.network.subgroup_sync_us);
+  if (s.network.p2p_pipelines_us > 0) out += fmt::format("p2p_pipelines_us = {}\n", s.network.p2p_pipelines_us);
   for (const auto& e : s.network.efficiency) {
     out += fmt::format("efficiency {} {}:", e.scope, e.participants);
     for (std::size_t i = 0; i < e.bytes.size(); ++i) out += fmt::format(" {}={}", e.bytes[i], e.efficiency[i]);

@@ -402,6 +402,12 @@ double CostModel::p2p_seconds(const ParallelConfig& c) const {
   double bw = (local ? node.nvlink_gbps : node.network_gbps_per_gpu()) * 1e9;
   double eff = net.efficiency_at(local ? "nvlink" : "network", 2, shard);
   double t = net.p2p_latency_s() + shard / (bw * eff);
+  // CPU ranks sharing fewer cores: each further whole pipeline on the node makes a transfer's partner more often off
+  // its core (running that pipeline's pass) when the data arrives.
+  if (net.p2p_pipelines_us > 0 && node.cores > 0 && node.gpus > node.cores) {
+    const int pipelines = node.gpus / (c.tp * c.pp);
+    if (pipelines > 1) t += (pipelines - 1) * net.p2p_pipelines_s();
+  }
   if (!c.sequence_parallel && c.tp > 1) t += all_gather_seconds(bytes, tp_group(c));
   return t;
 }

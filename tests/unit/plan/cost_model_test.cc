@@ -316,6 +316,39 @@ TEST(CostModel, ACollectiveOfASmallerGroupThanTheNodePaysTheSubgroupWait) {
   EXPECT_THROW(topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml")), Error);
 }
 
+// Four CPU ranks on two cores: a transfer between stages pays [network] p2p_pipelines_us for each further whole
+// pipeline on the node (dp2 pp2: one more; pp4 and tp2 pp2: none), and nothing where each rank has a core.
+TEST(CostModel, ATransferPaysForEachFurtherPipelineOnTheSharedCores) {
+  auto model = model::load_model(kRoot + "/bench/models/small-llama.toml");
+  auto cluster = four_cpu_ranks();
+  cluster.node.cores = 2;
+  const std::string digest_before = topology::canonical_text(cluster);
+  const CostModel plain(model, cluster);
+  cluster.network.p2p_pipelines_us = 3000;
+  const CostModel crowded(model, cluster);
+  const std::int64_t batch = model.training.global_batch;
+  // layout(tp, pp, dp, ...) as above.
+  EXPECT_NEAR(crowded.evaluate(layout(1, 2, 2, 1, 1), batch).p2p_s,
+              plain.evaluate(layout(1, 2, 2, 1, 1), batch).p2p_s + 3e-3, 1e-12);
+  EXPECT_EQ(crowded.evaluate(layout(1, 4, 1, 1, 1), batch).p2p_s, plain.evaluate(layout(1, 4, 1, 1, 1), batch).p2p_s);
+  EXPECT_EQ(crowded.evaluate(layout(2, 2, 1, 1, 1), batch).p2p_s, plain.evaluate(layout(2, 2, 1, 1, 1), batch).p2p_s);
+  EXPECT_GT(crowded.evaluate(layout(1, 2, 2, 1, 1), batch).iteration_s,
+            plain.evaluate(layout(1, 2, 2, 1, 1), batch).iteration_s);
+  auto own_cores = cluster;
+  own_cores.node.cores = 4;
+  auto own_plain = own_cores;
+  own_plain.network.p2p_pipelines_us = 0;
+  EXPECT_EQ(CostModel(model, own_cores).evaluate(layout(1, 2, 2, 1, 1), batch).p2p_s,
+            CostModel(model, own_plain).evaluate(layout(1, 2, 2, 1, 1), batch).p2p_s);
+  // Written only when set, read back, refused when negative.
+  EXPECT_EQ(digest_before.find("p2p_pipelines_us"), std::string::npos);
+  const std::string text = topology::cluster_toml(cluster, "");
+  EXPECT_EQ(topology::parse_cluster(TomlDocument::parse_string(text, "c.toml")).network.p2p_pipelines_us, 3000);
+  std::string bad = text;
+  bad.replace(bad.find("p2p_pipelines_us = 3000"), 23, "p2p_pipelines_us = -1");
+  EXPECT_THROW(topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml")), Error);
+}
+
 // On shared cores a pipeline's fill and drain, with some stages waiting, run faster than its steady state: a pipeline
 // of 2 micro-batches over 2 stages, mostly fill and drain, is sped up more than one of 4; interleaving, whose fill
 // and drain are a vpp-th, less. The contention of groups smaller than the node's ranks (subgroup_sync_us) is gone

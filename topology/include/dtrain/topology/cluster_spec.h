@@ -5,7 +5,7 @@
 //   [cluster]  name, nodes
 //   [node]     gpus, gpu, nvlink_domain, nvlink_gbps, nics, nic_gbps, pcie_gbps, nic_of_gpu
 //   [gpu]      name, tflops_bf16, tflops_fp16, tflops_fp8, tflops_fp32, memory_gib, hbm_gbps   (custom or override)
-//   [network]  nvlink_latency_us, network_latency_us, p2p_latency_us, [[network.efficiency]] tables
+//   [network]  nvlink_latency_us, network_latency_us, p2p_latency_us, p2p_pipelines_us, [[network.efficiency]] tables
 //   [calibration] any field of topology::Calibration
 // `dtplan topo --toml` writes the [node] part from a live machine or an hwloc XML.
 #pragma once
@@ -66,6 +66,11 @@ struct NetworkSpec {
   // other groups' ranks hold the cores while the group waits for a member); 0 unless given (dtplan calibrate).
   double subgroup_sync_us = 0;
   double subgroup_sync_s() const { return subgroup_sync_us * 1e-6; }
+  // More per transfer between pipeline stages for each further pipeline whose ranks share the node's cores (CPU
+  // ranks, more than cores: a transfer's partner is more often off its core, running another pipeline's pass); 0
+  // unless given (dtplan calibrate).
+  double p2p_pipelines_us = 0;
+  double p2p_pipelines_s() const { return p2p_pipelines_us * 1e-6; }
   double network_latency_s() const { return network_latency_us * 1e-6; }
   double p2p_latency_s() const { return p2p_latency_us * 1e-6; }
   std::vector<EfficiencyCurve> efficiency;
