@@ -68,8 +68,8 @@ lr = 1e-4
                      small         ? "calibrate-probe-small"
                      : layers == 2 ? "calibrate-probe"
                                    : fmt::format("calibrate-probe-{}-layers", layers),
-                     layers, big ? 3072 : 256, big ? 8192 : 768,
-                     big ? 24 : 8, big ? 8 : 4, big ? 32000 : 256, big ? 4096 : 256,
+                     layers, big ? 3072 : 256, big ? 8192 : 768, big ? 24 : 8, big ? 8 : 4, big ? 32000 : 256,
+                     big ? 4096 : 256,
                      small              ? 8
                      : device == "cuda" ? 2
                                         : 4,
@@ -541,8 +541,8 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     progress(fmt::format(
         "executor probe, pp=2 dp={}: rank 0 computed for {} per step, against {} predicted with the waiting ranks' "
         "cores idle and {} with all of them taken up: the busy ranks take up {:.0f}% of them ({} cores)",
-        piped.dp, format_seconds(measured_busy), format_seconds(none_taken), format_seconds(all_taken),
-        100 * reclaim, cores));
+        piped.dp, format_seconds(measured_busy), format_seconds(none_taken), format_seconds(all_taken), 100 * reclaim,
+        cores));
 
     // One pipeline over all the ranks: a model with a layer per rank, 12 steps per run (about 1 s of steps each).
     const std::string deep_path = (dir.path / "probe-deep.toml").string();
