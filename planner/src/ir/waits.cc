@@ -118,7 +118,10 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
       stop.pc = static_cast<std::size_t>(p.pc);
       const bool pass = stop.pc < length && programs[r].schedule[stop.pc].is_compute_pass();
       stop.body_pc = pass ? p.body_pc : -1;
-      stop.arrive = p.activity == Activity::kComm;
+      // A rank that is dead, lost or stopped takes no further part in the communication it was in (its peers in a
+      // ring or a transfer need it to act): they wait for it, even where it had arrived. Only a rank that gave up (a
+      // peer failure) stays where it waited.
+      stop.arrive = p.activity == Activity::kComm && (p.process.empty() || p.gave_up);
     }
     std::vector<const Program*> ptrs;
     std::vector<std::int32_t> all;
@@ -227,6 +230,26 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
         }
       }
     }
+  }
+  // A rank that is dead, lost or stopped outranks ranks that are only behind: the running ones would have caught up
+  // without its failure, and the positions of a running rank may be a heartbeat old (on a loaded machine a rank in the
+  // step's collective was reported still in its backward pass while a lost node's rank sat in that collective).
+  std::vector<std::int32_t> broken;
+  for (std::size_t r = 0; r < n; ++r) {
+    if (!positions[r].process.empty() && !positions[r].gave_up) broken.push_back(static_cast<std::int32_t>(r));
+  }
+  const bool root_broken = std::any_of(a.roots.begin(), a.roots.end(), [&](std::int32_t r) {
+    return std::find(broken.begin(), broken.end(), r) != broken.end();
+  });
+  if (!broken.empty() && !root_broken) {
+    std::vector<std::string> behind, gone;
+    for (std::int32_t r : a.roots) behind.push_back(std::to_string(r));
+    for (std::int32_t r : broken) gone.push_back(std::to_string(r));
+    a.notes.push_back(fmt::format("the waits end at rank{} {}, still running; rank{} {} no longer run{}: the root{}",
+                                  a.roots.size() > 1 ? "s" : "", join(behind, ", "), broken.size() > 1 ? "s" : "",
+                                  join(gone, ", "), broken.size() > 1 ? "" : "s", broken.size() > 1 ? "s" : ""));
+    a.roots = broken;
+    a.cycle = false;
   }
   for (std::int32_t r : a.roots) a.ranks[static_cast<std::size_t>(r)].root = true;
   return a;

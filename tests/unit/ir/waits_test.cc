@@ -83,6 +83,29 @@ TEST(Waits, EveryoneInTheGradNormAllReduceWaitsForTheRankStillComputing) {
   EXPECT_THAT(text, HasSubstr("rank 1 waits for rank 3: in communication at `ALLREDUCE on=world what=grad_norm"));
 }
 
+// dp4 (the elastic tests' layout): a node lost while its rank was in the gradient-norm all-reduce, another rank
+// reported still in its backward pass (a heartbeat-old position). The lost rank is the root, not the one that is
+// behind: seen in the elastic test on a loaded machine.
+TEST(Waits, ARankLostInsideACollectiveIsTheRootNotTheOneStillComputing) {
+  const auto programs = lower_all(make(small_gpt(8), layout(1, 1, 4, 1, Schedule::k1F1B), 2));
+  const std::size_t norm = find(programs[0], Opcode::kAllReduce, What::kGradNorm);
+  std::vector<ReportedPosition> pos;
+  for (int r = 0; r < 4; ++r) pos.push_back(at(programs[r], 6, norm, Activity::kComm));
+  std::size_t last_bwd = 0;
+  for (std::size_t i = 0; i < programs[1].schedule.size(); ++i)
+    if (programs[1].schedule[i].is_compute_pass()) last_bwd = i;
+  pos[1] = at(programs[1], 6, last_bwd, Activity::kCompute, 0.2);
+  pos[3].process = "lost with node 3";
+  WaitAnalysis a = analyze_waits(programs, pos);
+  ASSERT_THAT(a.roots, ElementsAre(3)) << wait_report_text(a);
+  EXPECT_THAT(a.ranks[3].doing, HasSubstr("lost with node 3"));
+  EXPECT_THAT(wait_report_text(a),
+              HasSubstr("the waits end at rank 1, still running; rank 3 no longer runs: the root"));
+  // The same positions with rank 3 alive: the rank still computing is the root, as before.
+  pos[3].process.clear();
+  ASSERT_THAT(analyze_waits(programs, pos).roots, ElementsAre(1));
+}
+
 TEST(Waits, AStoppedRankIsTheRootWhateverItLastReported) {
   auto programs = tp2pp2();
   // Rank 1 was stopped inside its first forward; its tensor-parallel peer waits in that forward's first collective,
