@@ -498,6 +498,7 @@ void apply_probe(topology::ClusterSpec& c, const ProbeFigures& f) {
   c.node.gpu.tflops_bf16 *= f.compute_speedup;
   cal.step_overhead_s = f.step_overhead_s;
   cal.microbatch_overhead_s = f.microbatch_overhead_s;
+  if (f.nvlink_gbps) c.node.nvlink_gbps = *f.nvlink_gbps;
   if (f.collective_sync_us) c.network.collective_sync_us = *f.collective_sync_us;
   if (f.nvlink_latency_us) c.network.nvlink_latency_us = *f.nvlink_latency_us;
   if (f.subgroup_sync_us) c.network.subgroup_sync_us = *f.subgroup_sync_us;
@@ -530,7 +531,8 @@ std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const Cal
                 "# [gpu] tflops_fp32 is the fitted GEMM peak per rank (raised where the executor probe ran faster) "
                 "and hbm_gbps\n"
                 "# the measured bandwidth per rank; the nvlink efficiency curve comes from all-reduces between the "
-                "ranks;\n"
+                "ranks,\n"
+                "# [node] nvlink_gbps with several ranks from a data-parallel run's gradients (the executor probe);\n"
                 "# hbm_efficiency, the overheads, [network] collective_sync_us, nvlink_latency_us and "
                 "subgroup_sync_us\n"
                 "# from the executor probe (short dtexec runs), with more ranks than cores also idle_core_reclaim "

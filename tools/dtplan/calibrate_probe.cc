@@ -218,8 +218,9 @@ ProbeRun run_probe(const fs::path& bin, const fs::path& dir, const model::ModelD
                            r.device, "--data", "synthetic", "--steps", std::to_string(steps), "--trace", trace_path,
                            "--metrics", metrics_path});
   if (r.device == "cpu") args.insert(args.end(), {"--threads", std::to_string(r.threads_per_rank)});
-  progress(fmt::format("executor probe: dtexec trains a 2-layer model for {} steps ({}{}{})", steps,
-                       run.plan.config.summary(), ranks > 1 ? fmt::format(", {} ranks under dtlaunch", ranks) : "",
+  progress(fmt::format("executor probe: dtexec trains a {}-layer model for {} steps ({}{}{})", model.model.layers,
+                       steps, run.plan.config.summary(),
+                       ranks > 1 ? fmt::format(", {} ranks under dtlaunch", ranks) : "",
                        copies > 1 ? fmt::format(", {} copies at once", copies) : ""));
   // Copy k's files: the first copy's as named, the others' with ".copyK".
   auto of_copy = [](const std::string& path, std::size_t k) {
@@ -400,6 +401,37 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
   // of one sequence and of four (the same bytes in a quarter of the collectives), and of one sequence with sequence
   // parallelism (twice the collectives, all-gathers and reduce-scatters of half the ring steps each: the same steps
   // and bytes).
+  // First data parallelism over all of them: its gradients' all-reduce after the backward pass (6.8 MB of the
+  // probe's, which the ranks reach unevenly on shared cores) sets the bandwidth of a collective between the ranks
+  // ([node] nvlink_gbps) in place of the all-reduce microbenchmark's, run alone (with it small-llama dp4 came out 9-11%
+  // fast: its gradients' reduce-scatter measured 12-17 ms against 10 ms). Not with --quick (its 15 s).
+  if (r.device == "cpu" && r.ranks > 1 && !r.quick && fs::exists(bin / "dtlaunch") &&
+      model.training.global_batch % r.ranks == 0) {
+    plan::ParallelConfig data;
+    data.dp = r.ranks;
+    const ProbeRun run = run_probe(bin, dir.path, model, model_path, fitted, data, r.ranks, r, progress, stop, 1, 12);
+    auto dp_seconds = [&](double gbps, bool as_measured) {
+      plan::Plan priced = run.plan;
+      priced.cluster.node.nvlink_gbps = gbps;
+      for (const auto& row : compared(priced, run).by_kind) {
+        if (row.key == "dp") return as_measured ? row.measured_s : row.predicted_s;
+      }
+      return 0.0;
+    };
+    // The predicted time is a fixed part and the bytes over the bandwidth: halving the bandwidth adds the second.
+    const double gbps = fitted.node.nvlink_gbps;
+    const double at_gbps = dp_seconds(gbps, false), bytes_part = dp_seconds(gbps / 2, false) - at_gbps;
+    const double fixed = at_gbps - bytes_part, measured_dp = dp_seconds(gbps, true);
+    if (bytes_part > 0 && measured_dp > fixed) {
+      f.nvlink_gbps = std::clamp(gbps * bytes_part / (measured_dp - fixed), gbps / 4, gbps * 4);
+      fitted.node.nvlink_gbps = *f.nvlink_gbps;
+      progress(
+          fmt::format("executor probe, dp={}: the gradients' collectives took {} per step against {} predicted at the "
+                      "all-reduce's {:.2f} GB/s: {:.2f} GB/s between the ranks",
+                      r.ranks, format_seconds(measured_dp), format_seconds(at_gbps), gbps, *f.nvlink_gbps));
+    }
+  }
+
   const int tp = r.ranks;
   if (r.device == "cpu" && tp > 1 && !fs::exists(bin / "dtlaunch")) {
     progress(fmt::format("no dtlaunch beside this dtplan ({}): the links between ranks stay the all-reduce's",

@@ -151,6 +151,7 @@ void run_calibrate(const CalibrateCommand& o) {
                     {"compute_speedup", r.probe->compute_speedup},
                     {"microbatch_overhead_s", r.probe->microbatch_overhead_s},
                     {"step_overhead_s", r.probe->step_overhead_s}};
+      if (r.probe->nvlink_gbps) j["probe"]["nvlink_gbps"] = *r.probe->nvlink_gbps;
       if (r.probe->collective_sync_us) j["probe"]["collective_sync_us"] = *r.probe->collective_sync_us;
       if (r.probe->nvlink_latency_us) j["probe"]["nvlink_latency_us"] = *r.probe->nvlink_latency_us;
       if (r.probe->subgroup_sync_us) j["probe"]["subgroup_sync_us"] = *r.probe->subgroup_sync_us;

@@ -59,15 +59,20 @@ std::vector<std::int64_t> steps_used(const std::vector<MeasuredTrace>& measured)
   return out;
 }
 
-std::map<std::int64_t, StepSpan> spans_of(const std::vector<MeasuredTrace>& measured) {
-  std::map<std::int64_t, StepSpan> spans;
+// Each step's span: the longest of the ranks' own spans (its first slice's start to its last slice's end). The ranks'
+// clocks start only about together (a barrier's exit apart), while every rank's step runs from the previous step's
+// world collectives to the next: one rank's span is the step, without the offsets between the ranks' clocks.
+std::map<std::int64_t, double> spans_of(const std::vector<MeasuredTrace>& measured) {
+  std::map<std::pair<std::int64_t, std::int32_t>, StepSpan> per_rank;
   for (const auto& t : measured) {
     for (const auto& s : t.slices) {
-      StepSpan& sp = spans[s.step];
+      StepSpan& sp = per_rank[{s.step, s.rank}];
       sp.start = std::min(sp.start, s.start_s);
       sp.end = std::max(sp.end, s.start_s + s.duration_s);
     }
   }
+  std::map<std::int64_t, double> spans;
+  for (const auto& [key, sp] : per_rank) spans[key.first] = std::max(spans[key.first], sp.end - sp.start);
   return spans;
 }
 
@@ -180,11 +185,11 @@ Comparison compare(const plan::Plan& plan, const SimulationReport& predicted,
   auto spans = spans_of(measured);
   std::vector<double> step_spans;
   step_spans.reserve(c.steps.size());
-  for (std::int64_t s : c.steps) step_spans.push_back(spans[s].end - spans[s].start);
+  for (std::int64_t s : c.steps) step_spans.push_back(spans[s]);
   c.measured_step_s = median(step_spans);
   double closest = 1e300;
   for (std::int64_t s : c.steps) {
-    const double d = std::abs((spans[s].end - spans[s].start) - c.measured_step_s);
+    const double d = std::abs(spans[s] - c.measured_step_s);
     if (d < closest) {
       closest = d;
       c.drawn_step = s;

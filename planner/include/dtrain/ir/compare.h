@@ -2,11 +2,11 @@
 // running the same per-rank programs (dtexec train --trace), joined instruction by instruction on (rank, pc).
 //
 // The measured trace holds every step of every rank; a step is summarised by medians over the steps used (the first
-// is left out as warm-up when there are three or more): each instruction's duration, and the step's span (first
-// slice start to last slice end over all ranks). The simulator times one representative rank per stage where the
-// world is uniform; only those ranks' instructions are compared. Both sides name instructions alike
-// (ir::p2p_slice_name for transfers), so a name that differs at the same pc means the traces are of different
-// programs.
+// is left out as warm-up when there are three or more): each instruction's duration, and the step's span (the longest
+// of the ranks' own spans, first slice start to last slice end: the ranks' clocks start only about together). The
+// simulator times one representative rank per stage where the world is uniform; only those ranks' instructions are
+// compared. Both sides name instructions alike (ir::p2p_slice_name for transfers), so a name that differs at the same
+// pc means the traces are of different programs.
 #pragma once
 
 #include <cstdint>
