@@ -27,7 +27,7 @@ done
 $bin/dtplan calibrate --ranks-per-node 4 -o "$out/cal4b.toml" 2>/dev/null | head -1
 echo "   second calibration for 4 ranks: the figures of both runs"
 for key in tflops_fp32 hbm_gbps gemm_half_gflop attention_efficiency hbm_efficiency microbatch_overhead_s \
-  nvlink_gbps nvlink_latency_us collective_sync_us subgroup_sync_us idle_core_reclaim p2p_latency_us; do
+  nvlink_gbps nvlink_latency_us collective_sync_us subgroup_sync_us idle_core_reclaim p2p_latency_us p2p_pipelines_us; do
   printf '   %-22s %12s %12s\n' "$key" "$(grep -m1 "^$key = " "$out/cal4.toml" | cut -d' ' -f3)" \
     "$(grep -m1 "^$key = " "$out/cal4b.toml" | cut -d' ' -f3)"
 done
