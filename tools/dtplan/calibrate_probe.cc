@@ -544,7 +544,9 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     plan::ParallelConfig piped;
     piped.pp = 2;
     piped.dp = r.ranks / 2;
-    auto [run, as_run] = faster_of_two(model, model_path, piped, 20);
+    auto piped_run = faster_of_two(model, model_path, piped, 20);  // not a structured binding: the lambdas use it
+    const ProbeRun& run = piped_run.first;
+    const ir::Comparison& as_run = piped_run.second;
     auto first_stage_busy = [](const ir::Comparison& c, bool as_measured) {
       if (c.by_stage.empty()) return 0.0;
       return as_measured ? c.by_stage.front().measured_s : c.by_stage.front().predicted_s;
