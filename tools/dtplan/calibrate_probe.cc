@@ -393,35 +393,29 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
   topology::ClusterSpec fitted = measured;
   apply_probe(fitted, f);
 
-  // Several CPU ranks per node: tensor parallelism over all of them, whose collectives sit inside the passes. What the
-  // passes take beyond the one-rank figures' prediction is what a collective between the ranks really costs, waits for
-  // the slowest rank and the ranks' sharing of the cores included. A collective's time is a fixed cost per collective
-  // (collective_sync_us: on ranks that share cores, the wait for the others to run), a latency per ring step
-  // (nvlink_latency_us) and the bytes over the all-reduce's bandwidth. Three runs separate the first two: collectives
-  // of one sequence and of four (the same bytes in a quarter of the collectives), and of one sequence with sequence
-  // parallelism (twice the collectives, all-gathers and reduce-scatters of half the ring steps each: the same steps
-  // and bytes).
-  // First data parallelism over all of them: its gradients' all-reduce after the backward pass (6.8 MB of the
-  // probe's, which the ranks reach unevenly on shared cores) sets the bandwidth of a collective between the ranks
-  // ([node] nvlink_gbps) in place of the all-reduce microbenchmark's, run alone (with it small-llama dp4 came out 9-11%
-  // fast: its gradients' reduce-scatter measured 12-17 ms against 10 ms). Not with --quick (its 15 s).
+  // Several CPU ranks per node: first data parallelism over all of them. Its gradients' all-reduce after the backward
+  // pass (6.8 MB of the probe's, which the ranks reach unevenly on shared cores) sets the bandwidth of a collective
+  // between the ranks ([node] nvlink_gbps) in place of the all-reduce microbenchmark's, run alone (with it small-llama
+  // dp4 came out 9-11% fast: its gradients' reduce-scatter measured 12-17 ms against 10 ms). Not with --quick (its
+  // 15 s).
   if (r.device == "cpu" && r.ranks > 1 && !r.quick && fs::exists(bin / "dtlaunch") &&
       model.training.global_batch % r.ranks == 0) {
     plan::ParallelConfig data;
     data.dp = r.ranks;
     const ProbeRun run = run_probe(bin, dir.path, model, model_path, fitted, data, r.ranks, r, progress, stop, 1, 12);
-    auto dp_seconds = [&](double gbps, bool as_measured) {
+    // The gradients' collectives per step at a bandwidth: (predicted, measured).
+    auto dp_seconds = [&](double gbps) {
       plan::Plan priced = run.plan;
       priced.cluster.node.nvlink_gbps = gbps;
       for (const auto& row : compared(priced, run).by_kind) {
-        if (row.key == "dp") return as_measured ? row.measured_s : row.predicted_s;
+        if (row.key == "dp") return std::make_pair(row.predicted_s, row.measured_s);
       }
-      return 0.0;
+      return std::make_pair(0.0, 0.0);
     };
     // The predicted time is a fixed part and the bytes over the bandwidth: halving the bandwidth adds the second.
     const double gbps = fitted.node.nvlink_gbps;
-    const double at_gbps = dp_seconds(gbps, false), bytes_part = dp_seconds(gbps / 2, false) - at_gbps;
-    const double fixed = at_gbps - bytes_part, measured_dp = dp_seconds(gbps, true);
+    const auto [at_gbps, measured_dp] = dp_seconds(gbps);
+    const double bytes_part = dp_seconds(gbps / 2).first - at_gbps, fixed = at_gbps - bytes_part;
     if (bytes_part > 0 && measured_dp > fixed) {
       f.nvlink_gbps = std::clamp(gbps * bytes_part / (measured_dp - fixed), gbps / 4, gbps * 4);
       fitted.node.nvlink_gbps = *f.nvlink_gbps;
@@ -432,6 +426,14 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     }
   }
 
+  // Then tensor parallelism over all of them, whose collectives sit inside the passes. What the
+  // passes take beyond the one-rank figures' prediction is what a collective between the ranks really costs, waits for
+  // the slowest rank and the ranks' sharing of the cores included. A collective's time is a fixed cost per collective
+  // (collective_sync_us: on ranks that share cores, the wait for the others to run), a latency per ring step
+  // (nvlink_latency_us) and the bytes over the bandwidth (the data-parallel run's where it ran). Three runs separate
+  // the first two: collectives of one sequence and of four (the same bytes in a quarter of the collectives), and of one
+  // sequence with sequence parallelism (twice the collectives, all-gathers and reduce-scatters of half the ring steps
+  // each: the same steps and bytes).
   const int tp = r.ranks;
   if (r.device == "cpu" && tp > 1 && !fs::exists(bin / "dtlaunch")) {
     progress(fmt::format("no dtlaunch beside this dtplan ({}): the links between ranks stay the all-reduce's",

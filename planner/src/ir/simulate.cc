@@ -33,7 +33,7 @@ class Coster {
     weight_bytes_ = plan.model.training.dtype == DType::kFp32 ? 4.0 : 2.0;
     layers_ = static_cast<int>(m.layers);
     // CPU ranks sharing fewer cores: the passes at the speed the analytic estimate finds for this layout's idle time.
-    if (plan.cluster.node.cores > 0 && plan.cluster.node.gpus > plan.cluster.node.cores) {
+    if (plan.cluster.node.ranks_share_cores()) {
       speedup_ = cm_.evaluate(c_, plan.inputs.global_batch).breakdown.shared_core_speedup;
     }
   }

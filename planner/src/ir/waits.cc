@@ -12,6 +12,10 @@
 namespace dtrain::ir {
 namespace {
 
+// The rank's process is dead, lost or stopped: it takes no further part in the step. A rank that gave up (a peer
+// failure) is not: it stays where it waited.
+bool no_longer_runs(const ReportedPosition& p) { return !p.process.empty() && !p.gave_up; }
+
 std::string seconds_text(double s) { return s < 10 ? fmt::format("{:.1f} s", s) : fmt::format("{:.0f} s", s); }
 
 // The plan's text of the instruction at (pc, body_pc), or "" when there is none.
@@ -121,7 +125,7 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
       // A rank that is dead, lost or stopped takes no further part in the communication it was in (its peers in a
       // ring or a transfer need it to act): they wait for it, even where it had arrived. Only a rank that gave up (a
       // peer failure) stays where it waited.
-      stop.arrive = p.activity == Activity::kComm && (p.process.empty() || p.gave_up);
+      stop.arrive = p.activity == Activity::kComm && !no_longer_runs(p);
     }
     std::vector<const Program*> ptrs;
     std::vector<std::int32_t> all;
@@ -143,15 +147,14 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
   for (std::size_t r = 0; r < n; ++r) {
     const ReportedPosition& p = positions[r];
     if (!finished[r]) still_in_step.push_back(static_cast<std::int32_t>(r));
-    if (!(p.known && (p.process.empty() || p.gave_up) && p.activity != Activity::kCompute &&
-          p.activity != Activity::kSetup)) {
+    if (!(p.known && !no_longer_runs(p) && p.activity != Activity::kCompute && p.activity != Activity::kSetup)) {
       not_communicating.push_back(static_cast<std::int32_t>(r));
     }
   }
   for (std::size_t r = 0; r < n; ++r) {
     const ReportedPosition& p = positions[r];
     RankFinding& f = a.ranks[r];
-    if ((!p.process.empty() && !p.gave_up) || f.other_program) {
+    if (no_longer_runs(p) || f.other_program) {
       f.waits_for.clear();  // a stopped, dead or diverged rank waits for nobody: the others wait for it
       continue;
     }
@@ -191,7 +194,7 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
       // that waits for nobody, then the first.
       auto broken = [&](std::int32_t q) {
         const auto& pq = positions[static_cast<std::size_t>(q)];
-        return (!pq.process.empty() && !pq.gave_up) || a.ranks[static_cast<std::size_t>(q)].other_program;
+        return no_longer_runs(pq) || a.ranks[static_cast<std::size_t>(q)].other_program;
       };
       auto idle = [&](std::int32_t q) { return a.ranks[static_cast<std::size_t>(q)].waits_for.empty(); };
       auto next_it = std::find_if(next_list.begin(), next_list.end(), broken);
@@ -225,7 +228,7 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
     }
     if (a.roots.empty()) {
       for (std::size_t r = 0; r < n; ++r) {
-        if ((!positions[r].process.empty() && !positions[r].gave_up) || a.ranks[r].other_program) {
+        if (no_longer_runs(positions[r]) || a.ranks[r].other_program) {
           a.roots.push_back(static_cast<std::int32_t>(r));
         }
       }
@@ -236,7 +239,7 @@ WaitAnalysis analyze_waits(const std::vector<Program>& programs, const std::vect
   // step's collective was reported still in its backward pass while a lost node's rank sat in that collective).
   std::vector<std::int32_t> broken;
   for (std::size_t r = 0; r < n; ++r) {
-    if (!positions[r].process.empty() && !positions[r].gave_up) broken.push_back(static_cast<std::int32_t>(r));
+    if (no_longer_runs(positions[r])) broken.push_back(static_cast<std::int32_t>(r));
   }
   const bool root_broken = std::any_of(a.roots.begin(), a.roots.end(), [&](std::int32_t r) {
     return std::find(broken.begin(), broken.end(), r) != broken.end();

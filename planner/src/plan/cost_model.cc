@@ -57,7 +57,7 @@ CostModel::CostModel(model::ModelDescription model, topology::ClusterSpec cluste
     : model_(std::move(model)),
       cluster_(topology::default_network(std::move(cluster))),
       graph_(model::build_layer_graph(model_.model, model_.training)) {
-  if (cluster_.network.subgroup_sync_us > 0 && cluster_.node.cores > 0 && cluster_.node.gpus > cluster_.node.cores) {
+  if (cluster_.network.subgroup_sync_us > 0 && cluster_.node.ranks_share_cores()) {
     topology::ClusterSpec alone = cluster_;
     alone.network.subgroup_sync_us = 0;
     uncontended_ = std::make_shared<const CostModel>(model_, std::move(alone));
@@ -404,7 +404,7 @@ double CostModel::p2p_seconds(const ParallelConfig& c) const {
   double t = net.p2p_latency_s() + shard / (bw * eff);
   // CPU ranks sharing fewer cores: each further whole pipeline on the node makes a transfer's partner more often off
   // its core (running that pipeline's pass) when the data arrives.
-  if (net.p2p_pipelines_us > 0 && node.cores > 0 && node.gpus > node.cores) {
+  if (net.p2p_pipelines_us > 0 && node.ranks_share_cores()) {
     const int pipelines = node.gpus / (c.tp * c.pp);
     if (pipelines > 1) t += (pipelines - 1) * net.p2p_pipelines_s();
   }
@@ -872,9 +872,8 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
   // (its waits for slower stages counted). The passes are then faster on average by the base pipe over
   // the shared one (shared_core_speedup).
   double speedup = 1;
-  const double ranks = cluster_.node.gpus, cores = cluster_.node.cores;
   const double reclaim = cluster_.node.gpu.calibration.idle_core_reclaim;
-  if (p > 1 && cores > 0 && ranks > cores && reclaim > 0) {
+  if (p > 1 && cluster_.node.ranks_share_cores() && reclaim > 0) {
     // The slowest stage's share of time that is the contention of groups smaller than the node's ranks
     // (subgroup_sync_us), which a phase with no more ranks busy than cores does without.
     double contention = 0;

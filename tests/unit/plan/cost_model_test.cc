@@ -1,5 +1,6 @@
 #include "dtrain/plan/cost_model.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -292,6 +293,19 @@ TEST(CostModel, PipelineRanksSharingCoresRunFasterWhileOthersWait) {
   EXPECT_THROW(topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml")), Error);
 }
 
+// A [network] figure that is 0 unless given: absent from `digest_before` (the cluster's canonical text before it was
+// set), written by cluster_toml as `key = value`, read back, and refused when negative.
+void expect_optional_network_figure(const std::string& digest_before, const topology::ClusterSpec& cluster,
+                                    const std::string& key, int value, double topology::NetworkSpec::*figure) {
+  EXPECT_EQ(digest_before.find(key), std::string::npos);
+  const std::string text = topology::cluster_toml(cluster, "");
+  EXPECT_EQ(topology::parse_cluster(TomlDocument::parse_string(text, "c.toml")).network.*figure, value);
+  const std::string line = fmt::format("{} = {}", key, value);
+  std::string bad = text;
+  bad.replace(bad.find(line), line.size(), key + " = -1");
+  EXPECT_THROW(topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml")), Error);
+}
+
 // Four CPU ranks on two cores: a collective of a group of two pays [network] subgroup_sync_us on top (the other
 // group's ranks hold the cores while it waits); a group of all four does not.
 TEST(CostModel, ACollectiveOfASmallerGroupThanTheNodePaysTheSubgroupWait) {
@@ -307,13 +321,8 @@ TEST(CostModel, ACollectiveOfASmallerGroupThanTheNodePaysTheSubgroupWait) {
             plain.evaluate(layout(4, 1, 1, 1, 1), batch).breakdown.tp_comm_s);
   EXPECT_GT(waiting.evaluate(layout(2, 1, 2, 1, 1), batch).breakdown.tp_comm_s,
             plain.evaluate(layout(2, 1, 2, 1, 1), batch).breakdown.tp_comm_s + 1e-3);
-  // Written only when set, read back, refused when negative.
-  EXPECT_EQ(digest_before.find("subgroup_sync_us"), std::string::npos);
-  const std::string text = topology::cluster_toml(cluster, "");
-  EXPECT_EQ(topology::parse_cluster(TomlDocument::parse_string(text, "c.toml")).network.subgroup_sync_us, 2000);
-  std::string bad = text;
-  bad.replace(bad.find("subgroup_sync_us = 2000"), 23, "subgroup_sync_us = -1");
-  EXPECT_THROW(topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml")), Error);
+  expect_optional_network_figure(digest_before, cluster, "subgroup_sync_us", 2000,
+                                 &topology::NetworkSpec::subgroup_sync_us);
 }
 
 // Four CPU ranks on two cores: a transfer between stages pays [network] p2p_pipelines_us for each further whole
@@ -340,13 +349,8 @@ TEST(CostModel, ATransferPaysForEachFurtherPipelineOnTheSharedCores) {
   own_plain.network.p2p_pipelines_us = 0;
   EXPECT_EQ(CostModel(model, own_cores).evaluate(layout(1, 2, 2, 1, 1), batch).p2p_s,
             CostModel(model, own_plain).evaluate(layout(1, 2, 2, 1, 1), batch).p2p_s);
-  // Written only when set, read back, refused when negative.
-  EXPECT_EQ(digest_before.find("p2p_pipelines_us"), std::string::npos);
-  const std::string text = topology::cluster_toml(cluster, "");
-  EXPECT_EQ(topology::parse_cluster(TomlDocument::parse_string(text, "c.toml")).network.p2p_pipelines_us, 3000);
-  std::string bad = text;
-  bad.replace(bad.find("p2p_pipelines_us = 3000"), 23, "p2p_pipelines_us = -1");
-  EXPECT_THROW(topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml")), Error);
+  expect_optional_network_figure(digest_before, cluster, "p2p_pipelines_us", 3000,
+                                 &topology::NetworkSpec::p2p_pipelines_us);
 }
 
 // On shared cores a pipeline's fill and drain, with some stages waiting, run faster than its steady state: a pipeline

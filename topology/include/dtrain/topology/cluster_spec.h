@@ -37,6 +37,8 @@ struct NodeSpec {
   // calibrated figures are each rank's share of them with every rank busy; a rank that waits (a pipeline's fill and
   // drain) leaves its share to the others. 0: every rank has its own device.
   int cores = 0;
+  // More ranks than cores: the ranks share them (the shared-core terms of the cost model apply).
+  bool ranks_share_cores() const { return cores > 0 && gpus > cores; }
   // Inter-node bandwidth available to one GPU when all GPUs of the node communicate at once.
   double network_gbps_per_gpu() const { return nics * nic_gbps / gpus; }
   double node_network_gbps() const { return nics * nic_gbps; }
