@@ -548,9 +548,11 @@ std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const Cal
       toml_string(host), toml_string(gpu ? r.device_name : std::string("cpu")), toml_string(date),
       toml_string(kVersion), r.seconds, r.ranks, r.threads_per_rank, r.gemm_fit_error);
   if (gpu) out += fmt::format("kernel_launch_us = {:.2f}\n", r.launch_s * 1e6);
+  if (!gpu && !r.all_reduce.empty()) out += fmt::format("all_reduce_gbps = {:.4g}\n", r.bus_bytes_per_s / 1e9);
   if (r.probe) {
     out += fmt::format("probe_step_s = {:.6g}\nprobe_passes_predicted_s = {:.6g}\nprobe_passes_measured_s = {:.6g}\n",
                        r.probe->step_s, r.probe->predicted_passes_s, r.probe->measured_passes_s);
+    if (r.probe->dp_collectives_s) out += fmt::format("probe_dp_collectives_s = {:.6g}\n", *r.probe->dp_collectives_s);
   }
   return out;
 }

@@ -105,8 +105,10 @@ struct ProbeFigures {
   std::optional<double> collective_sync_us;
   std::optional<double> nvlink_latency_us;
   // CPU, several ranks per node: the bandwidth of a collective between them, fitted to the gradients' collectives of
-  // a data-parallel run over all of them (before the tensor-parallel runs, which are priced with it).
+  // a data-parallel run over all of them (before the tensor-parallel runs, which are priced with it), and what those
+  // collectives took per step in that run.
   std::optional<double> nvlink_gbps;
+  std::optional<double> dp_collectives_s;
   // CPU, four ranks per node or more: what a collective of a group of two costs more, from a run with dp = ranks / 2.
   std::optional<double> subgroup_sync_us;
   // CPU, more ranks per node than cores: the cores, and the fraction of a waiting rank's share of them that the busy

@@ -418,6 +418,7 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     const double bytes_part = dp_seconds(gbps / 2).first - at_gbps, fixed = at_gbps - bytes_part;
     if (bytes_part > 0 && measured_dp > fixed) {
       f.nvlink_gbps = std::clamp(gbps * bytes_part / (measured_dp - fixed), gbps / 4, gbps * 4);
+      f.dp_collectives_s = measured_dp;
       fitted.node.nvlink_gbps = *f.nvlink_gbps;
       progress(
           fmt::format("executor probe, dp={}: the gradients' collectives took {} per step against {} predicted at the "

@@ -199,6 +199,9 @@ ClusterSpec parse_cluster_tables(TableReader root) {
   std::optional<std::string> gpu_phrase;        // a GPU calibration's provenance, for the figures only it writes
   std::optional<std::string> cpu_probe_phrase;  // a CPU calibration's probe, for the links it fits between ranks
   bool gpu_probed = false;
+  std::optional<std::string> cpu_phrase;   // a CPU calibration
+  std::optional<double> all_reduce_gbps;   // a CPU calibration of several ranks: the all-reduce between them ...
+  std::optional<double> dp_collectives_s;  // ... and, where the probe fitted [node] nvlink_gbps, its run's collectives
   if (measured) {
     // Written by dtplan calibrate: where the measured figures came from (explain shows it beside each figure).
     auto host = measured->get_string("host").value_or("?");
@@ -213,6 +216,8 @@ ClusterSpec parse_cluster_tables(TableReader root) {
     const bool probed = measured->get_number("probe_step_s").has_value();            // the executor probe ran
     measured->get_number("probe_passes_predicted_s");
     measured->get_number("probe_passes_measured_s");
+    all_reduce_gbps = measured->get_number("all_reduce_gbps");
+    dp_collectives_s = measured->get_number("probe_dp_collectives_s");
     measured->reject_unknown();
     const std::string phrase =
         fmt::format("measured: dtplan calibrate on {} ({}, {}, {:.0f} s)", host, device, date, duration.value_or(0));
@@ -235,6 +240,7 @@ ClusterSpec parse_cluster_tables(TableReader root) {
     if (gpu_measured) gpu_phrase = phrase;
     gpu_probed = gpu_measured && probed;
     if (!gpu_measured && probed) cpu_probe_phrase = phrase + ", executor probe";
+    if (!gpu_measured) cpu_phrase = phrase;
   }
   spec.name = cluster->get_string("name").value_or("");
   if (spec.name.empty()) cluster->fail("name", "required key is missing or empty");
@@ -302,6 +308,15 @@ ClusterSpec parse_cluster_tables(TableReader root) {
   const Calibration& cal = ns.gpu.calibration;
   if (gpu_phrase && cal.expert_gemm_efficiency != 1.0) {
     spec.provenance["calibration.expert_gemm_efficiency"] = *gpu_phrase;
+  }
+  if (cpu_phrase && all_reduce_gbps) {  // the bandwidth between a CPU calibration's ranks
+    spec.provenance["node.nvlink_gbps"] =
+        cpu_probe_phrase && dp_collectives_s
+            ? fmt::format(
+                  "{}, a data-parallel run's gradient collectives ({} per step; the all-reduce alone: {:.2f} "
+                  "GB/s)",
+                  *cpu_probe_phrase, format_seconds(*dp_collectives_s), *all_reduce_gbps)
+            : *cpu_phrase + ", all-reduce between the ranks";
   }
   if (cpu_probe_phrase && spec.network.collective_sync_us > 0) {  // the tensor-parallel runs over the ranks
     for (const char* key : {"network.collective_sync_us", "network.nvlink_latency_us"}) {

@@ -380,7 +380,9 @@ std::string explain_text(const Explanation& e) {
   const auto& provenance = e.model->cluster().provenance;
   if (!provenance.empty()) {
     s += "\nWhere the cluster figures came from (discovered topology, or measured by dtplan calibrate)\n";
-    for (const auto& [key, source] : provenance) s += fmt::format("  {:<22} {}\n", key, source);
+    std::size_t width = 0;  // the sources in one column
+    for (const auto& entry : provenance) width = std::max(width, entry.first.size());
+    for (const auto& [key, source] : provenance) s += fmt::format("  {:<{}} {}\n", key, width, source);
   }
   s += "\nBinding constraint\n  " + binding_constraint(e) + "\n";
   if (e.compare) {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
 #include <thread>
 
 #include "shell.h"
@@ -78,9 +79,15 @@ TEST(Calibrate, AQuickRunWritesAClusterThatPlansWithItsProvenance) {
   Result e = shell(
       d, fmt::format("{} explain --model {}/examples/models/tiny.toml --cluster {} --gpus 2", kDtplan, kRoot, out));
   ASSERT_EQ(e.exit_code, 0) << e.err;
-  EXPECT_NE(e.out.find("gpu.tflops_fp32        measured: dtplan calibrate on "), std::string::npos) << e.out;
-  EXPECT_NE(e.out.find("calibration.step_overhead_s measured: dtplan calibrate on "), std::string::npos) << e.out;
+  // Each figure's source in one column after the longest name.
+  const std::regex tflops("\n  gpu\\.tflops_fp32 {20,}measured: dtplan calibrate on ");
+  EXPECT_TRUE(std::regex_search(e.out, tflops)) << e.out;
+  EXPECT_NE(e.out.find("  calibration.optimizer_hbm_efficiency measured: dtplan calibrate on "), std::string::npos)
+      << e.out;
   EXPECT_NE(e.out.find(", executor probe"), std::string::npos) << e.out;
+  // --quick has no data-parallel run: the bandwidth between the ranks is the all-reduce microbenchmark's.
+  EXPECT_TRUE(std::regex_search(e.out, std::regex("\n  node\\.nvlink_gbps +measured: dtplan calibrate on "))) << e.out;
+  EXPECT_NE(e.out.find(", all-reduce between the ranks"), std::string::npos) << e.out;
   // --base keeps the base's other figures (its name and network) and measures as many ranks as it has GPUs.
   const std::string based = (d / "based.toml").string();
   Result b = shell(
