@@ -216,8 +216,12 @@ int reps_for(double call_s, double target_s, int max_reps = 50);
 void check_stop(const std::function<bool()>& stop);
 
 // The cost model's FLOP count of causal attention (layer_graph.cc): 2 b h s^2 d forward (the causal half), the
-// backward 2.5 times that; per point, forward plus backward.
+// backward kFlashBackwardFactor times that; per point, forward plus backward.
+constexpr double kFlashBackwardFactor = 2.5;  // layer_graph.cc's backward_factor of a flash attention op
+double attention_forward_flops(const AttentionPoint& p);
 double attention_flops(const AttentionPoint& p);
+// One pass's FLOPs at a point over its time, as a fraction of `peak_flops` (at most 4).
+double attention_pass_efficiency(const AttentionPoint& p, double peak_flops, bool backward);
 
 }  // namespace calibrate_detail
 

@@ -1,6 +1,7 @@
 #include "dtrain/topology/cluster_spec.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,14 +15,7 @@
 namespace dtrain::topology {
 
 double EfficiencyCurve::at(double message_bytes) const {
-  if (bytes.empty()) return 1.0;
-  if (message_bytes <= bytes.front()) return efficiency.front();
-  if (message_bytes >= bytes.back()) return efficiency.back();
-  auto it = std::upper_bound(bytes.begin(), bytes.end(), message_bytes);
-  std::size_t i = static_cast<std::size_t>(it - bytes.begin());
-  double x0 = std::log(bytes[i - 1]), x1 = std::log(bytes[i]);
-  double w = (std::log(message_bytes) - x0) / (x1 - x0);
-  return efficiency[i - 1] + w * (efficiency[i] - efficiency[i - 1]);
+  return bytes.empty() ? 1.0 : log_interpolate(bytes, efficiency, message_bytes);
 }
 
 double NetworkSpec::efficiency_at(const std::string& scope, int participants, double message_bytes) const {
@@ -89,6 +83,33 @@ void read_gpu_table(TableReader& g, GpuSpec& gpu, bool custom) {
   }
 }
 
+// [calibration] attention_seq with its two efficiency arrays, all three or none.
+void read_attention_table(TableReader& c, Calibration& cal) {
+  auto seq = c.get_number_array("attention_seq");
+  auto forward = c.get_number_array("attention_forward_efficiency");
+  auto backward = c.get_number_array("attention_backward_efficiency");
+  if (!seq && !forward && !backward) return;
+  if (!seq || seq->empty()) c.fail("attention_seq", "required with the attention efficiency arrays: ascending lengths");
+  for (std::size_t i = 0; i < seq->size(); ++i) {
+    if (!((*seq)[i] > 0) || (i > 0 && (*seq)[i] <= (*seq)[i - 1])) {
+      c.fail("attention_seq", "must be positive and strictly ascending");
+    }
+  }
+  for (auto [key, values] :
+       {std::pair{"attention_forward_efficiency", &forward}, std::pair{"attention_backward_efficiency", &backward}}) {
+    if (!*values || (*values)->size() != seq->size()) {
+      c.fail(key, fmt::format("needs one value per entry of attention_seq ({})", seq->size()));
+    }
+    // Above 1 where the CPU attention kernel outruns the fitted GEMM peak (its own loops, not the GEMM's).
+    for (double v : **values) {
+      if (!(v > 0 && v <= 4)) c.fail(key, "values must be in (0, 4] (fractions of the GEMM peak)");
+    }
+  }
+  cal.attention_seq = *seq;
+  cal.attention_forward_efficiency = *forward;
+  cal.attention_backward_efficiency = *backward;
+}
+
 void read_calibration(TableReader& c, Calibration& cal) {
   auto frac = [&](std::string_view key, double& field) {
     if (auto v = c.get_number(key)) {
@@ -118,6 +139,7 @@ void read_calibration(TableReader& c, Calibration& cal) {
     if (!(*v >= 0.0 && *v <= 1.0)) c.fail("idle_core_reclaim", "must be in [0, 1]");
     cal.idle_core_reclaim = *v;
   }
+  read_attention_table(c, cal);
   if (auto v = c.get_number("moe_imbalance")) {
     if (*v < 1.0) c.fail("moe_imbalance", "must be at least 1 (the busiest rank's routed rows over the mean)");
     cal.moe_imbalance = *v;
@@ -309,6 +331,11 @@ ClusterSpec parse_cluster_tables(TableReader root) {
   if (gpu_phrase && cal.expert_gemm_efficiency != 1.0) {
     spec.provenance["calibration.expert_gemm_efficiency"] = *gpu_phrase;
   }
+  if (cpu_phrase && !cal.attention_seq.empty()) {  // the attention kernel by sequence length
+    for (const char* key : {"calibration.attention_forward_efficiency", "calibration.attention_backward_efficiency"}) {
+      spec.provenance[key] = fmt::format("{}, at {} tokens", *cpu_phrase, fmt::join(cal.attention_seq, ", "));
+    }
+  }
   if (cpu_phrase && all_reduce_gbps) {  // the bandwidth between a CPU calibration's ranks
     spec.provenance["node.nvlink_gbps"] =
         cpu_probe_phrase && dp_collectives_s
@@ -384,6 +411,16 @@ std::string optional_calibration_lines(const Calibration& c) {
   if (c.host_op_forward_us > 0 || c.host_op_backward_us > 0) {
     out +=
         fmt::format("host_op_forward_us = {}\nhost_op_backward_us = {}\n", c.host_op_forward_us, c.host_op_backward_us);
+  }
+  if (!c.attention_seq.empty()) {
+    auto list = [](const std::vector<double>& v) {
+      std::vector<std::string> parts;
+      for (double x : v) parts.push_back(fmt::format("{}", x));
+      return "[" + join(parts, ", ") + "]";
+    };
+    out +=
+        fmt::format("attention_seq = {}\nattention_forward_efficiency = {}\nattention_backward_efficiency = {}\n",
+                    list(c.attention_seq), list(c.attention_forward_efficiency), list(c.attention_backward_efficiency));
   }
   return out;
 }

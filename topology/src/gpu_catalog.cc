@@ -1,8 +1,26 @@
 #include "dtrain/topology/gpu_catalog.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "dtrain/common/strings.h"
 
 namespace dtrain::topology {
+
+double log_interpolate(const std::vector<double>& xs, const std::vector<double>& ys, double x) {
+  if (x <= xs.front()) return ys.front();
+  if (x >= xs.back()) return ys.back();
+  const auto i = static_cast<std::size_t>(std::upper_bound(xs.begin(), xs.end(), x) - xs.begin());
+  const double x0 = std::log(xs[i - 1]), x1 = std::log(xs[i]);
+  const double w = (std::log(x) - x0) / (x1 - x0);
+  return ys[i - 1] + w * (ys[i] - ys[i - 1]);
+}
+
+double Calibration::attention_efficiency_at(double seq_len, bool backward) const {
+  if (attention_seq.empty()) return attention_efficiency;
+  return log_interpolate(attention_seq, backward ? attention_backward_efficiency : attention_forward_efficiency,
+                         seq_len);
+}
 
 double GpuSpec::peak_flops(DType dtype) const {
   switch (dtype) {

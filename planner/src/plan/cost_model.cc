@@ -224,13 +224,7 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
       double heads = static_cast<double>(m.heads) / p.tp;
       double batch = static_cast<double>(c.micro_batch) * heads;
       double elementwise = memory_seconds(op.bytes_per_token * p.tokens / p.tp);
-      if (op.causal_fraction < 1.0) {
-        // Fused flash kernel: compute-bound at the attention kernel's efficiency.
-        const auto& gpu = cluster_.node.gpu;
-        double flops = op.flops_per_token * p.tokens / p.tp * op.causal_fraction;
-        double compute = flops / (gpu.peak_flops(model_.training.dtype) * gpu.calibration.attention_efficiency);
-        return std::max(compute, elementwise);
-      }
+      if (op.causal_fraction < 1.0) return flash_attention_seconds(op, p.tokens / p.tp, elementwise, false);
       // QK^T (s x hd by hd x s) and AV (s x s by s x hd), batched over micro-batch and local heads.
       double scores = gemm_seconds(batch * s, s, hd);
       double values = gemm_seconds(batch * s, hd, s);
@@ -252,7 +246,24 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
   return 0;
 }
 
+double CostModel::flash_attention_seconds(const Op& op, double tokens, double elementwise, bool backward) const {
+  // Fused flash kernel: compute-bound at the attention kernel's efficiency, by sequence length and pass where
+  // dtplan calibrate measured it.
+  const auto& gpu = cluster_.node.gpu;
+  const double flops = op.flops_per_token * tokens * op.causal_fraction;
+  const double efficiency =
+      gpu.calibration.attention_efficiency_at(static_cast<double>(model_.model.seq_len), backward);
+  return std::max(flops / (gpu.peak_flops(model_.training.dtype) * efficiency), elementwise);
+}
+
 double CostModel::op_backward_seconds(const Op& op, const ParallelConfig& c) const {
+  if (op.kind == OpKind::kAttention && op.causal_fraction < 1.0 &&
+      !cluster_.node.gpu.calibration.attention_seq.empty()) {
+    // The backward pass at its own measured efficiency: backward_factor times the forward's FLOPs and bytes.
+    const Partition p = partition(c, static_cast<double>(model_.model.seq_len));
+    const double tokens = p.tokens / p.tp;
+    return op.backward_factor * flash_attention_seconds(op, tokens, memory_seconds(op.bytes_per_token * tokens), true);
+  }
   return op.backward_factor * op_forward_seconds(op, c);
 }
 
@@ -447,10 +458,11 @@ StageTimes CostModel::ops_times(const std::vector<Op>& ops, const ParallelConfig
     const Op& op = ops[i];
     double f = op_forward_seconds(op, c);
     double w = op_weight_grad_seconds(op, c);
+    const double b = op_backward_seconds(op, c);
     t.forward_s = std::max(t.forward_s, static_cast<double>(i) * hf) + f;
-    t.backward_input_s += op.backward_factor * f - w;
+    t.backward_input_s += b - w;
     t.backward_weight_s += w;
-    backward_prefix += op.backward_factor * f;
+    backward_prefix += b;
     backward_latest = std::max(backward_latest, backward_prefix - static_cast<double>(i) * hb);
     if (c.recompute == Recompute::kSelective && op.kind == OpKind::kAttention) {
       t.recompute_s = std::max(t.recompute_s, static_cast<double>(recomputed++) * hf) + f;

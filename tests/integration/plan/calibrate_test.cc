@@ -82,7 +82,11 @@ TEST(Calibrate, AQuickRunWritesAClusterThatPlansWithItsProvenance) {
   // Each figure's source in one column after the longest name.
   const std::regex tflops("\n  gpu\\.tflops_fp32 {20,}measured: dtplan calibrate on ");
   EXPECT_TRUE(std::regex_search(e.out, tflops)) << e.out;
-  EXPECT_NE(e.out.find("  calibration.optimizer_hbm_efficiency measured: dtplan calibrate on "), std::string::npos)
+  EXPECT_TRUE(std::regex_search(
+      e.out, std::regex("\n  calibration\\.optimizer_hbm_efficiency +measured: dtplan calibrate on ")))
+      << e.out;
+  EXPECT_TRUE(std::regex_search(
+      e.out, std::regex("\n  calibration\\.attention_forward_efficiency +measured: .*, at 256, 512 tokens\n")))
       << e.out;
   EXPECT_NE(e.out.find(", executor probe"), std::string::npos) << e.out;
   // --quick has no data-parallel run: the bandwidth between the ranks is the all-reduce microbenchmark's.

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
+#include <vector>
 
 #include "dtrain/common/error.h"
 #include "dtrain/common/toml_reader.h"
@@ -408,6 +410,72 @@ TEST(CostModel, SequenceParallelismPricesTheSavedInputsGatheredAgainForTheWeight
   EXPECT_EQ(cm.regather_seconds(cm.graph().layer, without), 0);
   EXPECT_NEAR(lc.layer.backward_weight_s - cm.layer_costs(without).layer.backward_weight_s, 2 * gather, 1e-12);
   EXPECT_NEAR(lc.embedding.tp_comm_s, cm.reduce_scatter_seconds(cm.hidden_bytes(c), cm.tp_group(c)) + gather, 1e-12);
+}
+
+// A CPU calibration's attention table: the flash kernel's forward and backward at their own efficiencies, read at the
+// model's sequence length (log-linear between the measured lengths, the end values beyond them), in the op's time and
+// in the layer's passes; without the table, attention_efficiency for both. Written only when set, read back, and
+// malformed tables refused naming the key.
+TEST(CostModel, FlashAttentionIsPricedByItsMeasuredEfficiencyAtTheSequenceLength) {
+  auto model = model::load_model(kRoot + "/bench/models/small-llama.toml");  // 256-token sequences
+  auto cluster = four_cpu_ranks();
+  cluster.node.gpu.calibration.attention_efficiency = 0.03;
+  const std::string digest_before = topology::canonical_text(cluster);
+  const CostModel scalar(model, cluster);
+  // Tiny efficiencies, so that the kernel's FLOPs and not its bytes set its time.
+  auto& cal = cluster.node.gpu.calibration;
+  cal.attention_seq = {128, 512};
+  cal.attention_forward_efficiency = {0.02, 0.04};   // 0.03 at 256 tokens, halfway in log(seq)
+  cal.attention_backward_efficiency = {0.01, 0.02};  // 0.015
+  const CostModel table(model, cluster);
+  const ParallelConfig c = table.complete(layout(1, 1, 1, 1, 8), model.training.global_batch);
+  const model::Op* attention = nullptr;
+  for (const model::Op& op : table.graph().layer) {
+    if (op.kind == model::OpKind::kAttention) attention = &op;
+  }
+  ASSERT_NE(attention, nullptr);
+  ASSERT_LT(attention->causal_fraction, 1.0) << "a flash kernel";
+  EXPECT_NEAR(table.op_forward_seconds(*attention, c), scalar.op_forward_seconds(*attention, c), 1e-12);
+  // The backward at half the forward's efficiency: twice the scalar's backward_factor times the forward.
+  EXPECT_NEAR(table.op_backward_seconds(*attention, c),
+              2 * attention->backward_factor * table.op_forward_seconds(*attention, c), 1e-12);
+  EXPECT_NEAR(scalar.op_backward_seconds(*attention, c),
+              attention->backward_factor * scalar.op_forward_seconds(*attention, c), 1e-12);
+  // The layer's backward pass holds the difference, per layer.
+  const double extra = table.op_backward_seconds(*attention, c) - scalar.op_backward_seconds(*attention, c);
+  const LayerCosts with = table.layer_costs(c), without = scalar.layer_costs(c);
+  EXPECT_NEAR(with.layer.backward_input_s + with.layer.backward_weight_s -
+                  (without.layer.backward_input_s + without.layer.backward_weight_s),
+              extra, 1e-12);
+  EXPECT_NEAR(with.layer.forward_s, without.layer.forward_s, 1e-12);
+  // Beyond the measured lengths: the nearest end's values.
+  cal.attention_seq = {512, 1024};
+  const CostModel beyond(model, cluster);
+  EXPECT_NEAR(beyond.op_forward_seconds(*attention, c) * 0.02, scalar.op_forward_seconds(*attention, c) * 0.03, 1e-12);
+
+  // The file: absent from the canonical text unless set, written and read back, malformed tables refused.
+  EXPECT_EQ(digest_before.find("attention_seq"), std::string::npos);
+  const std::string text = topology::cluster_toml(cluster, "");
+  const auto back = topology::parse_cluster(TomlDocument::parse_string(text, "c.toml")).node.gpu.calibration;
+  EXPECT_EQ(back.attention_seq, cal.attention_seq);
+  EXPECT_EQ(back.attention_forward_efficiency, cal.attention_forward_efficiency);
+  EXPECT_EQ(back.attention_backward_efficiency, cal.attention_backward_efficiency);
+  for (const auto& [from, to, key] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"attention_seq = [512, 1024]", "attention_seq = [1024, 512]", "attention_seq"},
+           {"attention_seq = [512, 1024]", "attention_seq = [512]", "attention_forward_efficiency"},
+           {"attention_backward_efficiency = [0.01, 0.02]", "attention_backward_efficiency = [0, 0.02]",
+            "attention_backward_efficiency"},
+           {"attention_seq = [512, 1024]\n", "", "attention_seq"}}) {
+    std::string bad = text;
+    ASSERT_NE(bad.find(from), std::string::npos) << from;
+    bad.replace(bad.find(from), from.size(), to);
+    try {
+      topology::parse_cluster(TomlDocument::parse_string(bad, "c.toml"));
+      ADD_FAILURE() << "accepted: " << to;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
 }
 
 // With a flash kernel a layer keeps the tensors dtrain's executor keeps (layer_ops.cc, LayerState), each once: the

@@ -42,6 +42,9 @@ p2p_pipelines_us = 2400
 [calibration]
 hbm_efficiency = 0.6
 idle_core_reclaim = 0.3
+attention_seq = [256, 512, 1024]
+attention_forward_efficiency = [0.67, 0.94, 1.1]
+attention_backward_efficiency = [1.02, 1.29, 1.41]
 [provenance]
 host = "vm"
 device = "cpu"
@@ -58,8 +61,9 @@ TEST(CalibrationProvenance, TheProbesFiguresNameTheRunsTheyWereFittedTo) {
   const ClusterSpec c = parsed(calibrated("all_reduce_gbps = 1.7\nprobe_dp_collectives_s = 0.011\n"));
   const std::string measured = "measured: dtplan calibrate on vm (cpu, 2026-11-27T07:00:00Z, 48 s), executor probe";
   EXPECT_EQ(c.provenance.at("node.nvlink_gbps"),
-            measured + ", a data-parallel run's gradient collectives (11.00 ms per step; the all-reduce alone: 1.70 "
-                       "GB/s)");
+            measured +
+                ", a data-parallel run's gradient collectives (11.00 ms per step; the all-reduce alone: 1.70 "
+                "GB/s)");
   EXPECT_EQ(c.provenance.at("network.collective_sync_us"), measured + ", tensor-parallel runs");
   EXPECT_EQ(c.provenance.at("network.nvlink_latency_us"), measured + ", tensor-parallel runs");
   EXPECT_EQ(c.provenance.at("network.subgroup_sync_us"), measured + ", groups of 2");
@@ -67,6 +71,9 @@ TEST(CalibrationProvenance, TheProbesFiguresNameTheRunsTheyWereFittedTo) {
   EXPECT_EQ(c.provenance.at("network.p2p_latency_us"), measured + ", one pipeline's step");
   EXPECT_EQ(c.provenance.at("network.p2p_pipelines_us"), measured + ", several pipelines' step");
   EXPECT_EQ(c.provenance.at("calibration.hbm_efficiency"), measured);
+  const std::string kernels = "measured: dtplan calibrate on vm (cpu, 2026-11-27T07:00:00Z, 48 s)";
+  EXPECT_EQ(c.provenance.at("calibration.attention_forward_efficiency"), kernels + ", at 256, 512, 1024 tokens");
+  EXPECT_EQ(c.provenance.at("calibration.attention_backward_efficiency"), kernels + ", at 256, 512, 1024 tokens");
   EXPECT_DOUBLE_EQ(c.node.nvlink_gbps, 0.98);
 }
 

@@ -156,6 +156,9 @@ class CostModel {
   // Forward time of one op for a micro-batch under tp / sequence parallelism (compute only).
   double op_forward_seconds(const model::Op& op, const ParallelConfig& config) const;
   double op_backward_seconds(const model::Op& op, const ParallelConfig& config) const;
+  // A fused (flash) attention op over `tokens` of this rank's heads: its FLOPs at the attention efficiency of the pass,
+  // or `elementwise` (its memory-bound part) where that is longer. The backward's factor is the caller's.
+  double flash_attention_seconds(const model::Op& op, double tokens, double elementwise, bool backward) const;
   // Weight-gradient part of op_backward_seconds (GEMMs only).
   double op_weight_grad_seconds(const model::Op& op, const ParallelConfig& config) const;
 

@@ -23,6 +23,13 @@ struct Calibration {
   double gemm_half_gflop = 1.0;
   // Fraction of peak a fused attention kernel reaches (flash attention).
   double attention_efficiency = 0.6;
+  // Measured by dtplan calibrate on CPUs: the fused attention kernel's fraction of peak by sequence length, its
+  // forward and its backward pass apart (the backward's FLOPs taken as the layer graph's backward_factor times the
+  // forward's). Log-linear between the lengths, the end values beyond them. Empty: attention_efficiency for both.
+  std::vector<double> attention_seq;  // ascending
+  std::vector<double> attention_forward_efficiency;
+  std::vector<double> attention_backward_efficiency;
+  double attention_efficiency_at(double seq_len, bool backward) const;
   // Fraction of HBM bandwidth reached by elementwise kernels (norms, activations, softmax, optimizer).
   double hbm_efficiency = 0.75;
   // The same for the optimizer step alone (AdamW: one long streaming pass, faster per byte than a layer's many small
@@ -54,6 +61,9 @@ struct Calibration {
   // ranks take up (1: all of it, as a scheduler in theory would; 0: none). dtplan calibrate fits it to a pipeline run.
   double idle_core_reclaim = 1.0;
 };
+
+// ys at x, log-linear in x between the points of ascending, non-empty xs; the end values beyond them.
+double log_interpolate(const std::vector<double>& xs, const std::vector<double>& ys, double x);
 
 struct GpuSpec {
   std::string name;
