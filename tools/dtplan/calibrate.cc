@@ -251,34 +251,36 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
     sh.n_heads = 4;
     sh.n_kv_heads = 2;
     sh.head_dim = 64;
-    sh.q_stride = sh.n_heads * sh.head_dim;
-    sh.kv_stride = sh.n_kv_heads * sh.head_dim;
+    // Q, K and V as the executor holds them: one fused activation, token by token (layer_ops.cc), which the kernel
+    // reads strided; their gradients likewise. Separate packed buffers ran 1.8 times as fast as the layer does.
+    sh.q_stride = sh.kv_stride = (sh.n_heads + 2 * sh.n_kv_heads) * sh.head_dim;
+    const std::size_t q_cols = static_cast<std::size_t>(sh.n_heads * sh.head_dim);
+    const std::size_t k_cols = static_cast<std::size_t>(sh.n_kv_heads * sh.head_dim);
     const auto tokens = static_cast<std::size_t>(seq);
     struct Buffers {
-      std::vector<float> q, k, v, o, lse, dout, dq, dk, dv;
+      std::vector<float> qkv, o, lse, dout, dqkv;
     };
     std::vector<Buffers> bufs;
     for (int i = 0; i < r.ranks; ++i) {
       Buffers b;
-      b.q = random_buffer(tokens * static_cast<std::size_t>(sh.q_stride), 300 + i);
-      b.k = random_buffer(tokens * static_cast<std::size_t>(sh.kv_stride), 400 + i);
-      b.v = random_buffer(tokens * static_cast<std::size_t>(sh.kv_stride), 500 + i);
-      b.dout = random_buffer(tokens * static_cast<std::size_t>(sh.q_stride), 600 + i);
-      b.o.resize(b.q.size());
-      b.dq.resize(b.q.size());
-      b.dk.resize(b.k.size());
-      b.dv.resize(b.v.size());
+      b.qkv = random_buffer(tokens * static_cast<std::size_t>(sh.q_stride), 300 + i);
+      b.dout = random_buffer(tokens * q_cols, 600 + i);
+      b.o.resize(tokens * q_cols);
+      b.dqkv.resize(b.qkv.size());
       b.lse.resize(static_cast<std::size_t>(sh.n_heads) * tokens);
       bufs.push_back(std::move(b));
     }
     auto fwd = [&](int i) {
       auto& b = bufs[static_cast<std::size_t>(i)];
-      kernels::cpu::attention_forward(sh, b.q.data(), b.k.data(), b.v.data(), b.o.data(), b.lse.data(), nullptr);
+      const float* q = b.qkv.data();
+      kernels::cpu::attention_forward(sh, q, q + q_cols, q + q_cols + k_cols, b.o.data(), b.lse.data(), nullptr);
     };
     auto bwd = [&](int i) {
       auto& b = bufs[static_cast<std::size_t>(i)];
-      kernels::cpu::attention_backward(sh, b.q.data(), b.k.data(), b.v.data(), b.o.data(), b.lse.data(), b.dout.data(),
-                                       b.dq.data(), b.dk.data(), b.dv.data(), nullptr);
+      const float* q = b.qkv.data();
+      float* dq = b.dqkv.data();
+      kernels::cpu::attention_backward(sh, q, q + q_cols, q + q_cols + k_cols, b.o.data(), b.lse.data(), b.dout.data(),
+                                       dq, dq + q_cols, dq + q_cols + k_cols, nullptr);
     };
     const double first = timed([&] {
       fwd(0);
