@@ -413,11 +413,7 @@ std::string optional_calibration_lines(const Calibration& c) {
         fmt::format("host_op_forward_us = {}\nhost_op_backward_us = {}\n", c.host_op_forward_us, c.host_op_backward_us);
   }
   if (!c.attention_seq.empty()) {
-    auto list = [](const std::vector<double>& v) {
-      std::vector<std::string> parts;
-      for (double x : v) parts.push_back(fmt::format("{}", x));
-      return "[" + join(parts, ", ") + "]";
-    };
+    auto list = [](const std::vector<double>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); };
     out +=
         fmt::format("attention_seq = {}\nattention_forward_efficiency = {}\nattention_backward_efficiency = {}\n",
                     list(c.attention_seq), list(c.attention_forward_efficiency), list(c.attention_backward_efficiency));

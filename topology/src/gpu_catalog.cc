@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "dtrain/common/strings.h"
 
@@ -83,7 +84,7 @@ std::vector<GpuSpec> build_catalog() {
     g.tflops_fp32 = fp32;
     g.memory_gib = mem_gib;
     g.hbm_gbps = hbm;
-    g.calibration = cal;
+    g.calibration = std::move(cal);
     cat.push_back(g);
   };
   // A100: 312 TFLOP/s bf16/fp16, TF32 156; HBM2 1555 GB/s (40 GB), HBM2e 2039 GB/s (80 GB SXM), 1935 GB/s (PCIe).
