@@ -223,8 +223,8 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
       double s = static_cast<double>(m.seq_len), hd = static_cast<double>(m.head_dim());
       double heads = static_cast<double>(m.heads) / p.tp;
       double batch = static_cast<double>(c.micro_batch) * heads;
+      if (op.causal_fraction < 1.0) return flash_attention_seconds(op, c, false);
       double elementwise = memory_seconds(op.bytes_per_token * p.tokens / p.tp);
-      if (op.causal_fraction < 1.0) return flash_attention_seconds(op, p.tokens / p.tp, elementwise, false);
       // QK^T (s x hd by hd x s) and AV (s x s by s x hd), batched over micro-batch and local heads.
       double scores = gemm_seconds(batch * s, s, hd);
       double values = gemm_seconds(batch * s, hd, s);
@@ -246,25 +246,30 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
   return 0;
 }
 
-double CostModel::flash_attention_seconds(const Op& op, double tokens, double elementwise, bool backward) const {
-  // Fused flash kernel: compute-bound at the attention kernel's efficiency, by sequence length and pass where
-  // dtplan calibrate measured it.
+double CostModel::flash_attention_seconds(const Op& op, const ParallelConfig& c, bool backward) const {
+  // Fused flash kernel: compute-bound at the attention kernel's efficiency (by sequence length and pass where dtplan
+  // calibrate measured it), or bound by its bytes where those take longer. The rank's heads see all its tokens.
   const auto& gpu = cluster_.node.gpu;
+  const double seq_len = static_cast<double>(model_.model.seq_len);
+  const Partition p = partition(c, seq_len);
+  const double tokens = p.tokens / p.tp;
   const double flops = op.flops_per_token * tokens * op.causal_fraction;
-  const double efficiency =
-      gpu.calibration.attention_efficiency_at(static_cast<double>(model_.model.seq_len), backward);
-  return std::max(flops / (gpu.peak_flops(model_.training.dtype) * efficiency), elementwise);
+  const double efficiency = gpu.calibration.attention_efficiency_at(seq_len, backward);
+  return std::max(flops / (gpu.peak_flops(model_.training.dtype) * efficiency),
+                  memory_seconds(op.bytes_per_token * tokens));
 }
 
 double CostModel::op_backward_seconds(const Op& op, const ParallelConfig& c) const {
-  if (op.kind == OpKind::kAttention && op.causal_fraction < 1.0 &&
-      !cluster_.node.gpu.calibration.attention_seq.empty()) {
-    // The backward pass at its own measured efficiency: backward_factor times the forward's FLOPs and bytes.
-    const Partition p = partition(c, static_cast<double>(model_.model.seq_len));
-    const double tokens = p.tokens / p.tp;
-    return op.backward_factor * flash_attention_seconds(op, tokens, memory_seconds(op.bytes_per_token * tokens), true);
+  return backward_seconds(op, c, op_forward_seconds(op, c));
+}
+
+double CostModel::backward_seconds(const Op& op, const ParallelConfig& c, double forward_s) const {
+  // A flash kernel's backward at the backward pass's own efficiency: backward_factor times the forward's FLOPs and
+  // bytes. Every other op's is backward_factor times its forward.
+  if (op.kind == OpKind::kAttention && op.causal_fraction < 1.0) {
+    return op.backward_factor * flash_attention_seconds(op, c, true);
   }
-  return op.backward_factor * op_forward_seconds(op, c);
+  return op.backward_factor * forward_s;
 }
 
 double CostModel::op_weight_grad_seconds(const Op& op, const ParallelConfig& c) const {
@@ -458,7 +463,7 @@ StageTimes CostModel::ops_times(const std::vector<Op>& ops, const ParallelConfig
     const Op& op = ops[i];
     double f = op_forward_seconds(op, c);
     double w = op_weight_grad_seconds(op, c);
-    const double b = op_backward_seconds(op, c);
+    const double b = backward_seconds(op, c, f);
     t.forward_s = std::max(t.forward_s, static_cast<double>(i) * hf) + f;
     t.backward_input_s += b - w;
     t.backward_weight_s += w;

@@ -156,9 +156,9 @@ class CostModel {
   // Forward time of one op for a micro-batch under tp / sequence parallelism (compute only).
   double op_forward_seconds(const model::Op& op, const ParallelConfig& config) const;
   double op_backward_seconds(const model::Op& op, const ParallelConfig& config) const;
-  // A fused (flash) attention op over `tokens` of this rank's heads: its FLOPs at the attention efficiency of the pass,
-  // or `elementwise` (its memory-bound part) where that is longer. The backward's factor is the caller's.
-  double flash_attention_seconds(const model::Op& op, double tokens, double elementwise, bool backward) const;
+  // A fused (flash) attention op over this rank's heads and tokens: its FLOPs at the attention efficiency of the pass,
+  // or its bytes where those take longer. The backward's factor is the caller's.
+  double flash_attention_seconds(const model::Op& op, const ParallelConfig& config, bool backward) const;
   // Weight-gradient part of op_backward_seconds (GEMMs only).
   double op_weight_grad_seconds(const model::Op& op, const ParallelConfig& config) const;
 
@@ -229,6 +229,8 @@ class CostModel {
 
  private:
   double collective_seconds(double bytes, const GroupGeometry& g, double bw_factor, int steps_factor) const;
+  // op_backward_seconds with the op's forward time already known (ops_times: the search's inner loop).
+  double backward_seconds(const model::Op& op, const ParallelConfig& config, double forward_s) const;
   // The bucketed reduction of `params` parameters' gradients over the group `g` (dp_reduce_seconds).
   double bucket_reduce_seconds(const ParallelConfig& c, double params, const GroupGeometry& g) const;
   // `size` data-parallel ranks `step` apart.
