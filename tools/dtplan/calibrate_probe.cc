@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "calibrate.h"
 #include "dtrain/common/error.h"
@@ -256,6 +257,24 @@ ir::Comparison compared(const plan::Plan& priced, const ProbeRun& run) {
   return ir::compare(priced, ir::simulate(priced, run.programs), run.traces);
 }
 
+// A probe run with its measured timeline against the simulated one.
+using ComparedRun = std::pair<ProbeRun, ir::Comparison>;
+ComparedRun with_comparison(ProbeRun run) {
+  ir::Comparison c = compared(run.plan, run);
+  return {std::move(run), std::move(c)};
+}
+
+// Two runs of `start()`, the one faster by `seconds` counting: a slow period of the VM slows a run, never speeds it up.
+// `report(first, second)` shows both.
+ComparedRun faster_of_two(const std::function<ProbeRun()>& start,
+                          const std::function<double(const ir::Comparison&)>& seconds,
+                          const std::function<void(double, double)>& report) {
+  ComparedRun first = with_comparison(start());
+  ComparedRun second = with_comparison(start());
+  report(seconds(first.second), seconds(second.second));
+  return seconds(second.second) < seconds(first.second) ? std::move(second) : std::move(first);
+}
+
 // The forward and backward passes per step of `priced`'s timeline and of the measured one: (predicted, measured).
 std::pair<double, double> passes(const plan::Plan& priced, const ProbeRun& run) {
   const ir::Comparison c = compared(priced, run);
@@ -351,18 +370,16 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
   // four priced small-llama 20% slow).
   // --quick: one. Several copies at once: 16 steps a run (the 4-rank calibration within its 60 s).
   const int probe_steps = r.quick ? 8 : copies > 1 ? 16 : 24;
-  ProbeRun one =
-      run_probe(bin, dir.path, model, model_path, measured, single, 1, r, progress, stop, copies, probe_steps);
-  if (r.device == "cpu" && !r.quick) {
-    ProbeRun again =
-        run_probe(bin, dir.path, model, model_path, measured, single, 1, r, progress, stop, copies, probe_steps);
-    const double first = kind_seconds(compared(one.plan, one).by_kind, true);
-    const double second = kind_seconds(compared(again.plan, again).by_kind, true);
+  auto start_single = [&] {
+    return run_probe(bin, dir.path, model, model_path, measured, single, 1, r, progress, stop, copies, probe_steps);
+  };
+  auto measured_passes_of = [](const ir::Comparison& c) { return kind_seconds(c.by_kind, true); };
+  auto report_passes = [&](double first, double second) {
     progress(fmt::format("executor probe: passes of {} and {} per step; the faster run counts", format_seconds(first),
                          format_seconds(second)));
-    if (second < first) one = std::move(again);
-  }
-  const ir::Comparison a = compared(one.plan, one);
+  };
+  const auto [one, a] = r.device == "cpu" && !r.quick ? faster_of_two(start_single, measured_passes_of, report_passes)
+                                                      : with_comparison(start_single());
   // The same plan priced with twice the memory bandwidth: what moves is the memory-bound time, halved.
   plan::Plan doubled = one.plan;
   doubled.cluster.node.gpu.calibration.hbm_efficiency *= 2;
@@ -545,24 +562,20 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     // Two runs, the faster counting: a slow period of the VM makes a run slower, never faster, and what the step
     // holds beyond the passes goes into the transfers' latency (from one run of 24 steps it came out at 3.5 to 7.4
     // ms in four calibrations).
-    auto faster_of_two = [&](const model::ModelDescription& m, const std::string& path, const plan::ParallelConfig& c,
-                             int steps) {
-      ProbeRun run = run_probe(bin, dir.path, m, path, fitted, c, r.ranks, r, progress, stop, 1, steps);
-      ir::Comparison as_run = compared(run.plan, run);
-      ProbeRun again = run_probe(bin, dir.path, m, path, fitted, c, r.ranks, r, progress, stop, 1, steps);
-      ir::Comparison again_as_run = compared(again.plan, again);
-      progress(fmt::format("executor probe, pp={} dp={}: steps of {} and {}; the faster run counts", c.pp, c.dp,
-                           format_seconds(as_run.measured_step_s), format_seconds(again_as_run.measured_step_s)));
-      if (again_as_run.measured_step_s < as_run.measured_step_s) {
-        run = std::move(again);
-        as_run = std::move(again_as_run);
-      }
-      return std::make_pair(std::move(run), std::move(as_run));
+    auto faster_pipeline = [&](const model::ModelDescription& m, const std::string& path, const plan::ParallelConfig& c,
+                               int steps) {
+      return faster_of_two(
+          [&] { return run_probe(bin, dir.path, m, path, fitted, c, r.ranks, r, progress, stop, 1, steps); },
+          [](const ir::Comparison& x) { return x.measured_step_s; },
+          [&](double first, double second) {
+            progress(fmt::format("executor probe, pp={} dp={}: steps of {} and {}; the faster run counts", c.pp, c.dp,
+                                 format_seconds(first), format_seconds(second)));
+          });
     };
     plan::ParallelConfig piped;
     piped.pp = 2;
     piped.dp = r.ranks / 2;
-    auto piped_run = faster_of_two(model, model_path, piped, 20);  // not a structured binding: the lambdas use it
+    auto piped_run = faster_pipeline(model, model_path, piped, 20);  // not a structured binding: the lambdas use it
     const ProbeRun& run = piped_run.first;
     const ir::Comparison& as_run = piped_run.second;
     auto first_stage_busy = [](const ir::Comparison& c, bool as_measured) {
@@ -603,7 +616,7 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
     const model::ModelDescription deep_model = model::parse_model(TomlDocument::parse_string(deep_text, deep_path));
     plan::ParallelConfig whole;
     whole.pp = r.ranks;
-    const auto [deep, deep_as_run] = faster_of_two(deep_model, deep_path, whole, 12);
+    const auto [deep, deep_as_run] = faster_pipeline(deep_model, deep_path, whole, 12);
     const double base_us = fitted.network.p2p_latency_us;
     f.p2p_latency_us = fit_to_step(deep, deep_as_run, reclaim, base_us,
                                    [](plan::Plan& p, double us) { p.cluster.network.p2p_latency_us = us; });
