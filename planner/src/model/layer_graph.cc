@@ -124,6 +124,7 @@ void add_moe_layer(LayerGraph& g, const ModelSpec& m, double e) {
   router.saved_sharded_per_token = 0;
   router.saved_replicated_per_token = e * h + 4.0 * E + 12.0 * k;
   router.bytes_per_token = 2.0 * 4.0 * E;  // softmax and top-k over the fp32 probabilities
+  router.moe = MoePart::kRouter;
   g.moe_layer.push_back(router);
   {
     Op op;
@@ -135,6 +136,7 @@ void add_moe_layer(LayerGraph& g, const ModelSpec& m, double e) {
     // The experts' input rows and their output rows (the gates' gradient reads them).
     op.saved_replicated_per_token = 2.0 * e * h * k;
     op.backward_factor = 1.5;  // the output gradient copied to the rows, the gates' gradients, the input summed
+    op.moe = MoePart::kPermute;
     g.moe_layer.push_back(op);
   }
   Op fc1 = linear("moe.experts.fc1", TpSplit::kColumn, m.hidden, m.expert_fc1_columns(), false, e);
@@ -143,22 +145,29 @@ void add_moe_layer(LayerGraph& g, const ModelSpec& m, double e) {
   fc1.saved_sequence_per_token = 0;  // its input is the permutation's rows
   fc1.experts = moe.experts;
   fc1.top_k = moe.top_k;
+  fc1.moe = MoePart::kExperts;
   g.moe_layer.push_back(fc1);
   g.moe_layer.push_back(activation("moe.experts.act", m, moe.ffn_hidden, k, e));
+  g.moe_layer.back().moe = MoePart::kExperts;
   Op fc2 = linear("moe.experts.fc2", TpSplit::kRow, moe.ffn_hidden, m.hidden, false, e);
   fc2.params *= moe.experts;
   fc2.flops_per_token *= k;
   fc2.saved_sharded_per_token *= k;
   fc2.experts = moe.experts;
   fc2.top_k = moe.top_k;
+  fc2.moe = MoePart::kExperts;
   g.moe_layer.push_back(fc2);
   if (moe.shared_ffn_hidden > 0) {
     g.moe_layer.push_back(linear("moe.shared.fc1", TpSplit::kColumn, m.hidden, m.shared_fc1_columns(), false, e));
     g.moe_layer.back().saved_sequence_per_token = 0;  // the router's input
+    g.moe_layer.back().moe = MoePart::kSharedExperts;
     g.moe_layer.push_back(activation("moe.shared.act", m, moe.shared_ffn_hidden, 1.0, e));
+    g.moe_layer.back().moe = MoePart::kSharedExperts;
     g.moe_layer.push_back(linear("moe.shared.fc2", TpSplit::kRow, moe.shared_ffn_hidden, m.hidden, false, e));
+    g.moe_layer.back().moe = MoePart::kSharedExperts;
     if (moe.shared_gate) {
       g.moe_layer.push_back(linear("moe.shared.gate", TpSplit::kReplicated, m.hidden, 1, false, e));
+      g.moe_layer.back().moe = MoePart::kSharedGate;
       g.moe_layer.back().saved_sharded_per_token = 0;
       g.moe_layer.back().saved_replicated_per_token = 4.0 + e * h;  // the gate and the shared output, reduced
     }

@@ -38,6 +38,17 @@ enum class TpSplit {
   kReplicated,  // the whole op on every rank of the group, on all tokens (an MoE router)
 };
 
+// The part of a mixture-of-experts layer's MLP an op belongs to (kNone: attention, norms, a dense MLP, the
+// embedding and the head). The planner and the lowering dispatch on it, never on an op's name.
+enum class MoePart {
+  kNone,
+  kRouter,         // the router's linear layer, softmax and top-k
+  kPermute,        // tokens copied to their experts' rows and the outputs summed back
+  kExperts,        // the routed experts' grouped GEMMs and activation
+  kSharedExperts,  // the shared experts' MLP
+  kSharedGate,     // the shared experts' sigmoid gate
+};
+
 std::string_view to_string(OpKind kind);
 std::string_view to_string(TpSplit split);
 
@@ -67,6 +78,8 @@ struct Op {
   // A grouped GEMM over the experts (kLinear): `experts` GEMMs, each on tokens * top_k / experts rows on average.
   std::int64_t experts = 0;
   std::int64_t top_k = 1;
+  MoePart moe = MoePart::kNone;
+  bool is_moe() const { return moe != MoePart::kNone; }
 };
 
 struct LayerGraph {
