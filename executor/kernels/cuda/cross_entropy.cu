@@ -26,25 +26,26 @@ using detail::to_float;
 constexpr float kNegInf = -__builtin_huge_valf();
 
 template <class T>
-__global__ void __launch_bounds__(kThreads) ce_max_kernel(std::int64_t vocab, const T* logits, float* max) {
+__global__ void __launch_bounds__(kThreads)
+    ce_max_kernel(std::int64_t vocab, std::int64_t real, const T* logits, float* max) {
   __shared__ float shared[32];
   const T* row = logits + static_cast<std::int64_t>(blockIdx.x) * vocab;
   float m = kNegInf;
-  for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, to_float(row[j]));
+  for (std::int64_t j = threadIdx.x; j < real; j += blockDim.x) m = fmaxf(m, to_float(row[j]));
   m = block_reduce(m, MaxOp{}, kNegInf, shared);
   if (threadIdx.x == 0) max[blockIdx.x] = m;
 }
 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    ce_sum_exp_kernel(std::int64_t vocab, const T* logits, const std::int32_t* targets, std::int64_t begin,
-                      const float* max, float* sum_exp, float* target_logit) {
+    ce_sum_exp_kernel(std::int64_t vocab, std::int64_t real, const T* logits, const std::int32_t* targets,
+                      std::int64_t begin, const float* max, float* sum_exp, float* target_logit) {
   __shared__ float shared[32];
   const std::int64_t t = blockIdx.x;
   const T* row = logits + t * vocab;
   const float m = max[t];
   float s = 0.0f;
-  for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) s += expf(to_float(row[j]) - m);
+  for (std::int64_t j = threadIdx.x; j < real; j += blockDim.x) s += expf(to_float(row[j]) - m);
   s = block_reduce(s, SumOp{}, 0.0f, shared);
   if (threadIdx.x == 0) {
     sum_exp[t] = s;
@@ -66,12 +67,12 @@ __global__ void __launch_bounds__(kThreads) ce_loss_kernel(std::int64_t tokens, 
   if (threadIdx.x == 0 && mean != nullptr) *mean = tokens > 0 ? total / static_cast<double>(tokens) : 0.0;
 }
 
-// out[t, j] = exp(logits[t, j] - max) * (dloss / sum_exp), minus dloss at the target. Each element is read and then
-// written by the same thread, so out may alias logits.
+// out[t, j] = exp(logits[t, j] - max) * (dloss / sum_exp), minus dloss at the target; 0 in the padding columns
+// [real, vocab). Each element is read and then written by the same thread, so out may alias logits.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    ce_backward_kernel(std::int64_t vocab, const T* logits, const std::int32_t* targets, std::int64_t begin,
-                       const float* max, const float* sum_exp, const float* dloss, T* dlogits) {
+    ce_backward_kernel(std::int64_t vocab, std::int64_t real, const T* logits, const std::int32_t* targets,
+                       std::int64_t begin, const float* max, const float* sum_exp, const float* dloss, T* dlogits) {
   const std::int64_t t = blockIdx.x;
   const T* row = logits + t * vocab;
   T* out = dlogits + t * vocab;
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(kThreads)
   const float scale = d / sum_exp[t];
   const std::int64_t target = static_cast<std::int64_t>(targets[t]) - begin;
   for (std::int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float p = expf(to_float(row[j]) - m) * scale;
+    const float p = j < real ? expf(to_float(row[j]) - m) * scale : 0.0f;
     detail::store_as(out + j, j == target ? p - d : p);
   }
 }
@@ -94,7 +95,8 @@ template <class T>
 void max_impl(Context& ctx, std::int64_t tokens, const T* logits, VocabShard shard, float* max) {
   check_tokens(tokens, shard, "cross_entropy_max");
   if (tokens == 0) return;
-  ce_max_kernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream_of(ctx)>>>(shard.size(), logits, max);
+  ce_max_kernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream_of(ctx)>>>(shard.size(), shard.real_size(), logits,
+                                                                                max);
   DTRAIN_CUDA_CHECK_LAUNCH(ctx, "cross_entropy_max");
 }
 
@@ -104,7 +106,7 @@ void sum_exp_impl(Context& ctx, std::int64_t tokens, const T* logits, const std:
   check_tokens(tokens, shard, "cross_entropy_sum_exp");
   if (tokens == 0) return;
   ce_sum_exp_kernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream_of(ctx)>>>(
-      shard.size(), logits, targets, shard.begin, max, sum_exp, target_logit);
+      shard.size(), shard.real_size(), logits, targets, shard.begin, max, sum_exp, target_logit);
   DTRAIN_CUDA_CHECK_LAUNCH(ctx, "cross_entropy_sum_exp");
 }
 
@@ -114,7 +116,7 @@ void backward_impl(Context& ctx, std::int64_t tokens, const T* logits, const std
   check_tokens(tokens, shard, "cross_entropy_backward");
   if (tokens == 0) return;
   ce_backward_kernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream_of(ctx)>>>(
-      shard.size(), logits, targets, shard.begin, max, sum_exp, dloss, dlogits);
+      shard.size(), shard.real_size(), logits, targets, shard.begin, max, sum_exp, dloss, dlogits);
   DTRAIN_CUDA_CHECK_LAUNCH(ctx, "cross_entropy_backward");
 }
 

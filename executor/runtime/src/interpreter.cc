@@ -35,7 +35,6 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
         "the CPU executor runs dropout without sequence parallelism only (set dropout = 0 or "
         "sequence_parallel=false)");
   }
-  if (prog.ep > 1 && !m.moe.enabled()) throw input_error(fmt::format("ep={} for a model without experts", prog.ep));
   if (data.vocab() > m.vocab) {
     throw input_error(
         fmt::format("the data's vocabulary ({}) is larger than the model's (vocab = {})", data.vocab(), m.vocab));
@@ -43,12 +42,6 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
   T = static_cast<std::int64_t>(prog.micro_batch) * m.seq_len;
   sp = prog.sequence_parallel && prog.tp > 1;
   Tl = sp ? T / prog.tp : T;
-  if (prog.moe_token_parallel() && (!sp || Tl % m.seq_len != 0)) {
-    throw input_error(fmt::format(
-        "etp=1 with tp={}: each tensor-parallel rank routes whole sequences of its own (sequence_parallel=true and "
-        "micro_batch={} divisible by tp)",
-        prog.tp, prog.micro_batch));
-  }
   Tm = prog.moe_token_parallel() ? Tl : T;
   h = m.hidden;
   d = m.head_dim();
@@ -57,8 +50,8 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
   fl = m.ffn_hidden / prog.tp;
   qkv_cols = (Hl + 2 * KVl) * d;
   fc1_cols = m.fc1_columns(fl);
-  auto [vb, ve] = vocab_range(m.vocab, prog.tp_rank, prog.tp);
-  vocab = k::VocabShard{vb, ve};
+  auto [vb, ve] = vocab_range(m, prog.tp_rank, prog.tp);
+  vocab = k::VocabShard{vb, ve, m.vocab};
   {
     std::vector<float> initial(static_cast<std::size_t>(layout.size()), 0.0f);
     layout.initialise(opt.seed, initial.data());

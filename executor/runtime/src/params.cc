@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dtrain/common/error.h"
+#include "dtrain/model/layout_fit.h"
 
 namespace dtrain::exec {
 
@@ -64,8 +65,8 @@ TensorSpec row_blocks(std::string name, std::int64_t full_rows, std::int64_t col
 
 }  // namespace
 
-std::pair<std::int64_t, std::int64_t> vocab_range(std::int64_t vocab, int tp_rank, int tp) {
-  std::int64_t per = vocab / tp;
+std::pair<std::int64_t, std::int64_t> vocab_range(const model::ModelSpec& model, int tp_rank, int tp) {
+  const std::int64_t per = model::vocab_shard_rows(model, tp);
   return {tp_rank * per, (tp_rank + 1) * per};
 }
 
@@ -118,29 +119,27 @@ void ParamLayout::add(TensorSpec spec) {
 
 ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : layers_for_init_(m.layers) {
   const int tp = prog.tp, r = prog.tp_rank;
-  auto need = [&](std::int64_t n, const char* what) {
-    if (n % tp != 0) throw input_error(fmt::format("tp={} does not divide {} = {}", tp, what, n));
-  };
-  need(m.heads, "heads");
-  need(m.kv_heads, "kv_heads");
-  need(m.ffn_hidden, "ffn_hidden");
-  if (m.moe.enabled()) {
-    if (prog.ep < 1 || m.moe.experts % prog.ep != 0) {
-      throw input_error(fmt::format("ep={} does not divide the {} experts", prog.ep, m.moe.experts));
-    }
-    if (!prog.moe_token_parallel()) {  // etp = 1: whole experts on every tensor-parallel rank
-      need(m.moe.ffn_hidden, "the experts' ffn_hidden");
-      need(m.moe.shared_ffn_hidden, "shared_ffn_hidden");
-    }
+  if (auto problem = model::layout_fit_problem(m, prog.shard_degrees())) {
+    throw input_error(
+        fmt::format("model '{}' cannot be split as rank {}'s program says: {}", m.name, prog.rank, *problem));
   }
-  need(m.vocab, "vocab");
   const std::int64_t h = m.hidden, d = m.head_dim(), H = m.heads, KV = m.kv_heads, f = m.ffn_hidden;
   const std::int64_t L = m.layers;
   const bool ln = m.norm == model::NormKind::kLayerNorm;
   const bool swiglu = m.activation == model::ActivationKind::kSwiGlu;
   const bool tied_split = m.tied_embeddings && prog.pp > 1;
-  const auto vocab = vocab_range(m.vocab, r, tp);
+  // The padded vocabulary's rows [vb, ve) of this rank, of which [vb, min(ve, vocab)) are real: the tensor's blocks
+  // cover those (checkpoints hold the real rows alone, whatever the padding); the padding rows stay zero.
+  const auto vocab = vocab_range(m, r, tp);
   const std::int64_t vb = vocab.first, ve = vocab.second;
+  auto vocab_rows = [&](std::string name, std::int32_t chunk, std::int32_t unit) {
+    TensorSpec t = row_blocks(std::move(name), m.vocab, h, {}, InitKind::kNormal, true);
+    t.local_rows = ve - vb;
+    if (const std::int64_t real = std::min(ve, m.vocab) - vb; real > 0) t.blocks = {{vb, real, 0, h, 0}};
+    t.chunk = chunk;
+    t.unit = unit;
+    return t;
+  };
 
   auto norm = [&](const std::string& prefix, std::int32_t chunk, std::int32_t unit) {
     TensorSpec w = vector_spec(prefix + ".weight", h, InitKind::kOnes);
@@ -155,9 +154,7 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
     }
   };
   auto word_embeddings = [&](std::int32_t chunk, std::int32_t unit, bool copy) {
-    TensorSpec t = row_blocks("embed.tokens.weight", m.vocab, h, {{vb, ve - vb}}, InitKind::kNormal, true);
-    t.chunk = chunk;
-    t.unit = unit;
+    TensorSpec t = vocab_rows("embed.tokens.weight", chunk, unit);
     t.tied_copy = copy;
     add(t);
   };
@@ -167,10 +164,7 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
     if (ci.head) {
       norm("head.norm", c, static_cast<std::int32_t>(L));
       if (!m.tied_embeddings) {
-        TensorSpec t = row_blocks("head.logits.weight", m.vocab, h, {{vb, ve - vb}}, InitKind::kNormal, true);
-        t.chunk = c;
-        t.unit = static_cast<std::int32_t>(L);
-        add(t);
+        add(vocab_rows("head.logits.weight", c, static_cast<std::int32_t>(L)));
       }
     }
     for (std::int64_t l = ci.first_layer + ci.layers - 1; l >= ci.first_layer; --l) {

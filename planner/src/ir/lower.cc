@@ -225,8 +225,8 @@ class BodyBuilder {
   void layer_forward(std::vector<Instr>& out, int layer, Pass pass) const {
     int index = pass == Pass::kRecompute ? 100 : 0;  // recomputed collectives keep distinct keys
     for (const model::Op& op : graph_.layer_ops(layer)) {
-      if (is_moe_op(op)) {
-        if (op.name == "moe.router") moe_forward(out, layer, pass, index);
+      if (op.is_moe()) {
+        if (op.moe == model::MoePart::kRouter) moe_forward(out, layer, pass, index);
         continue;
       }
       if (op.split == model::TpSplit::kColumn && sp()) gather(out, layer, index);
@@ -234,8 +234,6 @@ class BodyBuilder {
       if (op.split == model::TpSplit::kRow && tp()) reduce(out, layer, index);
     }
   }
-
-  static bool is_moe_op(const model::Op& op) { return op.name.rfind("moe.", 0) == 0; }
 
   // An MoE layer's MLP (layer_graph.cc's moe ops): the router sees every token of the micro-batch (gathered with
   // SP); the experts' and shared experts' outputs are partial sums over tp, reduced once after the combine. With
@@ -304,8 +302,8 @@ class BodyBuilder {
     const auto& ops = graph_.layer_ops(layer);
     for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
       const model::Op& op = *it;
-      if (is_moe_op(op)) {
-        if (op.name == "moe.router") moe_backward(out, layer, pass, index);
+      if (op.is_moe()) {
+        if (op.moe == model::MoePart::kRouter) moe_backward(out, layer, pass, index);
         continue;
       }
       if (c_.recompute == plan::Recompute::kSelective && op.kind == model::OpKind::kAttention) {
@@ -355,7 +353,7 @@ class BodyBuilder {
   void weight_grads(std::vector<Instr>& out, const std::vector<model::Op>& ops, int layer) const {
     int index = 300;
     for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
-      if (it->kind != model::OpKind::kLinear || it->params == 0 || is_moe_op(*it)) continue;
+      if (it->kind != model::OpKind::kLinear || it->params == 0 || it->is_moe()) continue;
       if (it->split != model::TpSplit::kRow && sp()) gather(out, layer, index, What::kSavedInput);
       out.push_back(compute(body_op_of(*it), layer, Pass::kBackwardWeight));
     }
@@ -492,7 +490,7 @@ class Lowering {
     auto params_of = [&](int layers, bool emb, bool head) {
       return static_cast<std::int64_t>(std::llround(cost_.stage_params(c_, 0, layers, emb, head)));
     };
-    std::int64_t vocab_shard = (m.vocab + c_.tp - 1) / c_.tp * m.hidden;
+    std::int64_t vocab_shard = model::vocab_shard_rows(m, c_.tp) * m.hidden;
     if (ch.head) {
       std::int64_t head = params_of(0, false, true);
       if (tied_across_stages_) head -= vocab_shard;
@@ -728,7 +726,7 @@ class Lowering {
       in.op = Opcode::kAllReduce;
       in.on = CommGroup::kEmbedding;
       in.what = What::kEmbeddingGrad;
-      in.count = (m.vocab + c_.tp - 1) / c_.tp * m.hidden;
+      in.count = model::vocab_shard_rows(m, c_.tp) * m.hidden;
       in.dtype = grad_dtype_;
       in.reduce = ReduceOp::kSum;
       out.push_back(in);

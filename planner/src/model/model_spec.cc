@@ -185,6 +185,7 @@ ModelDescription parse_model_tables(TableReader root) {
   spec.kv_heads = m.get_int_at_least("kv_heads", 1).value_or(spec.heads);
   spec.vocab = m.get_int_at_least("vocab", 2).value_or(0);
   if (spec.vocab == 0) m.fail("vocab", "required key is missing");
+  spec.vocab_divisible_by = m.get_int_at_least("make_vocab_size_divisible_by", 1).value_or(kDefaultVocabDivisibleBy);
   spec.seq_len = m.get_int_at_least("seq_len", 1).value_or(0);
   if (spec.seq_len == 0) m.fail("seq_len", "required key is missing");
   spec.tied_embeddings = m.get_bool("tied_embeddings").value_or(!llama);
@@ -335,6 +336,9 @@ std::string model_toml(const ModelDescription& d, const std::string& prefix) {
                    toml_string(m.name), to_string(m.arch), m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_heads);
   s += fmt::format("vocab = {}\nseq_len = {}\ntied_embeddings = {}\nnorm = \"{}\"\nactivation = \"{}\"\n", m.vocab,
                    m.seq_len, m.tied_embeddings, to_string(m.norm), to_string(m.activation));
+  if (m.vocab_divisible_by != kDefaultVocabDivisibleBy) {
+    s += fmt::format("make_vocab_size_divisible_by = {}\n", m.vocab_divisible_by);
+  }
   s += fmt::format("position = \"{}\"\nlinear_bias = {}\n", to_string(m.position), m.linear_bias);
   if (m.qkv_bias && !m.linear_bias) s += "qkv_bias = true\n";
   s += fmt::format("dropout = {}\nnorm_eps = {}\nrope_theta = {}\n\n", m.dropout, m.norm_eps, m.rope_theta);
@@ -357,6 +361,10 @@ std::string canonical_text(const ModelDescription& d) {
                    m.name, to_string(m.arch), m.layers, m.hidden, m.ffn_hidden);
   s += fmt::format("model.heads = {}\nmodel.kv_heads = {}\nmodel.vocab = {}\nmodel.seq_len = {}\n", m.heads, m.kv_heads,
                    m.vocab, m.seq_len);
+  // Only where it is not Megatron's default, so that the digests of every model without it stay what they were.
+  if (m.vocab_divisible_by != kDefaultVocabDivisibleBy) {
+    s += fmt::format("model.make_vocab_size_divisible_by = {}\n", m.vocab_divisible_by);
+  }
   s += fmt::format("model.tied_embeddings = {}\nmodel.norm = {}\nmodel.activation = {}\nmodel.position = {}\n",
                    m.tied_embeddings, to_string(m.norm), to_string(m.activation), to_string(m.position));
   s += fmt::format("model.linear_bias = {}\n", m.linear_bias);

@@ -6,12 +6,14 @@
 #include <cmath>
 
 #include "dtrain/common/error.h"
+#include "dtrain/model/layout_fit.h"
 
 namespace dtrain::plan {
 
 using model::Op;
 using model::OpKind;
 using model::TpSplit;
+using model::vocab_shard_rows;
 
 namespace {
 
@@ -33,9 +35,6 @@ double optimizer_bytes_per_param(const model::TrainingSpec& t) {
   return master + moments;
 }
 
-// An op of an MoE layer's MLP (layer_graph.cc names them "moe.*").
-bool is_moe_op(const Op& op) { return op.name.rfind("moe.", 0) == 0; }
-
 // Saved activation bytes per token of a layer's ops for one micro-batch (full recomputation aside); `selective`
 // leaves out the attention scores. `moe_div`: the MoE MLP's share of the tokens (tp with etp = 1, where each rank
 // routes its own sequence shard; else 1).
@@ -44,7 +43,7 @@ inline double saved_per_token(const std::vector<Op>& ops, double tp, double seq_
   double bytes = 0;
   for (const Op& op : ops) {
     const double replicated =
-        moe_div > 1 && is_moe_op(op) ? op.saved_replicated_per_token / moe_div : op.saved_replicated_per_token;
+        moe_div > 1 && op.is_moe() ? op.saved_replicated_per_token / moe_div : op.saved_replicated_per_token;
     bytes += op.saved_sharded_per_token / tp + op.saved_sequence_per_token / seq_div + replicated;
     if (!selective) bytes += op.saved_quadratic_per_token / tp;
   }
@@ -75,7 +74,7 @@ CostModel::CostModel(model::ModelDescription model, topology::ClusterSpec cluste
       double p = static_cast<double>(op.params);
       if (op.experts > 0) {
         moe_expert_params_ += p;
-      } else if (op.name.rfind("moe.shared.", 0) == 0 && op.name != "moe.shared.gate") {
+      } else if (op.moe == model::MoePart::kSharedExperts) {
         moe_shared_params_ += p;
       } else if (op.split == TpSplit::kSequence || op.split == TpSplit::kReplicated) {
         replicated += p;
@@ -96,44 +95,13 @@ CostModel::CostModel(model::ModelDescription model, topology::ClusterSpec cluste
 std::optional<std::string> CostModel::structural_problem(const ParallelConfig& c, std::int64_t global_batch) const {
   const auto& m = model_.model;
   if (c.tp < 1 || c.pp < 1 || c.dp < 1 || c.vpp < 1 || c.micro_batch < 1) return "every degree must be at least 1";
-  if (m.heads % c.tp != 0) return fmt::format("tp={} does not divide heads={}", c.tp, m.heads);
-  if (m.kv_heads % c.tp != 0) return fmt::format("tp={} does not divide kv_heads={}", c.tp, m.kv_heads);
-  if (m.ffn_hidden % c.tp != 0) return fmt::format("tp={} does not divide ffn_hidden={}", c.tp, m.ffn_hidden);
-  if (!m.moe.enabled() && (c.ep != 1 || c.etp != 0)) return "ep and etp are a mixture of experts' degrees";
-  if (m.moe.enabled()) {
-    if (c.ep < 1 || m.moe.experts % c.ep != 0) {
-      return fmt::format("ep={} does not divide experts={}", c.ep, m.moe.experts);
-    }
-    if (c.dp % c.ep != 0)
-      return fmt::format("ep={} does not divide dp={} (experts are split over data parallelism)", c.ep, c.dp);
-    if (c.etp != 0 && c.etp != c.tp && c.etp != 1) {
-      return fmt::format("etp={} with tp={}: the experts are split over all of tp (etp = tp) or none of it (etp = 1)",
-                         c.etp, c.tp);
-    }
-    if (moe_token_parallel(c)) {
-      // Each tensor-parallel rank routes its own sequence shard: whole sequences (the load-balancing loss and the
-      // capacity are per sequence), so sequence parallelism and micro-batches of a multiple of tp sequences.
-      if (!c.sequence_parallel) return fmt::format("etp=1 with tp={} needs sequence parallelism", c.tp);
-      if (c.micro_batch % c.tp != 0) {
-        return fmt::format("etp=1 with tp={} needs micro_batch={} divisible by tp (whole sequences per rank)", c.tp,
-                           c.micro_batch);
-      }
-    }
-  }
-  if (m.moe.enabled() && m.moe.ffn_hidden % moe_tp(c) != 0) {
-    return fmt::format("etp={} does not divide the experts' ffn_hidden={}", moe_tp(c), m.moe.ffn_hidden);
-  }
-  if (m.moe.enabled() && m.moe.shared_ffn_hidden % moe_tp(c) != 0) {
-    return fmt::format("etp={} does not divide the shared experts' shared_ffn_hidden={}", moe_tp(c),
-                       m.moe.shared_ffn_hidden);
+  if (auto problem = model::layout_fit_problem(m, c.shard_degrees())) return problem;
+  if (m.moe.enabled() && c.dp % c.ep != 0) {
+    return fmt::format("ep={} does not divide dp={} (experts are split over data parallelism)", c.ep, c.dp);
   }
   int g = cluster_.node.gpus;
   if (c.tp < g ? g % c.tp != 0 : c.tp % g != 0) {
     return fmt::format("tp={} groups would straddle nodes of {} GPUs", c.tp, g);
-  }
-  if (c.sequence_parallel && c.tp == 1) return "sequence parallelism needs tp > 1";
-  if (c.sequence_parallel && m.seq_len % c.tp != 0) {
-    return fmt::format("sequence parallelism needs tp={} to divide seq_len={}", c.tp, m.seq_len);
   }
   if (c.pp > m.layers) return fmt::format("pp={} exceeds layers={}", c.pp, m.layers);
   if (!c.chunk_layers.empty()) {
@@ -201,7 +169,7 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
   const auto& m = model_.model;
   Partition p = partition(c, static_cast<double>(m.seq_len));
   // etp = 1: the MoE MLP's ops see this rank's sequence shard, with whole experts.
-  if (moe_token_parallel(c) && is_moe_op(op)) p = {p.tokens / p.tp, p.tokens / p.tp, 1.0};
+  if (moe_token_parallel(c) && op.is_moe()) p = {p.tokens / p.tp, p.tokens / p.tp, 1.0};
   switch (op.kind) {
     case OpKind::kLinear: {
       double in = static_cast<double>(op.in_features), out = static_cast<double>(op.out_features);
@@ -217,7 +185,9 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
       }
       if (op.split == TpSplit::kReplicated) return gemm_seconds(p.tokens, out, in);
       if (op.split == TpSplit::kRow) return gemm_seconds(p.tokens, out, in / p.tp);
-      return gemm_seconds(p.tokens, std::ceil(out / p.tp), in);  // column and vocab-parallel
+      // The logits: the rank's rows of the padded vocabulary.
+      if (op.split == TpSplit::kVocab) return gemm_seconds(p.tokens, vocab_shard_rows(m, c.tp), in);
+      return gemm_seconds(p.tokens, std::ceil(out / p.tp), in);  // column-parallel
     }
     case OpKind::kAttention: {
       double s = static_cast<double>(m.seq_len), hd = static_cast<double>(m.head_dim());
@@ -402,7 +372,7 @@ double CostModel::regather_seconds(const std::vector<Op>& ops, const ParallelCon
   // all-gathers the shard again (ir/lower.cc), after the input gradient's GEMM (in BWD_W with zero-bubble).
   // dtrain's executor runs it in stream order with the passes, so it is not hidden behind a GEMM.
   int column = 0;
-  for (const Op& op : ops) column += op.split == model::TpSplit::kColumn && !is_moe_op(op) ? 1 : 0;
+  for (const Op& op : ops) column += op.split == model::TpSplit::kColumn && !op.is_moe() ? 1 : 0;
   return column * all_gather_seconds(hidden_bytes(c), tp_group(c));
 }
 
@@ -617,10 +587,9 @@ double CostModel::stage_params(const ParallelConfig& c, int stage) const {
 
 double CostModel::stage_params(const ParallelConfig& c, int first_layer, int layers, bool embedding, bool head) const {
   const auto& m = model_.model;
-  double tp = c.tp;
   const int moe = graph_.moe_layers_in(first_layer, layers);
   double p = layers_params(c, layers - moe, moe);
-  double vocab_shard = std::ceil(static_cast<double>(m.vocab) / tp) * static_cast<double>(m.hidden);
+  double vocab_shard = static_cast<double>(vocab_shard_rows(m, c.tp)) * static_cast<double>(m.hidden);
   if (embedding) {
     p += vocab_shard;
     if (m.position == model::PositionKind::kLearned) p += static_cast<double>(m.seq_len * m.hidden);
@@ -769,7 +738,7 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
     mem.boundary_bytes += head * tokens;
     // The gradient of the logits, in the training dtype, while the saved logits are still held (the cross entropy's
     // backward reads one and writes the other).
-    double vocab_shard = std::ceil(static_cast<double>(m.vocab) / tp);
+    double vocab_shard = static_cast<double>(vocab_shard_rows(m, c.tp));
     transient = std::max(transient, tokens * vocab_shard * e);
   }
   mem.transient_bytes = transient;
@@ -937,7 +906,7 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
     // First and last stage sum the gradients of their copies of the word embeddings.
     GroupGeometry pair{2, 1, 2, false};
     if (pp_neighbours_share_node(c)) pair = GroupGeometry{2, 2, 1, true};
-    double bytes = std::ceil(static_cast<double>(m.vocab) / c.tp) * m.hidden * grad_bytes_per_param(model_.training);
+    double bytes = static_cast<double>(vocab_shard_rows(m, c.tp)) * m.hidden * grad_bytes_per_param(model_.training);
     b.optimizer_s += all_reduce_seconds(bytes, pair);
   }
   b.overhead_s = cal.step_overhead_s;

@@ -619,6 +619,9 @@ std::string megatron_args(const CostModel& cm, const ParallelConfig& c) {
   if (!m.linear_bias) a.push_back("--disable-bias-linear");
   if (m.qkv_bias && !m.linear_bias) a.push_back("--add-qkv-bias");
   if (!m.tied_embeddings) a.push_back("--untie-embeddings-and-output-weights");
+  if (m.vocab_divisible_by != model::kDefaultVocabDivisibleBy) {
+    a.push_back(fmt::format("--make-vocab-size-divisible-by {}", m.vocab_divisible_by));
+  }
   a.push_back(fmt::format("--tensor-model-parallel-size {}", c.tp));
   a.push_back(fmt::format("--pipeline-model-parallel-size {}", c.pp));
   bool even = std::all_of(c.chunk_layers.begin(), c.chunk_layers.end(), [&](int l) { return l == c.chunk_layers[0]; });

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
+#include <tuple>
 
 #include "exec_test_support.h"
 
@@ -95,6 +98,47 @@ TEST(ParityControl, ADifferentSeedGivesADifferentCurve) {
   o.seed = 8;
   auto b = losses(train_threads(1, o));
   EXPECT_GT(std::fabs(a[2] - b[2]), 1e-3 * std::fabs(a[2]));
+}
+
+// GPT-2's vocabulary of 50257 entries, which no tensor-parallel degree divides: padded as Megatron pads it (50304
+// rows on one rank, 50432 over tp = 2), it trains under tp = 2 (and tp = 2 with pp = 2, where the tied embeddings'
+// two copies are summed over the padded shard) as on one rank; and the padded rows take no probability, so one rank
+// with padding equals one rank without it (make_vocab_size_divisible_by = 1: 50257 rows exactly).
+TEST(PaddedVocabulary, Gpt2VocabularyTrainsUnderTensorParallelismAsOneRank) {
+  const std::string model = std::string(DTRAIN_SOURCE_DIR) + "/tests/data/models/tiny-gpt2-vocab.toml";
+  auto curve = [&](const std::string& path, const std::string& fix, int world) {
+    TrainOptions o;
+    o.model_path = path;
+    o.steps = curve_steps(10);
+    o.seed = 11;
+    o.fixed = {fix};
+    return losses(train_threads(world, o));
+  };
+  const std::vector<double> ref = curve(model, "dp=1,tp=1,pp=1,micro_batch=2", 1);
+
+  const std::string unpadded = ::testing::TempDir() + "/tiny-gpt2-unpadded.toml";
+  {
+    std::ifstream in(model);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string t = text.str();
+    t.replace(t.find("vocab = 50257\n"), 14, "vocab = 50257\nmake_vocab_size_divisible_by = 1\n");
+    std::ofstream(unpadded) << t;
+  }
+  for (const auto& [path, fix, world] :
+       {std::tuple{unpadded, std::string("dp=1,tp=1,pp=1,micro_batch=2"), 1},
+        std::tuple{model, std::string("dp=1,tp=2,pp=1,micro_batch=2"), 2},
+        std::tuple{model, std::string("dp=1,tp=2,pp=1,micro_batch=2,sequence_parallel=true"), 2},
+        std::tuple{model, std::string("dp=1,tp=2,pp=2,micro_batch=2"), 4}}) {
+    SCOPED_TRACE(fix + (path == unpadded ? " (unpadded)" : ""));
+    std::vector<double> c = curve(path, fix, world);
+    ASSERT_EQ(c.size(), ref.size());
+    for (std::size_t i = 0; i < ref.size(); ++i)
+      EXPECT_NEAR(c[i], ref[i], 1e-5 * std::fabs(ref[i])) << "step " << i + 1;
+  }
+  // The steps train (the comparison is not of a constant), from about ln(50257), the near-uniform start.
+  EXPECT_NEAR(ref.front(), std::log(50257.0), 0.2);
+  EXPECT_GT(std::fabs(ref.back() - ref.front()), 1e-3);
 }
 
 }  // namespace

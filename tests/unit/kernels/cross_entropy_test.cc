@@ -117,5 +117,35 @@ TEST(CrossEntropyTest, LargeLogitsStayFinite) {
   EXPECT_TRUE(std::isfinite(r.dlogits[0]));
 }
 
+// A padded vocabulary (Megatron's, dtrain/model/layout_fit.h): columns at or above real_end take no probability and
+// get no gradient, whatever their logits, so the loss and the real columns' gradients are the unpadded ones. Padded
+// to 16 over two shards of 8, the real vocabulary 6: the second shard is padding alone.
+TEST(CrossEntropyTest, PaddingColumnsTakeNoProbability) {
+  auto rng = make_rng(960);
+  const std::int64_t tokens = 5, vocab = 6, padded = 16;
+  const FVec real_logits = random_floats(rng, tokens * vocab, 4.0);
+  const IVec targets = random_ids(rng, tokens, static_cast<std::int32_t>(vocab));
+  const FVec dloss(tokens, 1.0f / tokens);
+  FVec logits(tokens * padded, 50.0f);  // padding logits far above the real ones: they would dominate the softmax
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    std::copy_n(real_logits.begin() + t * vocab, vocab, logits.begin() + t * padded);
+  }
+  const CeResult plain = run_sharded(tokens, vocab, real_logits, targets, dloss, {{0, vocab}});
+  for (const auto& shards :
+       {std::vector<VocabShard>{{0, padded, vocab}}, std::vector<VocabShard>{{0, 8, vocab}, {8, 16, vocab}}}) {
+    const CeResult padded_result = run_sharded(tokens, padded, logits, targets, dloss, shards);
+    EXPECT_LT(rel_error(padded_result.loss, to_double(plain.loss)), 1e-6);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      for (std::int64_t j = 0; j < padded; ++j) {
+        const float want = j < vocab ? plain.dlogits[t * vocab + j] : 0.0f;
+        EXPECT_NEAR(padded_result.dlogits[t * padded + j], want, 1e-6) << "token " << t << " column " << j;
+      }
+    }
+  }
+  EXPECT_EQ((VocabShard{8, 16, 6}.real_size()), 0);
+  EXPECT_EQ((VocabShard{0, 8, 6}.real_size()), 6);
+  EXPECT_EQ((VocabShard{0, 8}.real_size()), 8);
+}
+
 }  // namespace
 }  // namespace dtrain::kernels::testing

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "dtrain/common/dtype.h"
+#include "dtrain/model/layout_fit.h"
 
 namespace dtrain::ir {
 
@@ -197,6 +198,8 @@ struct Program {
   std::int32_t etp = 0;
   bool moe_token_parallel() const { return etp == 1 && tp > 1; }
   std::int32_t micro_batch = 1, num_microbatches = 1;
+  // The degrees that cut the model's tensors (dtrain/model/layout_fit.h).
+  model::ShardDegrees shard_degrees() const { return {tp, ep, etp, micro_batch, sequence_parallel}; }
   std::int32_t layers = 0;    // of the whole model
   std::string schedule_name;  // gpipe | 1f1b | interleaved | zb-h1
   bool sequence_parallel = false;

@@ -67,6 +67,9 @@ struct MoeSpec {
   std::int64_t capacity(std::int64_t seq_len) const;
 };
 
+// Megatron-LM's default --make-vocab-size-divisible-by.
+inline constexpr std::int64_t kDefaultVocabDivisibleBy = 128;
+
 struct ModelSpec {
   std::string name;
   Arch arch = Arch::kGpt;
@@ -76,6 +79,9 @@ struct ModelSpec {
   std::int64_t heads = 0;
   std::int64_t kv_heads = 0;
   std::int64_t vocab = 0;
+  // Megatron-LM's make-vocab-size-divisible-by: the vocabulary is padded to a multiple of this times tp
+  // (dtrain/model/layout_fit.h); the padded rows take no probability in the loss.
+  std::int64_t vocab_divisible_by = kDefaultVocabDivisibleBy;
   std::int64_t seq_len = 0;
   bool tied_embeddings = true;
   NormKind norm = NormKind::kLayerNorm;

@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "dtrain/model/layout_fit.h"
+
 namespace dtrain::plan {
 
 enum class Recompute { kNone, kSelective, kFull };
@@ -53,6 +55,8 @@ struct ParallelConfig {
   std::vector<int> chunk_layers;
 
   int world_size() const { return tp * pp * dp; }
+  // The degrees that cut the model's tensors (dtrain/model/layout_fit.h).
+  model::ShardDegrees shard_degrees() const { return {tp, ep, etp, micro_batch, sequence_parallel}; }
   int chunks() const { return pp * vpp; }
   // Layers on pipeline stage s (summed over its chunks).
   int stage_layers(int stage) const;

@@ -9,6 +9,9 @@
 //            (the two sums can travel in one all-reduce of 2 * tokens floats)
 //   phase 3  cross_entropy_loss:     loss_t = log(e_t) + m_t - z_t  ( = -log softmax(logits)[y_t] ), and the mean
 //   backward cross_entropy_backward: dlogits[t, j] = (exp(logits[t, j] - m_t) / e_t - [j == y_t - begin]) * dloss_t
+// Padding columns (at or above the shard's real_end) are left out of the max and the sum and get dlogits = 0, so a
+// padded vocabulary gives the unpadded model's loss and gradients; a slice of padding alone gives m_t = -inf and
+// e_t = 0 (the other ranks' slices hold the real entries).
 // With tp = 1 (one slice [0, vocab), no all-reduces) the phases compute ordinary cross entropy. Targets must lie in
 // [0, vocab); a target outside every rank's slice would silently give z_t = 0 (the caller validates its data).
 //

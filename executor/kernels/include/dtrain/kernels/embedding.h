@@ -9,15 +9,22 @@
 // Activation gradients are overwritten, parameter gradients accumulated (+=), as everywhere in dtrain::kernels.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 
 namespace dtrain::kernels {
 
-// Rows [begin, end) of the full vocabulary held by this rank.
+// Rows [begin, end) of the full (padded) vocabulary held by this rank. The vocabulary is padded for tensor
+// parallelism as Megatron pads it (dtrain/model/layout_fit.h): ids at or above real_end are padding rows, which no
+// token names and whose logits take no probability (the cross entropy skips them and gives them a zero gradient).
 struct VocabShard {
   std::int64_t begin = 0;
   std::int64_t end = 0;
+  std::int64_t real_end = std::numeric_limits<std::int64_t>::max();  // the real vocabulary's size
   std::int64_t size() const { return end - begin; }
+  // Columns [0, real_size()) of this shard are real vocabulary entries, the rest padding (possibly all of it).
+  std::int64_t real_size() const { return std::clamp<std::int64_t>(real_end - begin, 0, size()); }
   bool contains(std::int64_t id) const { return id >= begin && id < end; }
 };
 

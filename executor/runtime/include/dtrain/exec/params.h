@@ -56,7 +56,8 @@ struct TensorSpec {
 class ParamLayout {
  public:
   // The tensors of one rank's program. Throws dtrain::Error (input) when the layout does not split the model
-  // (tp not dividing heads, kv_heads, ffn_hidden or vocab).
+  // (dtrain/model/layout_fit.h, the rule the planner applies). The word embeddings and the output matrix hold this
+  // rank's rows of the padded vocabulary; their blocks name the real rows alone, the padding rows are zero.
   ParamLayout(const model::ModelSpec& model, const ir::Program& program);
 
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
@@ -82,7 +83,8 @@ class ParamLayout {
 float initial_value(std::uint64_t seed, const std::string& name, InitKind init, std::int64_t layers,
                     std::int64_t index);
 
-// Vocabulary rows [begin, end) of tensor-parallel rank r of t (vocab divisible by t).
-std::pair<std::int64_t, std::int64_t> vocab_range(std::int64_t vocab, int tp_rank, int tp);
+// Rows [begin, end) of the padded vocabulary (dtrain/model/layout_fit.h) that tensor-parallel rank tp_rank of tp
+// holds; rows at or above the model's vocab are padding.
+std::pair<std::int64_t, std::int64_t> vocab_range(const model::ModelSpec& model, int tp_rank, int tp);
 
 }  // namespace dtrain::exec
