@@ -38,6 +38,7 @@ TARGETS = {
     "dtrain_comm_nccl": "executor",
     "dtrain_exec_heartbeat": "executor",
     "dtrain_exec": "executor",
+    "dtrain_calibrate": "executor",
     "dtrain_store": "launcher",
     "dtrain_store_gloo": "launcher",
     "dtrain_launch": "launcher",
