@@ -1,14 +1,24 @@
 #!/usr/bin/env python3
 """Checks the library dependency graph the build has (cmake --graphviz) against the rules of docs/architecture.md.
 
-Every dtrain target belongs to a part. The parts are layered, lowest first:
+Every dtrain target belongs to a part. The parts form a partial order, not a line: ALLOWED names, for each part,
+the other parts its targets may link:
 
-    common < topology < planner < executor < launcher < spank_plugin < tools
+    common
+    topology                      -> common
+    planner                       -> topology, common
+    executor                      -> planner, topology, common
+    launcher                      -> planner, topology, common
+    spank_plugin                  -> launcher, planner, topology, common
+    tools                         -> every part
 
-A target may link targets of its own part or of lower parts, never of a higher one (a back edge), and the graph has
-no cycles. A few external libraries are confined to the targets that adapt them (Gloo, NCCL, CUDA). With
---doc FILE the drawing between the markers "<!-- deps-graph begin -->" and "<!-- deps-graph end -->" in FILE must be
-exactly the one this script prints with --draw, so the document shows the graph the build has.
+The executor and the launcher are siblings over the planner: neither may link the other (the rank reaches dtlaunch
+through a socket, dtrain::exec_heartbeat; dtlaunch runs dtexec as a process), and the Slurm plugin links nothing of
+the executor. A link outside ALLOWED fails the check, and so does a cycle (CMake allows them between static
+libraries, also inside one part). A few external libraries are confined to the targets that adapt them (Gloo, NCCL,
+CUDA). With --doc FILE the drawing between the markers "<!-- deps-graph begin -->" and "<!-- deps-graph end -->" in
+FILE must be exactly the one this script prints with --draw, so the document shows the graph the build has.
+tests/build/check_deps_test.py feeds this script graphs with forbidden links and expects it to fail.
 
 Usage:
   check-deps.py --dot build/deps.dot [--doc docs/architecture.md]   check (exit 1 on a violation, 2 on bad input)
@@ -22,7 +32,19 @@ import subprocess
 import sys
 import tempfile
 
+# The parts, in the order the drawing lists them (from the bottom): one order that ALLOWED agrees with.
 PARTS = ["common", "topology", "planner", "executor", "launcher", "spank_plugin", "tools"]
+
+# Part -> the other parts its targets may link (the partial order of docs/architecture.md, "Dependency graph").
+ALLOWED = {
+    "common": set(),
+    "topology": {"common"},
+    "planner": {"topology", "common"},
+    "executor": {"planner", "topology", "common"},
+    "launcher": {"planner", "topology", "common"},
+    "spank_plugin": {"launcher", "planner", "topology", "common"},
+    "tools": {"spank_plugin", "launcher", "executor", "planner", "topology", "common"},
+}
 
 # Target -> part. A new dtrain target must be added here (the check fails on an unknown one, naming it).
 TARGETS = {
@@ -38,6 +60,7 @@ TARGETS = {
     "dtrain_comm_nccl": "executor",
     "dtrain_exec_heartbeat": "executor",
     "dtrain_exec": "executor",
+    "dtrain_calibrate": "executor",
     "dtrain_store": "launcher",
     "dtrain_store_gloo": "launcher",
     "dtrain_launch": "launcher",
@@ -117,10 +140,11 @@ def check(names, edges):
     for a, b in edges:
         if a in TARGETS and b in TARGETS:
             graph.setdefault(a, set()).add(b)
-            pa, pb = PARTS.index(TARGETS[a]), PARTS.index(TARGETS[b])
-            if pb > pa:
-                problems.append(f"{a} ({TARGETS[a]}) links {b} ({TARGETS[b]}): a back edge, {TARGETS[b]} is above "
-                                f"{TARGETS[a]} (order: {' < '.join(PARTS)})")
+            pa, pb = TARGETS[a], TARGETS[b]
+            if pa != pb and pb not in ALLOWED[pa]:
+                may = ", ".join(p for p in PARTS if p in ALLOWED[pa]) or "no other part"
+                problems.append(f"{a} ({pa}) links {b} ({pb}): {pa} may link {may} (scripts/check-deps.py, "
+                                f"ALLOWED)")
         for ext, allowed in CONFINED.items():
             if b == ext and a not in allowed:
                 problems.append(f"{a} links {ext} directly; only {', '.join(sorted(allowed))} may")
@@ -218,7 +242,7 @@ def main():
         return 1
     ours = sum(1 for n in names if n in TARGETS)
     print(f"check-deps: {ours} targets, {sum(1 for a, b in edges if a in TARGETS and b in TARGETS)} edges between "
-          f"them: no cycle, no back edge between parts")
+          f"them: no cycle, no link between parts outside ALLOWED")
     return 0
 
 

@@ -3,6 +3,7 @@
 # and that the plugin exports only what Slurm calls (spank_plugin/plugin/exports.map):
 #   - a GNU_RELRO segment and BIND_NOW (full RELRO), in the plugin and every program given;
 #   - the stack protector (__stack_chk_fail referenced) and FORTIFY (__*_chk functions referenced) in the plugin;
+#   - the plugin needs none of the executor's libraries (Gloo, OpenBLAS, CUDA, NCCL) nor libfmt;
 #   - the plugin's defined dynamic symbols are exactly the SPANK set, nothing from dtrain, fmt or libstdc++.
 # Usage: hardening_test.sh <spank_dtrain.so> [program ...]
 set -uo pipefail
@@ -23,9 +24,10 @@ for f in "$plugin" "$@"; do
   full_relro "$f"
 done
 
-# What the plugin loads into srun and root's slurmstepd: none of the executor's libraries.
+# What the plugin loads into srun and root's slurmstepd: none of the executor's libraries, and not libfmt (linked
+# in and kept local: spank_plugin/plugin/fmt_local.cc).
 needed=$(readelf -dW "$plugin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
-for lib in gloo openblas cuda cublas nccl; do
+for lib in gloo openblas cuda cublas nccl fmt; do
   grep -qi "$lib" <<<"$needed" && bad "$plugin loads $(grep -i "$lib" <<<"$needed" | tr '\n' ' ')(it must not need $lib)"
 done
 

@@ -1,5 +1,5 @@
 // dtplan calibrate: measure this machine with dtrain's own kernels (CPU, or GPU with --device cuda) and write a
-// cluster.toml with the figures (calibrate.h says what is measured and how it is fitted).
+// cluster.toml with the figures (dtrain/calibrate/calibrate.h says what is measured and how it is fitted).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -15,8 +15,8 @@
 #include <optional>
 #include <thread>
 
-#include "calibrate.h"
 #include "commands.h"
+#include "dtrain/calibrate/calibrate.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/files.h"
 #include "dtrain/common/host.h"
@@ -75,9 +75,9 @@ void run_calibrate(const CalibrateCommand& o) {
   if (!o.base.empty()) {
     base = topology::load_cluster(o.base);
   } else if (!gpu) {
-    base = default_cpu_base();
+    base = calibrate::default_cpu_base();
   }
-  CalibrateOptions co;
+  calibrate::CalibrateOptions co;
   // A GPU calibration without --base measures one GPU per node unless told more.
   co.ranks = o.ranks > 0 ? o.ranks : base ? base->node.gpus : 1;
   co.quick = o.quick;
@@ -88,19 +88,19 @@ void run_calibrate(const CalibrateCommand& o) {
   if (!out_dir.empty() && !fs::is_directory(out_dir)) {
     throw input_error(fmt::format("-o {}: the directory {} does not exist", o.output, out_dir.string()));
   }
-  CalibrationResult r;
+  calibrate::CalibrationResult r;
   std::string text;
   {
     const auto t0 = std::chrono::steady_clock::now();
     const InterruptGuard interrupts;
     const auto progress = [&](const std::string& line) { std::cerr << "dtplan calibrate: " << line << std::endl; };
     const auto stop = [] { return g_interrupted.load(); };
-    r = gpu ? calibrate_cuda(co, progress, stop) : calibrate_cpu(co, progress, stop);
-    if (!base) base = default_cuda_base(r);
+    r = gpu ? calibrate::calibrate_cuda(co, progress, stop) : calibrate::calibrate_cpu(co, progress, stop);
+    if (!base) base = calibrate::default_cuda_base(r);
     // The executor probe runs with the kernel figures just measured.
-    r.probe = probe_executor(calibrated_cluster(*base, r), r, progress, stop);
+    r.probe = calibrate::probe_executor(calibrate::calibrated_cluster(*base, r), r, progress, stop);
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    text = calibrated_cluster_toml(*base, r, host_name(), utc_now());
+    text = calibrate::calibrated_cluster_toml(*base, r, host_name(), utc_now());
   }
   // The result must load like any cluster.toml before it is put in place (whole or not at all).
   topology::parse_cluster(TomlDocument::parse_string(text, o.output));

@@ -28,12 +28,16 @@
 
 #include "dtrain/common/error.h"
 #include "dtrain/exec/backend.h"
-#include "dtrain/exec/executor.h"
+#include "dtrain/exec/communicators.h"
+#include "dtrain/exec/data.h"
+#include "dtrain/exec/executor_options.h"
 #include "dtrain/exec/params.h"
 #include "dtrain/exec/position.h"
 #include "dtrain/ir/program.h"
+#include "dtrain/ir/simulate.h"
 #include "dtrain/kernels/dropout.h"
 #include "dtrain/kernels/lr_schedule.h"
+#include "dtrain/model/model_spec.h"
 #include "step_state.h"
 
 namespace dtrain::exec::detail {

@@ -1,8 +1,9 @@
-// The node agent's state and its parts, shared by the files that implement Agent (agent.h): agent.cc (set-up,
-// rendezvous, shutdown), agent_outcome.cc (the end of an attempt and what happens next, as this node records and
-// acts on it) and agent_attempt.cc (one attempt: starting this node's ranks and watching them until the outcome is
-// known). Split by phase, as NCCL splits init.cc and enqueue.cc. Private to the agent; single-threaded: everything
-// runs on the agent's main thread, in its event loop or while it waits for the store.
+// The node agent's state and its parts, shared by the five files that implement Agent (agent.h): agent.cc (set-up,
+// rendezvous, shutdown), agent_attempt.cc (one attempt: starting this node's ranks and watching them until the
+// outcome is known), agent_outcome.cc (the end of an attempt and what happens next, as this node records and acts on
+// it), agent_hang.cc (this node's part in the job's hang report, hang_report.h) and agent_elastic.cc (going on with
+// fewer nodes, membership.h). Split by phase, as NCCL splits init.cc and enqueue.cc. Private to the agent;
+// single-threaded: everything runs on the agent's main thread, in its event loop or while it waits for the store.
 #pragma once
 
 #include <chrono>

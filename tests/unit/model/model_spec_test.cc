@@ -18,7 +18,7 @@ const std::string kModels = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/"
 TEST(ModelSpec, Gpt3ParametersMatchThePublishedFormula) {
   auto d = load_model(kModels + "gpt3-175b.toml");
   const auto& m = d.model;
-  // P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h)) + final LayerNorm (2h): ../shared/data/published/hardware.md.
+  // P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h)) + final LayerNorm (2h): tests/data/published/hardware.md.
   double l = 96, h = 12288, V = 51200, s = 2048;
   double formula = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h)) + 2 * h;
   EXPECT_DOUBLE_EQ(static_cast<double>(m.total_params()), formula);

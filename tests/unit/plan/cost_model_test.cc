@@ -59,7 +59,8 @@ TEST(CostModel, DistributedOptimizerShardsOptimizerState) {
   Estimate plain = cm.evaluate(c, 1536);
   c.distributed_optimizer = true;
   Estimate sharded = cm.evaluate(c, 1536);
-  // Mixed-precision Adam: 12 bytes of fp32 state per parameter, divided over dp ranks (hardware.md: 6 + 12/d).
+  // Mixed-precision Adam: 12 bytes of fp32 state per parameter, divided over dp ranks
+  // (tests/data/published/hardware.md: 6 + 12/d).
   EXPECT_DOUBLE_EQ(plain.stages[3].optimizer_bytes, 12.0 * plain.stages[3].params);
   EXPECT_DOUBLE_EQ(sharded.stages[3].optimizer_bytes, 12.0 / 16.0 * plain.stages[3].params);
   EXPECT_DOUBLE_EQ(plain.stages[3].weights_bytes + plain.stages[3].gradients_bytes, 6.0 * plain.stages[3].params);

@@ -1,7 +1,7 @@
 // The built-in catalog of accelerators the planner knows: peak dense rates per dtype, memory, HBM bandwidth, and the
 // calibration defaults for that GPU type (GEMM efficiency curve, achieved HBM fraction, attention kernel efficiency).
 //
-// Figures are datasheet numbers (NVIDIA A100/H100/H200/V100/L40S datasheets; ../shared/data/published/hardware.md);
+// Figures are datasheet numbers (NVIDIA A100/H100/H200/V100/L40S datasheets; tests/data/published/hardware.md);
 // memory is what the driver reports (nvidia-smi), in GiB. Calibration is one set of constants per GPU type, fitted
 // once against published end-to-end runs (docs/cost-model.md#calibration), never per model.
 #pragma once

@@ -21,7 +21,7 @@
 // everything this rank has issued on the communicator. Code that must run on every backend calls synchronize()
 // before it reads a result or reuses a buffer from the host (it returns at once on the host backends).
 //
-// Semantics every backend honours (the IR verifier simulates exactly these, see design.md section 5):
+// Semantics every backend honours (the IR verifier simulates exactly these: docs/ir.md, "Verification"):
 //   - Point-to-point messages are matched by (sender, receiver, tag), never by arrival order: the IR gives every
 //     message a stable key and message_tag() turns it into a tag. Messages with the same (sender, receiver, tag)
 //     are matched first-in first-out. A send and its receive must agree on the count and dtype. (NCCL has no

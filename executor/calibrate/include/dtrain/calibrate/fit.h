@@ -1,11 +1,11 @@
-// The fits of dtplan calibrate (calibrate.h) that are arithmetic alone: a line through measured points, and the bounded
-// least-squares fit of the executor probe's collective figures.
+// The fits of calibration (dtrain/calibrate/calibrate.h) that are arithmetic alone: a line through measured points, and
+// the bounded least-squares fit of the executor probe's collective figures.
 #pragma once
 
 #include <utility>
 #include <vector>
 
-namespace dtrain::dtplan::calibrate_detail {
+namespace dtrain::calibrate::detail {
 
 // y = slope x + intercept by least squares on relative error (weights 1 / y^2); through the origin when that fit gives
 // a negative intercept.
@@ -20,4 +20,4 @@ Line fit_line(const std::vector<std::pair<double, double>>& xy);
 std::vector<double> bounded_fit(const std::vector<std::vector<double>>& slopes, const std::vector<double>& gap,
                                 const std::vector<double>& current, const std::vector<double>& lowest);
 
-}  // namespace dtrain::dtplan::calibrate_detail
+}  // namespace dtrain::calibrate::detail

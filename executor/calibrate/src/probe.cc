@@ -1,5 +1,5 @@
-// The executor probe of dtplan calibrate (calibrate.h): a short training run of dtexec on the calibrated device,
-// compared instruction by instruction with the simulator's timeline of the same plan (dtrain/ir/compare.h).
+// The executor probe of calibration (dtrain/calibrate/calibrate.h): a short training run of dtexec on the calibrated
+// device, compared instruction by instruction with the simulator's timeline of the same plan (dtrain/ir/compare.h).
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
@@ -18,7 +18,7 @@
 #include <tuple>
 #include <utility>
 
-#include "calibrate.h"
+#include "dtrain/calibrate/calibrate.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/files.h"
 #include "dtrain/common/stats.h"
@@ -32,9 +32,9 @@
 
 extern char** environ;
 
-namespace dtrain::dtplan {
+namespace dtrain::calibrate {
 
-using namespace calibrate_detail;
+using namespace detail;
 
 namespace {
 
@@ -639,4 +639,4 @@ std::optional<ProbeFigures> probe_executor(const topology::ClusterSpec& measured
   return f;
 }
 
-}  // namespace dtrain::dtplan
+}  // namespace dtrain::calibrate

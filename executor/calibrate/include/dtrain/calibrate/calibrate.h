@@ -1,7 +1,8 @@
-// dtplan calibrate: measures dtrain's own kernels on this machine, as the ranks of a job would run them, and fits the
-// figures of the cost model (docs/cost-model.md, "Calibrating a machine"). Two devices:
+// Calibration (dtrain::calibrate, behind `dtplan calibrate`): measures dtrain's own kernels on this machine, as the
+// ranks of a job would run them, and fits the figures of the cost model (docs/cost-model.md, "Calibrating a machine").
+// Two devices:
 //
-// CPU (calibrate_cpu, this file's calibrate.cc). What runs: `ranks` worker threads at once, each with its own buffers,
+// CPU (calibrate_cpu, src/calibrate.cc). What runs: `ranks` worker threads at once, each with its own buffers,
 // each the kernels a rank of that many per node would run, with the thread count dtexec gives a rank (cores / ranks, at
 // least 1). So the figures are per rank and include the sharing of cores and memory bandwidth between the ranks of a
 // node (exact when each rank has one thread, the usual case of several CPU ranks on one machine; with more, OpenBLAS's
@@ -20,8 +21,8 @@
 //              efficiency at each size (the [[network.efficiency]] curve of scope "nvlink" for n participants).
 // Point-to-point latency, links between nodes and the per-step overheads are the base cluster's.
 //
-// GPU (calibrate_cuda, calibrate_cuda.cc): dtrain's CUDA kernels on GPU 0, one kernel at a time on one stream, timed
-// by the wall clock around back-to-back calls with the stream synchronised before and after (the median of the
+// GPU (calibrate_cuda, src/calibrate_cuda.cc): dtrain's CUDA kernels on GPU 0, one kernel at a time on one stream,
+// timed by the wall clock around back-to-back calls with the stream synchronised before and after (the median of the
 // repetitions):
 //   GEMM       cuda::linear_forward, linear_backward_input and linear_backward_weight (cuBLASLt, bf16) over the shapes
 //              of the layers dtrain trains and their tensor-parallel shards: the same fit as on the CPU, over all
@@ -36,16 +37,16 @@
 //   launch     one tiny kernel launched back to back: the cost of a launch.
 // Communication between GPUs (NCCL) is the base cluster's: measuring it needs two or more GPUs in one machine.
 //
-// Both devices end with the executor probe (probe_executor, calibrate_probe.cc): dtexec, found beside dtplan, trains
-// a 2-layer Llama for 8 to 24 steps on the device (one rank, two micro-batches, --trace), with the figures measured so
-// far. Its measured timeline against the simulator's timeline of the same plan (dtrain/ir/compare.h) gives what kernels
-// alone cannot: the step's time outside the instructions (step_overhead_s), the gaps between instructions per
-// micro-batch (microbatch_overhead_s), and the bandwidth the executor's memory-bound work really reaches, counted in
-// the cost model's bytes (hbm_efficiency: the forward and backward passes' time beyond the GEMMs and attention).
-// With several CPU ranks per node a second run, tensor-parallel over all of them under dtlaunch, gives what a
-// collective between the ranks really costs inside the passes (waits for the slowest rank and the sharing of the cores
-// included): run twice, with collectives of one and of four sequences, it fits [network] collective_sync_us and [node]
-// nvlink_gbps so that the simulator's passes match the measured ones.
+// Both devices end with the executor probe (probe_executor, src/probe.cc): dtexec, found beside the running program
+// (dtplan), trains a 2-layer Llama for 8 to 24 steps on the device (one rank, two micro-batches, --trace), with the
+// figures measured so far. Its measured timeline against the simulator's timeline of the same plan
+// (dtrain/ir/compare.h) gives what kernels alone cannot: the step's time outside the instructions (step_overhead_s),
+// the gaps between instructions per micro-batch (microbatch_overhead_s), and the bandwidth the executor's memory-bound
+// work really reaches, counted in the cost model's bytes (hbm_efficiency: the forward and backward passes' time beyond
+// the GEMMs and attention). With several CPU ranks per node a second run, tensor-parallel over all of them under
+// dtlaunch, gives what a collective between the ranks really costs inside the passes (waits for the slowest rank and
+// the sharing of the cores included): run twice, with collectives of one and of four sequences, it fits [network]
+// collective_sync_us and [node] nvlink_gbps so that the simulator's passes match the measured ones.
 #pragma once
 
 #include <cstdint>
@@ -54,10 +55,10 @@
 #include <string>
 #include <vector>
 
-#include "calibrate_fit.h"
+#include "dtrain/calibrate/fit.h"
 #include "dtrain/topology/cluster_spec.h"
 
-namespace dtrain::dtplan {
+namespace dtrain::calibrate {
 
 struct CalibrateOptions {
   int ranks = 1;       // ranks per node measured together
@@ -204,7 +205,7 @@ std::string calibrated_cluster_toml(const topology::ClusterSpec& base, const Cal
                                     const std::string& host, const std::string& date);
 
 // What both devices share: the fits and the measuring loop's checks.
-namespace calibrate_detail {
+namespace detail {
 
 // Fits r.gemms: time = (F + h) / P over the FLOPs F, giving r.peak_flops (P), r.half_flops (h) and r.gemm_fit_error.
 void fit_gemms(CalibrationResult& r);
@@ -223,6 +224,6 @@ double attention_flops(const AttentionPoint& p);
 // One pass's FLOPs at a point over its time, as a fraction of `peak_flops` (at most 4).
 double attention_pass_efficiency(const AttentionPoint& p, double peak_flops, bool backward);
 
-}  // namespace calibrate_detail
+}  // namespace detail
 
-}  // namespace dtrain::dtplan
+}  // namespace dtrain::calibrate

@@ -1,4 +1,4 @@
-#include "calibrate.h"
+#include "dtrain/calibrate/calibrate.h"
 
 #include <fmt/format.h>
 #include <gloo/rendezvous/hash_store.h>
@@ -24,7 +24,7 @@
 #include "dtrain/kernels/optimizer.h"
 #include "dtrain/kernels/threads.h"
 
-namespace dtrain::dtplan {
+namespace dtrain::calibrate {
 
 namespace {
 
@@ -88,7 +88,7 @@ double faster_of_two(int ranks, int reps, const std::function<void(int)>& work, 
 
 }  // namespace
 
-namespace calibrate_detail {
+namespace detail {
 
 void fit_gemms(CalibrationResult& r) {
   // time = F / P + h / P: a line in the flops F.
@@ -124,9 +124,9 @@ double attention_pass_efficiency(const AttentionPoint& p, double peak_flops, boo
   return std::min(4.0, flops / (backward ? p.backward_s : p.forward_s) / peak_flops);
 }
 
-}  // namespace calibrate_detail
+}  // namespace detail
 
-using namespace calibrate_detail;
+using namespace detail;
 
 CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<void(const std::string&)>& progress,
                                 const std::function<bool()>& stop) {
@@ -593,4 +593,4 @@ CalibrationResult calibrate_cuda(const CalibrateOptions&, const std::function<vo
 }
 #endif
 
-}  // namespace dtrain::dtplan
+}  // namespace dtrain::calibrate

@@ -1,11 +1,11 @@
-#include "calibrate_fit.h"
+#include "dtrain/calibrate/fit.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <limits>
 
-namespace dtrain::dtplan::calibrate_detail {
+namespace dtrain::calibrate::detail {
 
 Line fit_line(const std::vector<std::pair<double, double>>& xy) {
   double sw = 0, sx = 0, sxx = 0, sy = 0, sxy = 0;
@@ -95,4 +95,4 @@ std::vector<double> bounded_fit(const std::vector<std::vector<double>>& slopes, 
   return best;
 }
 
-}  // namespace dtrain::dtplan::calibrate_detail
+}  // namespace dtrain::calibrate::detail

@@ -1,5 +1,6 @@
-// dtplan calibrate --device cuda: dtrain's CUDA kernels on GPU 0 (calibrate.h says what is measured and how it is
-// fitted). Built when dtrain is built with CUDA; calibrate.cc holds the refusal for a build without it.
+// calibrate_cuda (dtplan calibrate --device cuda): dtrain's CUDA kernels on GPU 0 (dtrain/calibrate/calibrate.h says
+// what is measured and how it is fitted). Built when dtrain is built with CUDA; calibrate.cc holds the refusal for a
+// build without it.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "calibrate.h"
+#include "dtrain/calibrate/calibrate.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/stats.h"
 #include "dtrain/common/strings.h"
@@ -25,9 +26,9 @@
 #include "dtrain/kernels/cuda/random.h"
 #include "dtrain/kernels/cuda/rope.h"
 
-namespace dtrain::dtplan {
+namespace dtrain::calibrate {
 
-using namespace calibrate_detail;
+using namespace detail;
 namespace cuda = kernels::cuda;
 
 namespace {
@@ -321,4 +322,4 @@ CalibrationResult calibrate_cuda(const CalibrateOptions& o, const std::function<
   return r;
 }
 
-}  // namespace dtrain::dtplan
+}  // namespace dtrain::calibrate

@@ -1,10 +1,10 @@
-// The arithmetic of dtplan calibrate's fits (tools/dtplan/calibrate_fit.h): the probe's three collective figures are
+// The arithmetic of calibration's fits (dtrain/calibrate/fit.h): the probe's three collective figures are
 // recovered from runs priced by known slopes, and a figure the runs would push past its bound is held there.
-#include "calibrate_fit.h"
+#include "dtrain/calibrate/fit.h"
 
 #include <gtest/gtest.h>
 
-namespace dtrain::dtplan::calibrate_detail {
+namespace dtrain::calibrate::detail {
 namespace {
 
 // Three runs like the probe's: per collective (us), per ring step (us), the bandwidth term (a multiple of it). The
@@ -56,4 +56,4 @@ TEST(CalibrateFit, ALineThroughTimesByFlops) {
 }
 
 }  // namespace
-}  // namespace dtrain::dtplan::calibrate_detail
+}  // namespace dtrain::calibrate::detail
