@@ -2,6 +2,8 @@
 // layout the cost model accepts for a model, the executor's parameter layout accepts for each rank's lowered
 // program. The matrix: every model of examples/models and bench/models, GPT-2's vocabulary (tests/data), on every
 // cluster of examples/clusters, over the degrees that cut a model's tensors (tp, ep, etp, sequence parallelism).
+#include "dtrain/model/layout_fit.h"
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -13,7 +15,6 @@
 #include "dtrain/common/error.h"
 #include "dtrain/exec/params.h"
 #include "dtrain/ir/lower.h"
-#include "dtrain/model/layout_fit.h"
 #include "dtrain/plan/cost_model.h"
 #include "dtrain/topology/cluster_spec.h"
 
