@@ -5,7 +5,8 @@
 #   3. runs every test with ctest: unit, integration (multi-process) and slurm (a local Slurm cluster the tests
 #      start and stop themselves),
 #      (tests/build/ among them: the dependency graph, hardening of the binaries, formatting),
-#   4. runs clang-tidy over the libraries' sources (scripts/clang-tidy.sh),
+#   4. runs clang-tidy over the libraries', the SPANK plugin's, the programs' and the CUDA kernels' sources
+#      (scripts/clang-tidy.sh),
 #   5. builds the concurrent parts with ThreadSanitizer / AddressSanitizer in build-tsan/ and build-asan/ and runs
 #      their tests there.
 # Environment: DTRAIN_TEST_JOBS (parallel ctest jobs, default: number of cores), DTRAIN_TEST_SKIP_SANITIZERS=1.
