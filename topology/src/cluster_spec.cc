@@ -45,6 +45,8 @@ std::vector<EfficiencyCurve> default_efficiency_curves() {
   };
 }
 
+int default_nic_of_gpu(int gpu, int gpus, int nics) { return gpu * nics / gpus; }
+
 ClusterSpec default_network(ClusterSpec spec) {
   if (spec.network.efficiency.empty()) spec.network.efficiency = default_efficiency_curves();
   return spec;

@@ -23,8 +23,8 @@ topology::ClusterSpec fit_cluster(topology::ClusterSpec c, const JobShape& shape
     const int d = c.node.nvlink_domain;
     c.node.nvlink_domain = k <= d ? k : std::gcd(d, k);
     if (c.node.nic_of_gpu.empty() && c.node.nics > 0) {
-      // The default rail mapping of the whole node (placement.cc uses the same formula).
-      for (int g = 0; g < gpus; ++g) c.node.nic_of_gpu.push_back(g * c.node.nics / gpus);
+      // The default rail mapping of the whole node, written out: over k GPUs it would name other NICs.
+      for (int g = 0; g < gpus; ++g) c.node.nic_of_gpu.push_back(topology::default_nic_of_gpu(g, gpus, c.node.nics));
     }
     if (!c.node.nic_of_gpu.empty()) c.node.nic_of_gpu.resize(static_cast<std::size_t>(k));
     c.node.gpus = k;
