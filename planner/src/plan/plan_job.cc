@@ -4,16 +4,15 @@
 
 #include <numeric>
 
+#include "dtrain/common/count.h"
 #include "dtrain/plan/report.h"
 
 namespace dtrain::plan {
 
 topology::ClusterSpec fit_cluster(topology::ClusterSpec c, const JobShape& shape, const std::string& source) {
   const std::string& name = !source.empty() ? source : !c.source.empty() ? c.source : c.name;
-  if (shape.nodes < 1 || shape.ranks_per_node < 1) {
-    throw input_error(fmt::format("a job of {} nodes x {} ranks per node: both must be at least 1", shape.nodes,
-                                  shape.ranks_per_node));
-  }
+  require_count("the job's nodes", shape.nodes);
+  require_count("the job's ranks per node", shape.ranks_per_node);
   const int k = shape.ranks_per_node;
   const int gpus = c.node.gpus;
   if (k > gpus) {
@@ -35,14 +34,14 @@ topology::ClusterSpec fit_cluster(topology::ClusterSpec c, const JobShape& shape
 }
 
 Job prepare_job(const model::ModelDescription& model, const topology::ClusterSpec& cluster, const JobRequest& r) {
-  if (r.global_batch < 0) throw input_error(fmt::format("global batch {}: must be at least 1", r.global_batch));
+  if (r.global_batch) require_count("global batch", *r.global_batch);
   Job job;
   job.cost_model = std::make_shared<const CostModel>(model, fit_cluster(cluster, r.shape, r.cluster_source));
   job.options.gpus = r.shape.world_size();
-  if (r.global_batch > 0) {
-    job.options.global_batch = r.global_batch;
+  if (r.global_batch) {
+    job.options.global_batch = *r.global_batch;
     job.options.global_batch_source =
-        r.global_batch_source.empty() ? fmt::format("global batch {}", r.global_batch) : r.global_batch_source;
+        r.global_batch_source.empty() ? fmt::format("global batch {}", *r.global_batch) : r.global_batch_source;
   } else {
     job.options.global_batch = model.training.global_batch;
     job.options.global_batch_source = model.located("training.global_batch", "global_batch");
