@@ -32,39 +32,25 @@ std::optional<DType> parse_dtype(std::string_view text) {
 
 bool is_integer(DType dtype) { return dtype == DType::kUint8 || dtype == DType::kInt32 || dtype == DType::kInt64; }
 
-int activation_bytes(DType dtype) {
+int storage_bytes(DType dtype) {
   switch (dtype) {
-    case DType::kBf16:
-    case DType::kFp16:
-    case DType::kFp8:
-      return 2;
     case DType::kFp32:
-      return 4;
-    case DType::kUint8:
-      return 1;
     case DType::kInt32:
       return 4;
+    case DType::kBf16:
+    case DType::kFp16:
+      return 2;
+    case DType::kFp8:
+    case DType::kUint8:
+      return 1;
     case DType::kInt64:
       return 8;
   }
   return 4;
 }
 
-int gemm_operand_bytes(DType dtype) {
-  switch (dtype) {
-    case DType::kFp8:
-      return 1;
-    case DType::kFp32:
-      return 4;
-    case DType::kBf16:
-    case DType::kFp16:
-      return 2;
-    case DType::kUint8:
-    case DType::kInt32:
-    case DType::kInt64:
-      return activation_bytes(dtype);
-  }
-  return 2;
-}
+int activation_bytes(DType dtype) { return storage_bytes(dtype == DType::kFp8 ? DType::kBf16 : dtype); }
+
+int gemm_operand_bytes(DType dtype) { return storage_bytes(dtype); }
 
 }  // namespace dtrain

@@ -238,9 +238,9 @@ std::string TableReader::require_string(std::string_view key) {
   return *v;
 }
 
-std::optional<std::int64_t> TableReader::get_int_at_least(std::string_view key, std::int64_t min_value) {
+std::optional<std::int64_t> TableReader::get_count(std::string_view key, std::int64_t min_value) {
   auto v = get_int(key);
-  if (v && *v < min_value) fail(key, fmt::format("must be at least {}", min_value));
+  if (v && !is_count(*v, min_value)) fail(key, count_requirement(min_value));
   return v;
 }
 

@@ -4,6 +4,7 @@
 
 #include <cctype>
 
+#include "dtrain/common/count.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/strings.h"
 
@@ -37,13 +38,13 @@ bool is_assignment(const std::string& word) {
 
 }  // namespace
 
-int dtlaunch_ranks_per_node(const std::vector<std::string>& argv) {
+std::optional<int> dtlaunch_ranks_per_node(const std::vector<std::string>& argv) {
   std::size_t i = 0;
   if (i < argv.size() && base_name(argv[i]) == "env") {
     ++i;
     while (i < argv.size() && (argv[i] == "-i" || argv[i] == "-" || is_assignment(argv[i]))) ++i;
   }
-  if (i >= argv.size() || base_name(argv[i]) != "dtlaunch") return 0;
+  if (i >= argv.size() || base_name(argv[i]) != "dtlaunch") return std::nullopt;
   for (std::size_t j = i + 1; j < argv.size(); ++j) {
     const std::string& a = argv[j];
     if (a == "--") break;  // the rank's command follows
@@ -61,10 +62,10 @@ int dtlaunch_ranks_per_node(const std::vector<std::string>& argv) {
     }
     if (!found) continue;
     auto k = parse_int(value);
-    if (!k || *k < 1 || *k > 4096) {
-      throw input_error(fmt::format("dtlaunch {}: --nproc-per-node needs a rank count of at least 1", value));
+    if (!k || *k > 4096) {
+      throw input_error(fmt::format("dtlaunch --nproc-per-node {}: expected the number of ranks per node", value));
     }
-    return static_cast<int>(*k);
+    return static_cast<int>(require_count("dtlaunch --nproc-per-node", *k));
   }
   throw input_error(
       "the step runs dtlaunch without --nproc-per-node K: the plan needs the ranks per node "
@@ -72,12 +73,13 @@ int dtlaunch_ranks_per_node(const std::vector<std::string>& argv) {
 }
 
 StepShape step_shape(int nodes, int tasks, const std::vector<std::string>& argv) {
-  if (nodes < 1 || tasks < 1) throw input_error(fmt::format("a step of {} nodes and {} tasks", nodes, tasks));
+  require_count("the step's nodes", nodes);
+  require_count("the step's tasks", tasks);
   StepShape s;
   s.nodes = nodes;
   s.tasks = tasks;
-  int per_node = dtlaunch_ranks_per_node(argv);
-  if (per_node > 0) {
+  std::optional<int> per_node = dtlaunch_ranks_per_node(argv);
+  if (per_node) {
     if (tasks != nodes) {
       throw input_error(
           fmt::format("dtlaunch starts the ranks of its node itself, so it runs once per node, but "
@@ -85,7 +87,7 @@ StepShape step_shape(int nodes, int tasks, const std::vector<std::string>& argv)
                       tasks, nodes));
     }
     s.style = LaunchStyle::kNodeLauncher;
-    s.ranks_per_node = per_node;
+    s.ranks_per_node = *per_node;
     return s;
   }
   if (tasks % nodes != 0) {

@@ -25,10 +25,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "dtrain/comm/gloo.h"
 #include "dtrain/comm/inproc.h"
+#include "dtrain/common/cli_count.h"
 #include "dtrain/common/cli_main.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
@@ -54,6 +56,7 @@ namespace {
 
 using namespace dtrain;
 
+// An index (RANK, LOCAL_RANK) or a number of restarts: 0 is a value like any other.
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -62,6 +65,15 @@ int env_int(const char* name, int fallback) {
     throw input_error(fmt::format("{}={}: expected a non-negative integer", name, v));
   }
   return static_cast<int>(*parsed);
+}
+
+// A count of ranks (WORLD_SIZE, LOCAL_WORLD_SIZE): at least 1 (dtrain/common/count.h); nullopt when unset or empty.
+std::optional<int> env_count(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  auto parsed = parse_int(v);
+  if (!parsed || *parsed > (1 << 24)) throw input_error(fmt::format("{}={}: expected a number of ranks", name, v));
+  return static_cast<int>(require_count(name, *parsed));
 }
 
 std::string env_string(const char* name, const std::string& fallback) {
@@ -97,23 +109,22 @@ std::unique_ptr<comm::Communicator> connect_cuda_world(gloo::rendezvous::Store* 
 #endif
 }
 
-int run_train(exec::TrainOptions options, const std::string& device, double timeout_s, int threads) {
+int run_train(exec::TrainOptions options, const std::string& device, double timeout_s, std::optional<int> threads) {
   if (const char* plugin_error = std::getenv("DTRAIN_PLUGIN_ERROR"); plugin_error != nullptr && *plugin_error) {
     throw input_error(fmt::format("the dtrain Slurm plugin could not prepare this task: {}", plugin_error));
   }
   int rank = env_int("RANK", 0);
-  int world = env_int("WORLD_SIZE", 1);
-  int local_world = env_int("LOCAL_WORLD_SIZE", 1);
+  int world = env_count("WORLD_SIZE").value_or(1);
+  std::optional<int> local_world = env_count("LOCAL_WORLD_SIZE");
   int local_rank = env_int("LOCAL_RANK", 0);
-  if (world < 1 || rank >= world) throw input_error(fmt::format("RANK={} is outside WORLD_SIZE={}", rank, world));
-  options.ranks_per_node = env_int("LOCAL_WORLD_SIZE", 0);
+  if (rank >= world) throw input_error(fmt::format("RANK={} is outside WORLD_SIZE={}", rank, world));
+  options.ranks_per_node = local_world.value_or(0);  // TrainOptions: 0 is "not given"
   options.job_id = env_string("DTRAIN_JOB_ID", "");
   options.restart = env_int("DTRAIN_RESTART", 0);
   log::set_rank(rank);
   keep_freed_memory();
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  kernels::cpu::set_num_threads(threads > 0 ? threads
-                                            : std::max(1, static_cast<int>(cores) / std::max(1, local_world)));
+  kernels::cpu::set_num_threads(threads ? *threads : std::max(1, static_cast<int>(cores) / local_world.value_or(1)));
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
   auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
@@ -192,9 +203,8 @@ int run_train(exec::TrainOptions options, const std::string& device, double time
 
 // --write-plan: the plan train() would run (exec::make_plan), written to `path`; nothing else starts.
 int write_plan(exec::TrainOptions options, const std::string& path) {
-  int world = env_int("WORLD_SIZE", 1);
-  if (world < 1) throw input_error("WORLD_SIZE=0: expected at least 1 rank");
-  options.ranks_per_node = env_int("LOCAL_WORLD_SIZE", 0);
+  int world = env_count("WORLD_SIZE").value_or(1);
+  options.ranks_per_node = env_count("LOCAL_WORLD_SIZE").value_or(0);  // TrainOptions: 0 is "not given"
   plan::Plan p = exec::make_plan(options, model::load_model(options.model_path), world);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << plan::render_plan(p);
@@ -214,7 +224,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   exec::TrainOptions o;
   double timeout_s = 300;
-  int threads = 0;
+  std::optional<int> threads;
   std::string device = "cpu";
   std::string dtype;
   auto* train = app.add_subcommand("train", "Train the model with a plan");
@@ -226,16 +236,22 @@ int main(int argc, char** argv) {
   train->add_option("--cluster", o.cluster_path, "Cluster description for --plan auto (default: this machine's CPUs)");
   train->add_option("--fix", o.fixed, "Pinned dimensions for --plan auto, as in dtplan --fix");
   train->add_option("--data", o.data, "Token file (dtexec tokenize), or 'synthetic'");
-  train->add_option("--epochs", o.epochs, "Read the token file this many times");
+  // Counts (dtrain/common/count.h): 0 and negative values are refused while parsing.
+  train->add_option("--epochs", o.epochs, "Read the token file this many times")->check(CountValidator());
   auto* steps_option =
-      train->add_option("--steps", o.steps, "Train until this step (a resumed run continues from its checkpoint)");
+      train->add_option("--steps", o.steps, "Train until this step (a resumed run continues from its checkpoint)")
+          ->check(CountValidator());
   std::string plan_output;
   train->add_option("--write-plan", plan_output,
                     "Write the plan this rank would train with (plan.toml) to this file and exit without training");
   train->add_option("--seed", o.seed, "Seed of the initial weights and dropout");
   train->add_option("--checkpoint-dir", o.checkpoint_dir, "Directory of checkpoints (one step-N directory each)");
-  train->add_option("--checkpoint-every", o.checkpoint_every, "Write a checkpoint every K steps");
-  train->add_option("--keep-checkpoints", o.keep_checkpoints, "Complete checkpoints to keep (at least 2)");
+  train
+      ->add_option("--checkpoint-every", o.checkpoint_every,
+                   "Write a checkpoint every K steps (default: only at preemption and at the end)")
+      ->check(CountValidator());
+  train->add_option("--keep-checkpoints", o.keep_checkpoints, "Complete checkpoints to keep (at least 2)")
+      ->check(CountValidator(2));
   train->add_flag("--resume", o.resume, "Continue from the newest complete checkpoint in --checkpoint-dir");
   train->add_option("--metrics", o.metrics_path, "Append one JSON line per step (global rank 0)");
   train->add_option("--trace", o.trace_path, "Write the measured timeline (Chrome trace JSON)");
@@ -247,7 +263,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   train->add_option("--dtype", dtype,
                     "Activations: fp32, or bf16 with fp32 master weights (default: the model's training.dtype)");
-  train->add_option("--threads", threads, "Kernel threads per rank (default: cores / LOCAL_WORLD_SIZE)");
+  train->add_option("--threads", threads, "Kernel threads per rank (default: cores / LOCAL_WORLD_SIZE)")
+      ->check(CountValidator());
   train->add_option("--timeout-s", timeout_s, "Give up on a silent peer after this long");
   train->add_option("--dump-gradients", o.dump_gradients_dir,
                     "Write the first step's gradients to this directory (checkpoint shard format)");

@@ -17,6 +17,7 @@
 
 #include "commands.h"
 #include "dtrain/calibrate/calibrate.h"
+#include "dtrain/common/cli_count.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/files.h"
 #include "dtrain/common/host.h"
@@ -50,7 +51,7 @@ struct CalibrateCommand {
   std::string device = "cpu";
   std::string base;
   std::string output;
-  int ranks = 0;
+  std::optional<int> ranks;  // a count (dtrain/common/count.h); absent: the base's GPUs per node
   bool quick = false;
   bool json = false;
 };
@@ -70,7 +71,6 @@ void run_calibrate(const CalibrateCommand& o) {
   }
   const bool gpu = o.device == "cuda";
   if (o.output.empty()) throw input_error("dtplan calibrate: -o cluster.toml is required");
-  if (o.ranks < 0) throw input_error(fmt::format("--ranks-per-node {}: expected 1 or more", o.ranks));
   std::optional<topology::ClusterSpec> base;
   if (!o.base.empty()) {
     base = topology::load_cluster(o.base);
@@ -79,7 +79,7 @@ void run_calibrate(const CalibrateCommand& o) {
   }
   calibrate::CalibrateOptions co;
   // A GPU calibration without --base measures one GPU per node unless told more.
-  co.ranks = o.ranks > 0 ? o.ranks : base ? base->node.gpus : 1;
+  co.ranks = o.ranks ? *o.ranks : base ? base->node.gpus : 1;
   co.quick = o.quick;
   // A GPU's kernels take milliseconds: half the CPU's budget measures them as well.
   if (gpu) co.budget_s = 30;
@@ -200,7 +200,8 @@ void setup_calibrate(CLI::App& app) {
                   "Cluster whose other figures to keep (default: this machine as one node of CPU ranks; with --device "
                   "cuda, one node of this GPU from the catalog)");
   sub->add_option("-o,--output", o->output, "The cluster.toml to write")->required();
-  sub->add_option("--ranks-per-node", o->ranks, "Ranks measured together (default: the base's GPUs per node)");
+  sub->add_option("--ranks-per-node", o->ranks, "Ranks measured together (default: the base's GPUs per node)")
+      ->check(CountValidator());
   sub->add_flag("--quick", o->quick,
                 "Fewer shapes and repetitions (CPU: about 15 s instead of 60; GPU: 8 s instead of 30)");
   sub->add_flag("--json", o->json, "Print the measurements as JSON");

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "dtrain/common/cli_count.h"
 #include "dtrain/common/files.h"
 #include "dtrain/common/toml_reader.h"
 #include "dtrain/model/hf_config.h"
@@ -43,10 +44,10 @@ void setup_import(CLI::App& app) {
   sub->add_option("-o,--output", o->output, "The model.toml to write (default: standard output)");
   sub->add_option("--name", o->defaults.name, "The model's name (default: the config's directory)");
   sub->add_option("--global-batch", o->defaults.global_batch, "Sequences per optimizer step (default 512)")
-      ->check(CLI::PositiveNumber);
+      ->check(CountValidator());
   sub->add_option("--dtype", o->dtype, "Training dtype: bf16 (default), fp16, fp8 or fp32");
   sub->add_option("--seq-len", o->defaults.seq_len, "Sequence length (default: the model's context length)")
-      ->check(CLI::PositiveNumber);
+      ->check(CountValidator());
   sub->callback([o] { run_import(*o); });
 }
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include "commands.h"
 #include "dtrain/common/error.h"
@@ -30,16 +31,16 @@ std::string program_file(const std::string& dir, int rank) { return fmt::format(
 
 struct LowerOptions {
   std::string plan;
-  int rank = -1;
+  std::optional<int> rank;  // an index: ir::lower refuses one outside the plan's world, negative ones too
   bool all = false;
   std::string output;
 };
 
 void run_lower(const LowerOptions& o) {
   plan::Plan p = plan::load_plan(o.plan);
-  if (o.all == (o.rank >= 0)) throw input_error("dtplan lower: give exactly one of --rank R and --all");
+  if (o.all == o.rank.has_value()) throw input_error("dtplan lower: give exactly one of --rank R and --all");
   if (!o.all) {
-    ir::Program program = ir::lower(p, o.rank);
+    ir::Program program = ir::lower(p, *o.rank);
     std::string text = ir::print_program(program);
     if (o.output.empty())
       std::cout << text;

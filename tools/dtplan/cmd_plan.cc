@@ -147,7 +147,7 @@ void run_explain(const PlanOptions& o) {
     InputOptions io = o.inputs;
     io.nodes = p.inputs.nodes;  // the plan's shape
     io.ranks_per_node = p.inputs.gpus_per_node;
-    io.gpus = 0;
+    io.gpus.reset();
     io.global_batch = p.inputs.global_batch;
     io.fixed = {p.inputs.fixed};
     PlanningInputs in = load_planning_inputs(io);

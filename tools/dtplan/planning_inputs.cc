@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/common/cli_count.h"
 #include "dtrain/common/error.h"
 #include "dtrain/model/model_spec.h"
 #include "dtrain/topology/cluster_spec.h"
@@ -14,47 +15,48 @@ void add_input_options(CLI::App& cmd, InputOptions& o) {
   cmd.add_option("--cluster", o.cluster, "Cluster description (cluster.toml)");
   cmd.add_option("--topology", o.topology,
                  "Plan for homogeneous nodes like this one: an hwloc XML file, or 'live' for this machine");
-  cmd.add_option("--nodes", o.nodes, "Number of nodes (overrides [cluster] nodes)");
+  cmd.add_option("--nodes", o.nodes, "Number of nodes (overrides [cluster] nodes)")->check(CountValidator());
   cmd.add_option("--gpus", o.gpus,
                  "Number of GPUs (ranks): a multiple of the ranks per node, or fewer than one node's GPUs for one "
-                 "node (overrides [cluster] nodes)");
+                 "node (overrides [cluster] nodes)")
+      ->check(CountValidator());
   cmd.add_option("--ranks-per-node", o.ranks_per_node,
                  "Ranks (GPUs used) per node when fewer than the node has: they run on GPUs 0..K-1 (default: all; "
-                 "docs/cost-model.md#fitting-the-cluster-to-the-job)");
-  cmd.add_option("--global-batch", o.global_batch, "Sequences per optimizer step (overrides [training] global_batch)");
+                 "docs/cost-model.md#fitting-the-cluster-to-the-job)")
+      ->check(CountValidator());
+  cmd.add_option("--global-batch", o.global_batch, "Sequences per optimizer step (overrides [training] global_batch)")
+      ->check(CountValidator());
   cmd.add_option("--fix", o.fixed,
                  "Pin dimensions: tp=8,pp=4,dp=2,vpp=1,micro_batch=1,recompute=full,"
                  "sequence_parallel=true,distributed_optimizer=false,schedule=1f1b");
 }
 
 plan::JobShape job_shape(const InputOptions& o, const topology::ClusterSpec& cluster) {
-  if (o.nodes < 0 || o.gpus < 0) throw input_error("--nodes and --gpus must be positive");
-  if (o.ranks_per_node < 0) throw input_error("--ranks-per-node must be positive");
   const int node_gpus = cluster.node.gpus;
   const std::string& where = cluster.locations.count("node.gpus") ? cluster.locations.at("node.gpus") : cluster.name;
   plan::JobShape shape;
   shape.ranks_per_node = node_gpus;
-  if (o.ranks_per_node > 0) {
-    shape.ranks_per_node = o.ranks_per_node;
-  } else if (o.gpus > 0 && o.gpus < node_gpus) {
-    if (node_gpus % o.gpus != 0) {
-      throw input_error(fmt::format("{}: --gpus {} does not divide the GPUs of one node", where, o.gpus));
+  if (o.ranks_per_node) {
+    shape.ranks_per_node = *o.ranks_per_node;
+  } else if (o.gpus && *o.gpus < node_gpus) {
+    if (node_gpus % *o.gpus != 0) {
+      throw input_error(fmt::format("{}: --gpus {} does not divide the GPUs of one node", where, *o.gpus));
     }
-    shape.ranks_per_node = o.gpus;  // one node, partly used
+    shape.ranks_per_node = *o.gpus;  // one node, partly used
   }
   const int k = shape.ranks_per_node;
-  if (o.nodes > 0 && o.gpus > 0 && o.nodes * k != o.gpus) {
-    throw input_error(fmt::format("--nodes {} and --gpus {} disagree: {} nodes of {} GPUs are {} GPUs", o.nodes, o.gpus,
-                                  o.nodes, k, o.nodes * k));
+  if (o.nodes && o.gpus && *o.nodes * k != *o.gpus) {
+    throw input_error(fmt::format("--nodes {} and --gpus {} disagree: {} nodes of {} GPUs are {} GPUs", *o.nodes,
+                                  *o.gpus, *o.nodes, k, *o.nodes * k));
   }
-  if (o.gpus > 0 && o.gpus % k != 0) {
-    if (o.ranks_per_node > 0) {
-      throw input_error(fmt::format("--gpus {} is not a multiple of --ranks-per-node {}", o.gpus, k));
+  if (o.gpus && *o.gpus % k != 0) {
+    if (o.ranks_per_node) {
+      throw input_error(fmt::format("--gpus {} is not a multiple of --ranks-per-node {}", *o.gpus, k));
     }
-    throw input_error(fmt::format("{}: --gpus {} is not a multiple of the GPUs per node (use {} or {})", where, o.gpus,
-                                  o.gpus / k * k, (o.gpus / k + 1) * k));
+    throw input_error(fmt::format("{}: --gpus {} is not a multiple of the GPUs per node (use {} or {})", where, *o.gpus,
+                                  *o.gpus / k * k, (*o.gpus / k + 1) * k));
   }
-  shape.nodes = o.nodes > 0 ? o.nodes : o.gpus > 0 ? o.gpus / k : cluster.nodes;
+  shape.nodes = o.nodes ? *o.nodes : o.gpus ? *o.gpus / k : cluster.nodes;
   return shape;
 }
 
@@ -76,10 +78,9 @@ PlanningInputs load_planning_inputs(const InputOptions& o) {
     cluster.locations["node.gpus"] = fmt::format("{}: {} GPUs per node", o.topology, cluster.node.gpus);
   plan::JobRequest request;
   request.shape = job_shape(o, cluster);
-  if (o.global_batch < 0) throw input_error("--global-batch must be at least 1");
-  if (o.global_batch > 0) {
-    request.global_batch = o.global_batch;
-    request.global_batch_source = fmt::format("--global-batch {}", o.global_batch);
+  if (o.global_batch) {
+    request.global_batch = *o.global_batch;
+    request.global_batch_source = fmt::format("--global-batch {}", *o.global_batch);
   }
   for (const auto& f : o.fixed) request.fixed = plan::merge(request.fixed, plan::parse_fixed(f));
   return plan::prepare_job(model, cluster, request);

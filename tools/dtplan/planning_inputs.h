@@ -5,7 +5,9 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,10 +20,11 @@ struct InputOptions {
   std::string model;
   std::string cluster;
   std::string topology;  // hwloc XML of one node (homogeneous nodes); "live" for this machine
-  int nodes = 0;
-  int gpus = 0;
-  int ranks_per_node = 0;
-  std::int64_t global_batch = 0;
+  // Counts (dtrain/common/count.h): absent unless given; the parser refuses 0 and negative values.
+  std::optional<int> nodes;
+  std::optional<int> gpus;
+  std::optional<int> ranks_per_node;
+  std::optional<std::int64_t> global_batch;
   std::vector<std::string> fixed;
 };
 

@@ -45,6 +45,8 @@ std::vector<EfficiencyCurve> default_efficiency_curves() {
   };
 }
 
+int default_nic_of_gpu(int gpu, int gpus, int nics) { return gpu * nics / gpus; }
+
 ClusterSpec default_network(ClusterSpec spec) {
   if (spec.network.efficiency.empty()) spec.network.efficiency = default_efficiency_curves();
   return spec;
@@ -179,7 +181,7 @@ void read_network(TableReader& n, NetworkSpec& net) {
     auto scope = t.get_choice("scope", {"nvlink", "network"});
     if (!scope) t.fail("scope", "required key is missing (nvlink or network)");
     curve.scope = *scope;
-    curve.participants = static_cast<int>(t.get_int_at_least("participants", 2).value_or(0));
+    curve.participants = static_cast<int>(t.get_count("participants", 2).value_or(0));
     auto bytes = t.get_number_array("bytes");
     auto eff = t.get_number_array("efficiency");
     if (!bytes || bytes->empty()) t.fail("bytes", "required: ascending message sizes in bytes");
@@ -266,13 +268,13 @@ ClusterSpec parse_cluster_tables(TableReader root) {
   }
   spec.name = cluster->get_string("name").value_or("");
   if (spec.name.empty()) cluster->fail("name", "required key is missing or empty");
-  spec.nodes = static_cast<int>(cluster->get_int_at_least("nodes", 1).value_or(1));
+  spec.nodes = static_cast<int>(cluster->get_count("nodes").value_or(1));
   spec.locations["cluster.nodes"] = fmt::format("{}: [cluster] nodes = {}", cluster->where("nodes"), spec.nodes);
   cluster->reject_unknown();
 
   TableReader& n = *node;
   NodeSpec& ns = spec.node;
-  auto gpus = n.get_int_at_least("gpus", 1);
+  auto gpus = n.get_count("gpus");
   if (!gpus) n.fail("gpus", "required key is missing (GPUs per node)");
   if (*gpus > 1024) n.fail("gpus", "more than 1024 GPUs in one node is not plausible");
   ns.gpus = static_cast<int>(*gpus);
@@ -296,7 +298,7 @@ ClusterSpec parse_cluster_tables(TableReader root) {
   if (gpu) read_gpu_table(*gpu, ns.gpu, !gpu_name || !find_gpu(*gpu_name));
   spec.locations["node.gpu"] = fmt::format("{}: [node] gpu", n.where("gpu"));
 
-  ns.nvlink_domain = static_cast<int>(n.get_int_at_least("nvlink_domain", 1).value_or(ns.gpus));
+  ns.nvlink_domain = static_cast<int>(n.get_count("nvlink_domain").value_or(ns.gpus));
   if (ns.nvlink_domain > ns.gpus) {
     n.fail("nvlink_domain", fmt::format("is larger than gpus = {} per node (multi-node NVLink domains are not "
                                         "modelled)",
@@ -306,10 +308,10 @@ ClusterSpec parse_cluster_tables(TableReader root) {
     n.fail("nvlink_domain", fmt::format("does not divide gpus = {} (every GPU belongs to one domain)", ns.gpus));
   }
   ns.nvlink_gbps = n.get_positive_number("nvlink_gbps").value_or(ns.nvlink_domain > 1 ? 300.0 : 25.0);
-  ns.nics = static_cast<int>(n.get_int_at_least("nics", 0).value_or(ns.gpus));
+  ns.nics = static_cast<int>(n.get_count("nics", 0).value_or(ns.gpus));  // 0: no network (one node only)
   ns.nic_gbps = n.get_positive_number("nic_gbps").value_or(25.0);
   ns.pcie_gbps = n.get_positive_number("pcie_gbps").value_or(25.0);
-  ns.cores = static_cast<int>(n.get_int_at_least("cores", 1).value_or(0));
+  ns.cores = static_cast<int>(n.get_count("cores").value_or(0));
   if (spec.nodes > 1 && ns.nics == 0) {
     n.fail("nics", fmt::format("is 0 but [cluster] nodes = {}: nodes need a network to train together", spec.nodes));
   }

@@ -32,23 +32,7 @@ std::string_view to_string(ReduceOp op) {
   return "?";
 }
 
-std::size_t element_bytes(DType dtype) {
-  switch (dtype) {
-    case DType::kFp32:
-      return 4;
-    case DType::kBf16:
-    case DType::kFp16:
-      return 2;
-    case DType::kFp8:
-    case DType::kUint8:
-      return 1;
-    case DType::kInt32:
-      return 4;
-    case DType::kInt64:
-      return 8;
-  }
-  return 4;
-}
+std::size_t element_bytes(DType dtype) { return static_cast<std::size_t>(storage_bytes(dtype)); }
 
 std::string describe_elements(std::size_t count, DType dtype) {
   if (dtype == DType::kFp32) return detail::floats(count);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <vector>
 
+#include "dtrain/common/count.h"
 #include "dtrain/common/error.h"
 
 namespace dtrain::exec {
@@ -29,7 +30,7 @@ T read_le(const unsigned char* p) {
 class TokenFile final : public DataSource {
  public:
   TokenFile(const std::string& path, int epochs) : path_(path), epochs_(epochs) {
-    if (epochs < 1) throw input_error(fmt::format("--epochs {}: must be at least 1", epochs));
+    require_count("--epochs", epochs);
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0)
       throw input_error(fmt::format("{}: data file not found or not readable: {}", path, std::strerror(errno)));

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "dtrain/common/count.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/hostlist.h"
 #include "dtrain/common/strings.h"
@@ -127,15 +128,8 @@ JobConfig resolve_job(const LaunchOptions& options, const Environment& env) {
   if (options.command.empty()) {
     throw input_error("no command to run: give it after '--', for example: dtlaunch --nproc 4 -- dtexec train ...");
   }
-  if (options.nproc_per_node < 1) {
-    throw input_error(
-        fmt::format("--nproc-per-node {}: expected the number of ranks to start on each node (at "
-                    "least 1; one per GPU on a GPU node)",
-                    options.nproc_per_node));
-  }
-  if (options.max_restarts < 0) {
-    throw input_error(fmt::format("--max-restarts {}: expected 0 or more", options.max_restarts));
-  }
+  require_count("--nproc-per-node", options.nproc_per_node);
+  require_count("--max-restarts", options.max_restarts, 0);  // 0: no restart
   check_positive(options.heartbeat_timeout_s, "--heartbeat-timeout");
   check_positive(options.progress_timeout_s, "--progress-timeout", true);
   check_positive(options.node_timeout_s, "--node-timeout");
@@ -144,9 +138,7 @@ JobConfig resolve_job(const LaunchOptions& options, const Environment& env) {
   check_positive(options.rdzv_timeout_s, "--rdzv-timeout");
   check_positive(options.progress_interval_s, "--progress-interval", true);
   check_positive(options.straggler_threshold, "--straggler-threshold", true);
-  if (options.straggler_steps < 1) {
-    throw input_error(fmt::format("--straggler-steps {}: expected 1 or more", options.straggler_steps));
-  }
+  require_count("--straggler-steps", options.straggler_steps);
   job.nproc_per_node = options.nproc_per_node;
 
   std::optional<std::pair<std::string, std::uint16_t>> rdzv;
@@ -229,7 +221,7 @@ JobConfig resolve_job(const LaunchOptions& options, const Environment& env) {
     }
     job.nnodes = options.nnodes.value_or(1);
     job.node_rank = options.node_rank.value_or(0);
-    if (job.nnodes < 1) throw input_error(fmt::format("--nnodes {}: expected 1 or more", job.nnodes));
+    require_count("--nnodes", job.nnodes);
     if (job.node_rank < 0 || job.node_rank >= job.nnodes) {
       throw input_error(
           fmt::format("--node-rank {}: expected 0 to {} (--nnodes {})", job.node_rank, job.nnodes - 1, job.nnodes));
@@ -270,7 +262,7 @@ std::pair<int, int> parse_nnodes(std::string_view text) {
   const auto colon = text.find(':');
   const auto lo = parse_int(text.substr(0, colon));
   const auto hi = colon == std::string_view::npos ? lo : parse_int(text.substr(colon + 1));
-  if (!lo || !hi || *lo < 1 || *hi < *lo || *hi > 100000) {
+  if (!lo || !hi || !is_count(*lo) || *hi < *lo || *hi > 100000) {
     throw input_error(
         fmt::format("--nnodes {}: expected N or MIN:MAX with 1 <= MIN <= MAX (for example 4 or 3:4)", text));
   }

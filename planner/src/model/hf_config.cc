@@ -194,8 +194,7 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
   };
   // The sequence length: --seq-len, else the model's context length (`field`).
   auto put_seq_len = [&](const std::string& field, std::int64_t context) {
-    put("seq_len", std::to_string(defaults.seq_len > 0 ? defaults.seq_len : context),
-        defaults.seq_len > 0 ? "--seq-len" : field);
+    put("seq_len", std::to_string(defaults.seq_len.value_or(context)), defaults.seq_len ? "--seq-len" : field);
   };
   put("name", toml_string(model_name(path, defaults)), defaults.name.empty() ? "the file's directory" : "--name");
   if (llama_like) {
@@ -271,9 +270,9 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
     put("heads", std::to_string(heads), "n_head");
     put("vocab", std::to_string(c.integer("vocab_size", 2)), "vocab_size");
     put_seq_len("n_positions", positions);
-    if (defaults.seq_len > positions) {
+    if (defaults.seq_len && *defaults.seq_len > positions) {
       c.fail("n_positions", fmt::format("{} learned positions, fewer than the sequence length {} asked for", positions,
-                                        defaults.seq_len));
+                                        *defaults.seq_len));
     }
     put("tied_embeddings", c.boolean("tie_word_embeddings", true) ? "true" : "false",
         c.source("tie_word_embeddings", "default true"));
@@ -315,8 +314,8 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
   }
 
   std::vector<Line> t;
-  t.push_back({"global_batch", std::to_string(defaults.global_batch > 0 ? defaults.global_batch : kDefaultGlobalBatch),
-               defaults.global_batch > 0 ? "--global-batch" : "not in config.json: dtrain's default"});
+  t.push_back({"global_batch", std::to_string(defaults.global_batch.value_or(kDefaultGlobalBatch)),
+               defaults.global_batch ? "--global-batch" : "not in config.json: dtrain's default"});
   t.push_back({"dtype", fmt::format("\"{}\"", to_string(defaults.dtype.value_or(DType::kBf16))),
                defaults.dtype ? "--dtype" : "not in config.json: dtrain's default"});
   t.push_back({"optimizer", "\"adamw\"", "not in config.json: dtrain's default"});

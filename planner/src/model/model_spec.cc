@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "dtrain/common/count.h"
 #include "dtrain/common/digest.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/strings.h"
@@ -119,21 +120,21 @@ std::int64_t llama_ffn_hidden(std::int64_t hidden, double multiplier, std::int64
 // [model.moe]: every key checked against the others and the model, each error at the key to fix.
 void parse_moe(TableReader& t, ModelSpec& spec) {
   MoeSpec& moe = spec.moe;
-  moe.experts = t.get_int_at_least("experts", 2).value_or(0);
+  moe.experts = t.get_count("experts", 2).value_or(0);
   if (moe.experts == 0) t.fail("experts", "required key is missing (routed experts per MoE layer, at least 2)");
-  moe.top_k = t.get_int_at_least("top_k", 1).value_or(0);
+  moe.top_k = t.get_count("top_k").value_or(0);
   if (moe.top_k == 0) t.fail("top_k", "required key is missing (experts each token is routed to)");
   if (moe.top_k > moe.experts) {
     t.fail("top_k", fmt::format("is greater than experts = {} (a token goes to top_k different experts)", moe.experts));
   }
-  moe.ffn_hidden = t.get_int_at_least("ffn_hidden", 1).value_or(spec.ffn_hidden);
-  moe.shared_ffn_hidden = t.get_int_at_least("shared_ffn_hidden", 0).value_or(0);
+  moe.ffn_hidden = t.get_count("ffn_hidden").value_or(spec.ffn_hidden);
+  moe.shared_ffn_hidden = t.get_count("shared_ffn_hidden", 0).value_or(0);  // 0: no shared experts
   moe.shared_gate = t.get_bool("shared_gate").value_or(false);
   if (moe.shared_gate && moe.shared_ffn_hidden == 0) {
     t.fail("shared_gate", "gates the shared experts, but shared_ffn_hidden is 0 (there are none)");
   }
-  moe.interval = t.get_int_at_least("interval", 1).value_or(1);
-  moe.first_dense = t.get_int_at_least("first_dense", 0).value_or(0);
+  moe.interval = t.get_count("interval").value_or(1);
+  moe.first_dense = t.get_count("first_dense", 0).value_or(0);  // 0: no dense layers before the first MoE one
   if (moe.first_dense >= spec.layers) {
     t.fail("first_dense", fmt::format("leaves no MoE layer among layers = {}", spec.layers));
   }
@@ -176,17 +177,17 @@ ModelDescription parse_model_tables(TableReader root) {
   spec.arch = *arch == "gpt" ? Arch::kGpt : Arch::kLlama;
   bool llama = spec.arch == Arch::kLlama;
 
-  spec.layers = m.get_int_at_least("layers", 1).value_or(0);
+  spec.layers = m.get_count("layers").value_or(0);
   if (spec.layers == 0) m.fail("layers", "required key is missing");
-  spec.hidden = m.get_int_at_least("hidden", 1).value_or(0);
+  spec.hidden = m.get_count("hidden").value_or(0);
   if (spec.hidden == 0) m.fail("hidden", "required key is missing");
-  spec.heads = m.get_int_at_least("heads", 1).value_or(0);
+  spec.heads = m.get_count("heads").value_or(0);
   if (spec.heads == 0) m.fail("heads", "required key is missing");
-  spec.kv_heads = m.get_int_at_least("kv_heads", 1).value_or(spec.heads);
-  spec.vocab = m.get_int_at_least("vocab", 2).value_or(0);
+  spec.kv_heads = m.get_count("kv_heads").value_or(spec.heads);
+  spec.vocab = m.get_count("vocab", 2).value_or(0);
   if (spec.vocab == 0) m.fail("vocab", "required key is missing");
-  spec.vocab_divisible_by = m.get_int_at_least("make_vocab_size_divisible_by", 1).value_or(kDefaultVocabDivisibleBy);
-  spec.seq_len = m.get_int_at_least("seq_len", 1).value_or(0);
+  spec.vocab_divisible_by = m.get_count("make_vocab_size_divisible_by").value_or(kDefaultVocabDivisibleBy);
+  spec.seq_len = m.get_count("seq_len").value_or(0);
   if (spec.seq_len == 0) m.fail("seq_len", "required key is missing");
   spec.tied_embeddings = m.get_bool("tied_embeddings").value_or(!llama);
 
@@ -205,9 +206,9 @@ ModelDescription parse_model_tables(TableReader root) {
   if (spec.dropout < 0.0 || spec.dropout >= 1.0) m.fail("dropout", "must be in [0, 1)");
   spec.norm_eps = m.get_positive_number("norm_eps").value_or(1e-5);
   spec.rope_theta = m.get_positive_number("rope_theta").value_or(10000.0);
-  std::int64_t multiple_of = m.get_int_at_least("ffn_multiple_of", 1).value_or(256);
+  std::int64_t multiple_of = m.get_count("ffn_multiple_of").value_or(256);
   double ffn_multiplier = m.get_positive_number("ffn_dim_multiplier").value_or(1.0);
-  if (auto ffn = m.get_int_at_least("ffn_hidden", 1)) {
+  if (auto ffn = m.get_count("ffn_hidden")) {
     spec.ffn_hidden = *ffn;
   } else {
     spec.ffn_hidden = llama ? llama_ffn_hidden(spec.hidden, ffn_multiplier, multiple_of) : 4 * spec.hidden;
@@ -234,9 +235,8 @@ ModelDescription parse_model_tables(TableReader root) {
 
   TableReader& t = *training_table;
   TrainingSpec& tr = desc.training;
-  auto gb = t.get_int("global_batch");
+  auto gb = t.get_count("global_batch");
   if (!gb) t.fail("global_batch", "required key is missing (sequences per optimizer step)");
-  if (*gb < 1) t.fail("global_batch", "must be at least 1 sequence");
   tr.global_batch = *gb;
   auto dtype = t.get_choice("dtype", {"bf16", "fp16", "fp8", "fp32"});
   tr.dtype = dtype ? *parse_dtype(*dtype) : DType::kBf16;
@@ -253,8 +253,8 @@ ModelDescription parse_model_tables(TableReader root) {
   tr.lr = t.get_positive_number("lr").value_or(tr.lr);
   tr.min_lr = t.get_number("min_lr").value_or(tr.lr / 10.0);
   if (tr.min_lr < 0 || tr.min_lr > tr.lr) t.fail("min_lr", fmt::format("must be in [0, lr = {}]", tr.lr));
-  tr.warmup_steps = t.get_int_at_least("warmup_steps", 0).value_or(tr.warmup_steps);
-  tr.decay_steps = t.get_int_at_least("decay_steps", 1).value_or(tr.decay_steps);
+  tr.warmup_steps = t.get_count("warmup_steps", 0).value_or(tr.warmup_steps);  // 0: no warmup
+  tr.decay_steps = t.get_count("decay_steps").value_or(tr.decay_steps);
   tr.weight_decay = t.get_number("weight_decay").value_or(tr.weight_decay);
   if (tr.weight_decay < 0) t.fail("weight_decay", "must not be negative");
   tr.beta1 = t.get_number("beta1").value_or(tr.beta1);
@@ -291,13 +291,19 @@ void validate(const ModelSpec& m, const TrainingSpec& t, const std::string& sour
   auto bad = [&](const std::string& what) {
     throw input_error(fmt::format("{}: {}", source.empty() ? "model" : source, what));
   };
-  if (m.layers < 1 || m.hidden < 1 || m.heads < 1 || m.kv_heads < 1 || m.vocab < 2 || m.seq_len < 1 ||
-      m.ffn_hidden < 1) {
-    bad("layers, hidden, heads, kv_heads, ffn_hidden and seq_len must be at least 1 and vocab at least 2");
+  const std::pair<const char*, std::int64_t> counts[] = {{"layers", m.layers},
+                                                         {"hidden", m.hidden},
+                                                         {"heads", m.heads},
+                                                         {"kv_heads", m.kv_heads},
+                                                         {"ffn_hidden", m.ffn_hidden},
+                                                         {"seq_len", m.seq_len},
+                                                         {"global_batch", t.global_batch}};
+  for (const auto& [key, value] : counts) {
+    if (!is_count(value)) bad(fmt::format("{} = {}: {}", key, value, count_requirement()));
   }
+  if (!is_count(m.vocab, 2)) bad(fmt::format("vocab = {}: {}", m.vocab, count_requirement(2)));
   if (m.hidden % m.heads != 0) bad(fmt::format("heads = {} does not divide hidden = {}", m.heads, m.hidden));
   if (m.heads % m.kv_heads != 0) bad(fmt::format("kv_heads = {} does not divide heads = {}", m.kv_heads, m.heads));
-  if (t.global_batch < 1) bad("global_batch must be at least 1");
   if (m.moe.enabled()) {
     const MoeSpec& e = m.moe;
     if (e.experts < 2 || e.top_k < 1 || e.top_k > e.experts) {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/common/count.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/strings.h"
 
@@ -134,9 +135,10 @@ FixedDims parse_fixed(std::string_view text) {
     auto bad = [&](std::string_view expected) -> Error {
       return input_error(fmt::format("--fix: {}={}: expected {}", key, value, expected));
     };
-    auto positive = [&]() {
+    auto positive = [&]() {  // a count (dtrain/common/count.h)
       auto v = parse_int(value);
-      if (!v || *v < 1 || *v > (1 << 30)) throw bad("a positive integer");
+      if (!v || *v > (1 << 30)) throw bad("a positive integer");
+      if (!is_count(*v)) throw input_error(fmt::format("--fix: {}={}: {}", key, value, count_requirement()));
       return static_cast<int>(*v);
     };
     if (key == "tp")

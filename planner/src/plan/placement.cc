@@ -28,7 +28,7 @@ RankPlacement place_rank(const ParallelConfig& c, int gpus_per_node, const std::
   } else if (static_cast<int>(nic_of_gpu.size()) == gpus_per_node) {
     p.nic = nic_of_gpu[static_cast<std::size_t>(p.gpu)];
   } else {
-    p.nic = p.gpu * nics / gpus_per_node;
+    p.nic = topology::default_nic_of_gpu(p.gpu, gpus_per_node, nics);
   }
   Coords k = coords(c, rank);
   p.tp_rank = k.tp;

@@ -178,11 +178,11 @@ Plan parse_plan(const std::string& text, const std::string& name) {
   in.model_digest = inputs->require_string("model_digest");
   in.cluster_name = inputs->require_string("cluster");
   in.cluster_digest = inputs->require_string("cluster_digest");
-  in.nodes = static_cast<int>(inputs->get_int_at_least("nodes", 1).value_or(1));
-  in.gpus_per_node = static_cast<int>(inputs->get_int_at_least("gpus_per_node", 1).value_or(1));
-  in.gpus = static_cast<int>(inputs->get_int_at_least("gpus", 1).value_or(1));
-  in.global_batch = inputs->get_int_at_least("global_batch", 1).value_or(1);
-  in.seq_len = inputs->get_int_at_least("seq_len", 1).value_or(1);
+  in.nodes = static_cast<int>(inputs->get_count("nodes").value_or(1));
+  in.gpus_per_node = static_cast<int>(inputs->get_count("gpus_per_node").value_or(1));
+  in.gpus = static_cast<int>(inputs->get_count("gpus").value_or(1));
+  in.global_batch = inputs->get_count("global_batch").value_or(1);
+  in.seq_len = inputs->get_count("seq_len").value_or(1);
   in.fixed = inputs->get_string("fixed").value_or("");
   inputs->reject_unknown();
 
@@ -199,7 +199,7 @@ Plan parse_plan(const std::string& text, const std::string& name) {
 
   ParallelConfig& c = p.config;
   auto positive = [&](std::string_view key) {
-    auto v = config->get_int_at_least(key, 1);
+    auto v = config->get_count(key);
     if (!v) config->fail(key, "required key is missing");
     return static_cast<int>(*v);
   };
@@ -225,8 +225,8 @@ Plan parse_plan(const std::string& text, const std::string& name) {
   if (static_cast<int>(c.chunk_layers.size()) != c.pp * c.vpp) {
     config->fail("chunk_layers", fmt::format("needs pp*vpp = {} entries", c.pp * c.vpp));
   }
-  c.ep = static_cast<int>(config->get_int_at_least("ep", 1).value_or(1));
-  c.etp = static_cast<int>(config->get_int_at_least("etp", 1).value_or(0));
+  c.ep = static_cast<int>(config->get_count("ep").value_or(1));
+  c.etp = static_cast<int>(config->get_count("etp").value_or(0));
   config->reject_unknown();
   if (c.world_size() != in.gpus) {
     config->fail_table(fmt::format("tp*pp*dp = {} but [inputs] gpus = {}", c.world_size(), in.gpus));

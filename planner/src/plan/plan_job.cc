@@ -4,16 +4,15 @@
 
 #include <numeric>
 
+#include "dtrain/common/count.h"
 #include "dtrain/plan/report.h"
 
 namespace dtrain::plan {
 
 topology::ClusterSpec fit_cluster(topology::ClusterSpec c, const JobShape& shape, const std::string& source) {
   const std::string& name = !source.empty() ? source : !c.source.empty() ? c.source : c.name;
-  if (shape.nodes < 1 || shape.ranks_per_node < 1) {
-    throw input_error(fmt::format("a job of {} nodes x {} ranks per node: both must be at least 1", shape.nodes,
-                                  shape.ranks_per_node));
-  }
+  require_count("the job's nodes", shape.nodes);
+  require_count("the job's ranks per node", shape.ranks_per_node);
   const int k = shape.ranks_per_node;
   const int gpus = c.node.gpus;
   if (k > gpus) {
@@ -23,8 +22,8 @@ topology::ClusterSpec fit_cluster(topology::ClusterSpec c, const JobShape& shape
     const int d = c.node.nvlink_domain;
     c.node.nvlink_domain = k <= d ? k : std::gcd(d, k);
     if (c.node.nic_of_gpu.empty() && c.node.nics > 0) {
-      // The default rail mapping of the whole node (placement.cc uses the same formula).
-      for (int g = 0; g < gpus; ++g) c.node.nic_of_gpu.push_back(g * c.node.nics / gpus);
+      // The default rail mapping of the whole node, written out: over k GPUs it would name other NICs.
+      for (int g = 0; g < gpus; ++g) c.node.nic_of_gpu.push_back(topology::default_nic_of_gpu(g, gpus, c.node.nics));
     }
     if (!c.node.nic_of_gpu.empty()) c.node.nic_of_gpu.resize(static_cast<std::size_t>(k));
     c.node.gpus = k;
@@ -35,14 +34,14 @@ topology::ClusterSpec fit_cluster(topology::ClusterSpec c, const JobShape& shape
 }
 
 Job prepare_job(const model::ModelDescription& model, const topology::ClusterSpec& cluster, const JobRequest& r) {
-  if (r.global_batch < 0) throw input_error(fmt::format("global batch {}: must be at least 1", r.global_batch));
+  if (r.global_batch) require_count("global batch", *r.global_batch);
   Job job;
   job.cost_model = std::make_shared<const CostModel>(model, fit_cluster(cluster, r.shape, r.cluster_source));
   job.options.gpus = r.shape.world_size();
-  if (r.global_batch > 0) {
-    job.options.global_batch = r.global_batch;
+  if (r.global_batch) {
+    job.options.global_batch = *r.global_batch;
     job.options.global_batch_source =
-        r.global_batch_source.empty() ? fmt::format("global batch {}", r.global_batch) : r.global_batch_source;
+        r.global_batch_source.empty() ? fmt::format("global batch {}", *r.global_batch) : r.global_batch_source;
   } else {
     job.options.global_batch = model.training.global_batch;
     job.options.global_batch_source = model.located("training.global_batch", "global_batch");

@@ -63,11 +63,17 @@ TEST(TomlReader, ChoiceListsValidValuesAndSuggests) {
   EXPECT_THAT(msg, HasSubstr("did you mean \"bf16\""));
 }
 
-TEST(TomlReader, AtLeastRejectsZeroAndNegative) {
-  auto doc = TomlDocument::parse_string("[a]\nx = 0\ny = -4\n", "a.toml");
+TEST(TomlReader, CountRejectsZeroAndNegative) {
+  auto doc = TomlDocument::parse_string("[a]\nx = 0\ny = -4\nz = 3\nw = 1\n", "a.toml");
   auto a = doc.root().table("a");
-  EXPECT_THAT(error_of([&] { a->get_int_at_least("x", 1); }), HasSubstr("[a] x = 0: must be at least 1"));
-  EXPECT_THAT(error_of([&] { a->get_int_at_least("y", 1); }), HasSubstr("a.toml:3: [a] y = -4"));
+  EXPECT_THAT(error_of([&] { a->get_count("x"); }), HasSubstr("a.toml:2: [a] x = 0: must be at least 1"));
+  EXPECT_THAT(error_of([&] { a->get_count("y"); }), HasSubstr("a.toml:3: [a] y = -4: must be at least 1"));
+  EXPECT_EQ(a->get_count("z"), 3);
+  EXPECT_EQ(a->get_count("missing"), std::nullopt);  // absent stays absent: no 0 stands in for it
+  // A key documented with another bound: 0 where none is a real amount, 2 where fewer means nothing.
+  EXPECT_THAT(error_of([&] { a->get_count("y", 0); }), HasSubstr("[a] y = -4: must be at least 0"));
+  EXPECT_EQ(a->get_count("x", 0), 0);
+  EXPECT_THAT(error_of([&] { a->get_count("w", 2); }), HasSubstr("[a] w = 1: must be at least 2"));
 }
 
 TEST(TomlReader, ArraysAreTypeChecked) {

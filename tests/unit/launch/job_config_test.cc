@@ -82,7 +82,8 @@ TEST(JobConfig, UsageErrors) {
   LaunchOptions o = options();
   o.command.clear();
   EXPECT_THAT(error_of(o), HasSubstr("no command to run"));
-  EXPECT_THAT(error_of(options(0)), HasSubstr("--nproc-per-node 0"));
+  EXPECT_THAT(error_of(options(0)), HasSubstr("--nproc-per-node: must be at least 1, not 0"));
+  EXPECT_THAT(error_of(options(-4)), HasSubstr("--nproc-per-node: must be at least 1, not -4"));
   o = options();
   o.nnodes = 2;
   o.node_rank = 0;
@@ -103,7 +104,7 @@ TEST(JobConfig, UsageErrors) {
   EXPECT_THAT(error_of(o), HasSubstr("--node-rank needs --nnodes"));
   o = options();
   o.max_restarts = -1;
-  EXPECT_THAT(error_of(o), HasSubstr("--max-restarts -1"));
+  EXPECT_THAT(error_of(o), HasSubstr("--max-restarts: must be at least 0, not -1"));
   o = options();
   o.heartbeat_timeout_s = 0;
   EXPECT_THAT(error_of(o), HasSubstr("--heartbeat-timeout 0"));

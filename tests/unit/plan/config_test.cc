@@ -38,6 +38,14 @@ TEST(FixedDims, RejectsUnknownKeysWithSuggestion) {
     EXPECT_THAT(e.what(), HasSubstr("did you mean 'tp'"));
   }
   EXPECT_THROW(parse_fixed("tp=0"), Error);
+  for (const char* zero : {"tp=0", "pp=-2", "micro_batch=0"}) {
+    try {
+      parse_fixed(zero);
+      FAIL() << zero;
+    } catch (const Error& e) {  // a count (dtrain/common/count.h), refused naming the key, never "not pinned"
+      EXPECT_THAT(e.what(), HasSubstr(std::string("--fix: ") + zero + ": must be at least 1"));
+    }
+  }
   EXPECT_THROW(parse_fixed("recompute=most"), Error);
   EXPECT_THROW(parse_fixed("tp"), Error);
 }

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -580,6 +582,28 @@ TEST(DtplanCli, UsageErrorsExitTwo) {
   Result nodes = run("plan --model " + kGpt3 + " --cluster " + kDgx + " --nodes 2 --gpus 24");
   EXPECT_EQ(nodes.exit_code, 2);
   EXPECT_THAT(nodes.err, HasSubstr("--nodes 2 and --gpus 24 disagree"));
+}
+
+// Counts (dtrain/common/count.h): 0 and negative values are refused naming the option, never taken as "not given".
+TEST(DtplanCli, ZeroAndNegativeCountsExitTwoNamingTheOption) {
+  const std::string inputs = "--model " + kGpt3 + " --cluster " + kDgx;
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"plan " + inputs + " --gpus 0", "--gpus: must be at least 1, not 0"},
+           {"plan " + inputs + " --gpus -4", "--gpus: must be at least 1, not -4"},
+           {"plan " + inputs + " --global-batch 0", "--global-batch: must be at least 1, not 0"},
+           {"plan " + inputs + " --nodes 0", "--nodes: must be at least 1, not 0"},
+           {"explain " + inputs + " --ranks-per-node 0", "--ranks-per-node: must be at least 1, not 0"},
+           {"import " + kRoot + "/tests/data/hf/mistral-7b-v0.3/config.json --global-batch 0",
+            "--global-batch: must be at least 1, not 0"},
+           {"import " + kRoot + "/tests/data/hf/mistral-7b-v0.3/config.json --seq-len -1",
+            "--seq-len: must be at least 1, not -1"},
+           {"calibrate -o /nonexistent/c.toml --ranks-per-node 0", "--ranks-per-node: must be at least 1, not 0"},
+       }) {
+    Result r = run(args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_THAT(r.err, HasSubstr(message)) << args;
+    EXPECT_EQ(r.out, "") << args;
+  }
 }
 
 // --ranks-per-node: a job using fewer GPUs per node than the nodes have

@@ -18,6 +18,10 @@ std::string_view to_string(DType dtype);
 std::optional<DType> parse_dtype(std::string_view text);
 // Whether dtype is one of the integer types (uint8, int32, int64).
 bool is_integer(DType dtype);
+// Bytes one element of `dtype` takes in memory, in a file and on the wire: 4 for fp32 and int32, 2 for bf16 and
+// fp16, 1 for fp8 and uint8, 8 for int64. The one table of element sizes; the functions below and the communicators'
+// buffers (dtrain/comm/communicator.h) are sized from it.
+int storage_bytes(DType dtype);
 // Bytes of one activation/weight element in this format. fp8 training keeps activations in bf16 (transformer
 // engine style: fp8 only inside the GEMMs), so it reports 2. The integer types report their size.
 int activation_bytes(DType dtype);

@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "dtrain/common/count.h"
+
 namespace dtrain {
 
 class TableReader;
@@ -65,8 +67,9 @@ class TableReader {
   double require_number(std::string_view key);
   std::string require_string(std::string_view key);
 
-  // Integer that must be >= min_value; "must be at least N" otherwise.
-  std::optional<std::int64_t> get_int_at_least(std::string_view key, std::int64_t min_value);
+  // A count (dtrain/common/count.h): an integer of at least min_value (1 unless the key documents another bound);
+  // "must be at least N" otherwise. 0 is refused like any other value below it, never read as absent.
+  std::optional<std::int64_t> get_count(std::string_view key, std::int64_t min_value = kMinCount);
   std::optional<double> get_positive_number(std::string_view key);
   // String that must be one of `choices` (case-sensitive); lists them otherwise.
   std::optional<std::string> get_choice(std::string_view key, const std::vector<std::string>& choices);

@@ -27,9 +27,9 @@ namespace dtrain::model {
 
 struct HfDefaults {
   std::string name;
-  std::int64_t global_batch = 0;  // 0: 512
-  std::optional<DType> dtype;     // bf16
-  std::int64_t seq_len = 0;       // 0: the model's context length
+  std::optional<std::int64_t> global_batch;  // absent: 512
+  std::optional<DType> dtype;                // absent: bf16
+  std::optional<std::int64_t> seq_len;       // absent: the model's context length
 };
 
 // True for a path ending in ".json": the programs' --model takes such a file as a HuggingFace config.

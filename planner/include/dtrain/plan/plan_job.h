@@ -55,9 +55,9 @@ topology::ClusterSpec fit_cluster(topology::ClusterSpec cluster, const JobShape&
 // What the caller asks of the planner, besides the model and the cluster description.
 struct JobRequest {
   JobShape shape;
-  // Sequences per optimizer step; 0: the model's [training] global_batch. The source is for messages ("--global-batch
-  // 64"); empty: the model file's line.
-  std::int64_t global_batch = 0;
+  // Sequences per optimizer step, a count (dtrain/common/count.h); absent: the model's [training] global_batch. The
+  // source is for messages ("--global-batch 64"); empty: the model file's line.
+  std::optional<std::int64_t> global_batch;
   std::string global_batch_source;
   FixedDims fixed;             // pinned dimensions (dtplan --fix, --dtrain-plan=tp=2,..., dtexec --fix)
   std::string cluster_source;  // for fit_cluster's messages
@@ -70,7 +70,7 @@ struct Job {
 };
 
 // Fits the cluster (fit_cluster) and fills the search's options. Throws dtrain::Error (input) from fit_cluster and
-// for a negative global batch.
+// for a global batch below 1.
 Job prepare_job(const model::ModelDescription& model, const topology::ClusterSpec& cluster, const JobRequest& request);
 
 struct JobPlan {

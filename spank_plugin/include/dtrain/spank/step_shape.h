@@ -10,6 +10,7 @@
 //                  --nproc-per-node/--nproc; exactly one task per node.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,9 +35,10 @@ struct StepShape {
 };
 
 // The program of the command (argv[0], or the word after `env [-i] [NAME=VALUE...]`) when its file name is
-// `dtlaunch`: the ranks per node it will start, from --nproc-per-node K / --nproc K (also with '='). 0 when the
-// command is not dtlaunch. Throws dtrain::Error (input) when it is dtlaunch without a valid rank count.
-int dtlaunch_ranks_per_node(const std::vector<std::string>& argv);
+// `dtlaunch`: the ranks per node it will start, from --nproc-per-node K / --nproc K (also with '='); nullopt when the
+// command is not dtlaunch. Throws dtrain::Error (input) when it is dtlaunch without a rank count of at least 1
+// (dtrain/common/count.h).
+std::optional<int> dtlaunch_ranks_per_node(const std::vector<std::string>& argv);
 
 // Throws dtrain::Error (input) with the fix: tasks not spread evenly over the nodes, dtlaunch with more than one
 // task per node, counts below 1.

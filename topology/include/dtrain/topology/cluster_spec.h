@@ -32,7 +32,7 @@ struct NodeSpec {
   int nics = 8;                 // inter-node NICs per node
   double nic_gbps = 25;         // per NIC, per direction, GB/s
   double pcie_gbps = 25;        // GPU <-> host/PCIe switch, per direction, GB/s
-  std::vector<int> nic_of_gpu;  // the NIC each GPU uses (rail); default: GPU g -> NIC g * nics / gpus
+  std::vector<int> nic_of_gpu;  // the NIC each GPU uses (rail); default: default_nic_of_gpu
   // A node of CPU ranks: the cores its ranks share (dtplan calibrate writes it). With more ranks than cores the
   // calibrated figures are each rank's share of them with every rank busy; a rank that waits (a pipeline's fill and
   // drain) leaves its share to the others. 0: every rank has its own device.
@@ -43,6 +43,11 @@ struct NodeSpec {
   double network_gbps_per_gpu() const { return nics * nic_gbps / gpus; }
   double node_network_gbps() const { return nics * nic_gbps; }
 };
+
+// The NIC (rail) GPU `gpu` of a node of `gpus` GPUs and `nics` NICs uses when [node] nic_of_gpu does not say:
+// NIC gpu * nics / gpus, so that consecutive GPUs share a NIC when there are fewer NICs than GPUs. Every default rail
+// mapping (placement, fitting a cluster to fewer ranks per node) is this one.
+int default_nic_of_gpu(int gpu, int gpus, int nics);
 
 // Collective efficiency: the fraction of nominal bus bandwidth a collective reaches, as a function of message size
 // (log-linear interpolation between points), for one scope and, optionally, one group size.

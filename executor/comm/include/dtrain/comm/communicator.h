@@ -81,8 +81,7 @@ std::string_view to_string(ReduceOp op);
 // Where the buffers handed to a communicator must live.
 enum class MemorySpace { kHost, kDevice };
 
-// Bytes of one element of `dtype` in a communication buffer: 4 for fp32 and int32, 2 for bf16 and fp16, 1 for fp8
-// and uint8, 8 for int64.
+// Bytes of one element of `dtype` in a communication buffer: storage_bytes (dtrain/common/dtype.h), as a size.
 std::size_t element_bytes(DType dtype);
 
 // "4 floats" for fp32 (as every message has said since the float-only interface), "4 bf16 values" otherwise.

@@ -29,7 +29,7 @@ struct LaunchOptions {
   std::optional<int> node_rank;
   std::optional<std::string> rdzv;  // "HOST:PORT", "[v6]:PORT", or "HOST" (port derived under Slurm)
   int nproc_per_node = 0;
-  int max_restarts = 3;
+  int max_restarts = 3;  // 0: no restart
   double heartbeat_timeout_s = 10;
   double progress_timeout_s = 0;     // 0: off
   double node_timeout_s = 5;         // another node's agent silent this long: the job fails
@@ -80,9 +80,10 @@ struct JobConfig {
 std::pair<int, int> parse_nnodes(std::string_view text);
 
 // Checks the options and resolves the layout. Throws dtrain::Error (input, exit 2) naming the flag or variable and
-// saying what to do: no command, --nproc-per-node missing or < 1, --node-rank outside 0..nnodes-1, several nodes
-// without a rendezvous address, a malformed --rdzv, a Slurm node list that does not expand to the node count,
-// several dtlaunch tasks per node, a multi-node allocation used from outside a job step.
+// saying what to do: no command, --nproc-per-node, --nnodes or --straggler-steps below 1 (dtrain/common/count.h),
+// --node-rank outside 0..nnodes-1, several nodes without a rendezvous address, a malformed --rdzv, a Slurm node list
+// that does not expand to the node count, several dtlaunch tasks per node, a multi-node allocation used from outside a
+// job step.
 JobConfig resolve_job(const LaunchOptions& options, const Environment& env);
 
 // Splits "HOST:PORT", "[v6]:PORT", "HOST" or "[v6]" (port 0 = not given). Throws dtrain::Error (input).
