@@ -32,6 +32,7 @@
 #include "dtrain/ir/lower.h"
 #include "dtrain/ir/simulate.h"
 #include "dtrain/plan/plan_job.h"
+#include "dtrain/topology/local_cpu.h"
 #include "test_faults.h"
 
 namespace dtrain::exec {
@@ -42,35 +43,6 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 
-// This machine's CPU ranks when no cluster description is given (examples/clusters/local-cpu.toml).
-topology::ClusterSpec local_cpu_cluster(int ranks) {
-  topology::ClusterSpec c;
-  c.name = "local-cpu";
-  c.nodes = 1;
-  c.node.gpus = ranks;
-  c.node.gpu.name = "cpu";
-  c.node.gpu.tflops_fp32 = 0.05;
-  c.node.gpu.tflops_bf16 = 0.05;  // bf16 GEMMs run on the fp32 kernels
-  c.node.gpu.memory_gib = 4;
-  c.node.gpu.hbm_gbps = 10;
-  c.node.gpu.calibration.gemm_efficiency_max = 0.8;
-  c.node.gpu.calibration.gemm_half_gflop = 0.01;
-  c.node.gpu.calibration.attention_efficiency = 0.3;
-  c.node.gpu.calibration.hbm_efficiency = 0.5;
-  c.node.gpu.calibration.step_overhead_s = 0.005;
-  c.node.gpu.calibration.microbatch_overhead_s = 0.0005;
-  c.node.gpu.calibration.runtime_reserved_gib = 0.1;
-  c.node.nvlink_domain = ranks;
-  c.node.nvlink_gbps = 2;
-  c.node.nics = 1;
-  c.node.nic_gbps = 1;
-  c.node.pcie_gbps = 2;
-  c.network.nvlink_latency_us = 50;
-  c.network.network_latency_us = 100;
-  c.network.p2p_latency_us = 50;
-  return topology::default_network(c);
-}
-
 }  // namespace
 
 plan::Plan make_plan(const TrainOptions& o, const model::ModelDescription& model, int world) {
@@ -78,7 +50,7 @@ plan::Plan make_plan(const TrainOptions& o, const model::ModelDescription& model
   plan::JobRequest request;
   topology::ClusterSpec cluster;
   if (o.cluster_path.empty()) {
-    cluster = local_cpu_cluster(world);  // one node of `world` ranks
+    cluster = topology::local_cpu_cluster(world);  // one node of `world` ranks
     request.shape = {1, world};
   } else {
     cluster = topology::load_cluster(o.cluster_path);

@@ -34,7 +34,7 @@ namespace dtrain::exec {
 struct TrainOptions {
   std::string model_path;
   std::string plan = "auto";       // "auto" or a plan.toml
-  std::string cluster_path;        // for plan auto; empty: this machine's CPU ranks (examples/clusters/local-cpu.toml)
+  std::string cluster_path;        // for plan auto; empty: this machine's CPU ranks (topology::local_cpu_cluster)
   std::vector<std::string> fixed;  // --fix for plan auto
   // For plan auto with a cluster description: ranks on each node (dtexec: LOCAL_WORLD_SIZE); 0: full nodes of the
   // description, or one node when the world is smaller than a node.
