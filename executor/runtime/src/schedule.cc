@@ -187,10 +187,7 @@ template <typename A>
 void Interpreter<A>::load(const Instr& in) {
   ChunkState<A>& st = in.what == What::kTargets ? state(prog.pp * prog.vpp - 1, in.mb) : state(0, in.mb);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(T)), targets(static_cast<std::size_t>(T));
-  std::int64_t base = sample_base(in.mb);
-  for (int b = 0; b < prog.micro_batch; ++b) {
-    data.sample(base + b, m.seq_len, ids.data() + b * m.seq_len, targets.data() + b * m.seq_len);
-  }
+  data.micro_batch(step_.index, in.mb, ids.data(), targets.data());
   if (in.what == What::kTokens || in.what == What::kBatch) st.ids = upload(ids);
   if (in.what == What::kTargets || in.what == What::kBatch) st.targets = upload(targets);
 }

@@ -8,11 +8,12 @@
 //   2. every rank shows its plan digest to the others (an all-gather): a mismatch stops every rank with exit 5,
 //      naming both digests; a plan made for another model stops with exit 5 naming the model digests;
 //   3. the rank lowers its own program (the code of `dtplan lower`) and splits the tp, pp, dp groups;
-//   4. the data must hold (first step + steps) x global batch samples, else exit 6 before any step;
+//   4. the data source (data_source.h, from --data) must hold the samples up to the last step, else exit 6 before
+//      any step;
 //   5. with a checkpoint directory: a directory holding another model's checkpoints stops with exit 7 (nothing is
 //      touched); one holding this model's checkpoints needs --resume (which continues from the newest complete
-//      one whose checksums match), except in a restart of the job that wrote them (job_id, restart), which
-//      resumes from them by itself;
+//      one whose checksums match: its weights through checkpoint_weights, weight_loader.h, and its data position),
+//      except in a restart of the job that wrote them (job_id, restart), which resumes from them by itself;
 //   6. each step: run the program, global rank 0 appends a JSON line to the metrics file, every K steps a
 //      checkpoint; SIGTERM/SIGINT (set_stop_requested) finishes the step, writes a checkpoint and returns kPreempted.
 #pragma once
@@ -34,12 +35,12 @@ namespace dtrain::exec {
 struct TrainOptions {
   std::string model_path;
   std::string plan = "auto";       // "auto" or a plan.toml
-  std::string cluster_path;        // for plan auto; empty: this machine's CPU ranks (examples/clusters/local-cpu.toml)
+  std::string cluster_path;        // for plan auto; empty: this machine's CPU ranks (topology::local_cpu_cluster)
   std::vector<std::string> fixed;  // --fix for plan auto
   // For plan auto with a cluster description: ranks on each node (dtexec: LOCAL_WORLD_SIZE); 0: full nodes of the
   // description, or one node when the world is smaller than a node.
   int ranks_per_node = 0;
-  std::string data = "synthetic";  // "synthetic" or a token file
+  std::string data = "synthetic";  // DataSourceOptions::spec: "synthetic" or a token file
   int epochs = 1;
   // The step to train until (a total, not a count of this run's steps): a resumed run continues from its
   // checkpoint's step up to this one, so a restarted job with the same command ends where the first would have.

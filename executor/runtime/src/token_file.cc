@@ -1,5 +1,5 @@
-#include "dtrain/exec/data.h"
-
+// Token files (format in dtrain/exec/data.h): read as a DataSource, written, and made from text by the byte
+// tokenizer.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -10,8 +10,10 @@
 #include <fstream>
 #include <vector>
 
+#include "data_sources.h"
 #include "dtrain/common/count.h"
 #include "dtrain/common/error.h"
+#include "dtrain/exec/data.h"
 
 namespace dtrain::exec {
 
@@ -29,8 +31,10 @@ T read_le(const unsigned char* p) {
 
 class TokenFile final : public DataSource {
  public:
-  TokenFile(const std::string& path, int epochs) : path_(path), epochs_(epochs) {
-    require_count("--epochs", epochs);
+  explicit TokenFile(const DataSourceOptions& options)
+      : DataSource(options), path_(options.spec), epochs_(options.epochs) {
+    const std::string& path = options.spec;
+    require_count("--epochs", epochs_);
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0)
       throw input_error(fmt::format("{}: data file not found or not readable: {}", path, std::strerror(errno)));
@@ -78,7 +82,16 @@ class TokenFile final : public DataSource {
     return width_ == 2 ? read_le<std::uint16_t>(p) : read_le<std::uint32_t>(p);
   }
 
-  void sample(std::int64_t index, std::int64_t seq_len, std::int32_t* input, std::int32_t* target) const override {
+  std::int64_t samples() const override { return count_ < 2 ? 0 : (count_ - 1) / options().seq_len * epochs_; }
+  std::int64_t vocab() const override { return vocab_; }
+  std::string describe() const override {
+    return fmt::format("{} ({} tokens, vocabulary {}, {} epoch{})", path_, count_, vocab_, epochs_,
+                       epochs_ == 1 ? "" : "s");
+  }
+
+ protected:
+  void sample(std::int64_t index, std::int32_t* input, std::int32_t* target) const override {
+    const std::int64_t seq_len = options().seq_len;
     std::int64_t per_epoch = (count_ - 1) / seq_len;
     std::int64_t start = (index % per_epoch) * seq_len;
     for (std::int64_t i = 0; i < seq_len; ++i) {
@@ -90,14 +103,6 @@ class TokenFile final : public DataSource {
       input[i] = static_cast<std::int32_t>(a);
       target[i] = static_cast<std::int32_t>(b);
     }
-  }
-  std::int64_t samples(std::int64_t seq_len) const override {
-    return count_ < 2 ? 0 : (count_ - 1) / seq_len * epochs_;
-  }
-  std::int64_t vocab() const override { return vocab_; }
-  std::string describe() const override {
-    return fmt::format("{} ({} tokens, vocabulary {}, {} epoch{})", path_, count_, vocab_, epochs_,
-                       epochs_ == 1 ? "" : "s");
   }
 
  private:
@@ -111,45 +116,15 @@ class TokenFile final : public DataSource {
   std::int64_t count_ = 0;
 };
 
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-class Synthetic final : public DataSource {
- public:
-  Synthetic(std::uint64_t seed, std::int64_t vocab) : seed_(seed), vocab_(vocab) {}
-  void sample(std::int64_t index, std::int64_t seq_len, std::int32_t* input, std::int32_t* target) const override {
-    std::uint64_t state = mix(seed_ ^ mix(static_cast<std::uint64_t>(index) + 1));
-    std::int64_t x = static_cast<std::int64_t>(state % static_cast<std::uint64_t>(vocab_));
-    for (std::int64_t i = 0; i <= seq_len; ++i) {
-      if (i < seq_len) input[i] = static_cast<std::int32_t>(x);
-      if (i > 0) target[i - 1] = static_cast<std::int32_t>(x);
-      state = mix(state);
-      std::int64_t noise = (state % 8 == 0) ? static_cast<std::int64_t>((state >> 8) % 4) : 0;
-      x = (5 * x + 3 + noise) % vocab_;
-    }
-  }
-  std::int64_t samples(std::int64_t /*seq_len*/) const override { return INT64_MAX / 4; }
-  std::int64_t vocab() const override { return vocab_; }
-  std::string describe() const override { return fmt::format("synthetic (seed {}, vocabulary {})", seed_, vocab_); }
-
- private:
-  std::uint64_t seed_;
-  std::int64_t vocab_;
-};
-
 }  // namespace
 
-std::unique_ptr<DataSource> open_token_file(const std::string& path, int epochs) {
-  return std::make_unique<TokenFile>(path, epochs);
+namespace detail {
+
+std::unique_ptr<DataSource> open_token_file(const DataSourceOptions& options) {
+  return std::make_unique<TokenFile>(options);
 }
 
-std::unique_ptr<DataSource> synthetic_data(std::uint64_t seed, std::int64_t vocab) {
-  return std::make_unique<Synthetic>(seed, vocab);
-}
+}  // namespace detail
 
 void write_token_file(const std::string& path, const std::int32_t* tokens, std::int64_t count, std::int64_t vocab) {
   std::uint32_t width = vocab <= 65536 ? 2 : 4;

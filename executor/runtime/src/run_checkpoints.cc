@@ -1,0 +1,230 @@
+#include "run_checkpoints.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/common/digest.h"
+#include "dtrain/common/error.h"
+#include "dtrain/common/log.h"
+#include "dtrain/common/version.h"
+#include "dtrain/exec/checkpoint.h"
+#include "dtrain/exec/weight_loader.h"
+
+namespace dtrain::exec::detail {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Converts local element range [a, b) of a tensor into full-coordinate blocks (row pieces merged when they stack).
+void element_blocks(const TensorSpec& t, std::int64_t a, std::int64_t b, const float* values, StoredTensor& out) {
+  for (std::int64_t r = a / t.local_cols; r * t.local_cols < b; ++r) {
+    std::int64_t c0 = std::max(a, r * t.local_cols) - r * t.local_cols;
+    std::int64_t c1 = std::min(b, (r + 1) * t.local_cols) - r * t.local_cols;
+    if (c0 >= c1) continue;
+    const Block* blk = nullptr;
+    for (const auto& bl : t.blocks) {
+      if (r >= bl.local_row && r < bl.local_row + bl.rows) blk = &bl;
+    }
+    Block piece{blk->full_row + (r - blk->local_row), 1, blk->full_col + c0, c1 - c0, 0};
+    if (!out.blocks.empty()) {
+      Block& last = out.blocks.back();
+      if (last.full_col == piece.full_col && last.cols == piece.cols && last.full_row + last.rows == piece.full_row) {
+        ++last.rows;
+        out.values.insert(out.values.end(), values + r * t.local_cols + c0, values + r * t.local_cols + c1);
+        continue;
+      }
+    }
+    out.blocks.push_back(piece);
+    out.values.insert(out.values.end(), values + r * t.local_cols + c0, values + r * t.local_cols + c1);
+  }
+}
+
+}  // namespace
+
+std::int64_t resume(const CheckpointContext& ctx, Executor& executor, DataSource& data) {
+  const TrainOptions& o = ctx.options;
+  if (o.checkpoint_dir.empty()) {
+    if (o.resume) throw input_error("--resume needs --checkpoint-dir");
+    return 0;
+  }
+  DataPosition start{-1, 0};
+  std::string error;
+  if (ctx.world.rank() == 0) {
+    try {
+      auto choice = find_checkpoint(o.checkpoint_dir, ctx.run.model.digest);
+      const std::string writer = choice ? choice->metadata.value("job", "") : "";
+      // A restart of the job that wrote the checkpoint resumes it without --resume (docs/launcher.md, "Restarts").
+      const bool own_restart = choice && o.restart > 0 && !o.job_id.empty() && writer == o.job_id;
+      if (choice && !o.resume && !own_restart) {
+        error = fmt::format(
+            "{} already holds checkpoints of this model (newest: step {}{}); pass --resume to "
+            "continue from it, or choose another --checkpoint-dir (nothing was overwritten)",
+            o.checkpoint_dir, choice->step,
+            writer.empty() ? std::string() : fmt::format(", written by job {}", writer));
+      } else {
+        start =
+            choice ? DataPosition::from_checkpoint(choice->step, choice->metadata, choice->directory) : DataPosition{};
+        if (own_restart && !o.resume) {
+          log::info("ckpt", "restart {} of job {}: resuming from the checkpoint of step {} it wrote", o.restart,
+                    o.job_id, start.step);
+        }
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  std::int64_t shared[2] = {start.step, start.samples_consumed};
+  ctx.world.broadcast(shared, 2, DType::kInt64, 0);
+  start = {shared[0], shared[1]};
+  if (start.step < 0) {
+    throw Error(ErrorCategory::kIo, ExitCode::kCheckpointMismatch,
+                error.empty() ? "checkpoint directory refused on rank 0 (see its message)" : error);
+  }
+  if (start.step == 0) {
+    if (o.resume && ctx.world.rank() == 0)
+      log::info("ckpt", "no checkpoint in {}: starting from step 0", o.checkpoint_dir);
+    return 0;
+  }
+  auto weights = checkpoint_weights(step_directory(o.checkpoint_dir, start.step));
+  weights->load(executor);
+  data.restore(start);
+  if (ctx.world.rank() == 0) log::info("ckpt", "resumed from step {} ({})", start.step, weights->describe());
+  return start.step;
+}
+
+void save_checkpoint(const CheckpointContext& ctx, const Executor& executor, const DataSource& data,
+                     std::int64_t step) {
+  const ir::Program& program = ctx.run.program;
+  std::string tmp = temporary_directory(ctx.options.checkpoint_dir, step);
+  if (ctx.world.rank() == 0) {
+    std::error_code ec;
+    fs::create_directories(ctx.options.checkpoint_dir, ec);
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    if (ec) throw io_error(fmt::format("{}: cannot create: {}", tmp, ec.message()));
+  }
+  ctx.world.barrier();
+  const ParamLayout& layout = executor.layout();
+  const std::vector<float> host_params = executor.read(Executor::State::kParams);
+  const float* params = host_params.data();
+  std::vector<StoredTensor> stored;
+  bool sharded = program.distributed_optimizer && program.dp > 1;
+  // The moments of the owned elements, addressed by flat offset.
+  std::vector<float> m(static_cast<std::size_t>(layout.size()), 0.0f), v(m.size(), 0.0f);
+  {
+    const std::vector<float> owned_m = executor.read(Executor::State::kExpAvg);
+    const std::vector<float> owned_v = executor.read(Executor::State::kExpAvgSq);
+    std::int64_t pos = 0;
+    for (auto [b, e] : executor.owned()) {
+      std::copy(owned_m.begin() + pos, owned_m.begin() + pos + (e - b), m.begin() + b);
+      std::copy(owned_v.begin() + pos, owned_v.begin() + pos + (e - b), v.begin() + b);
+      pos += e - b;
+    }
+  }
+  for (const auto& t : layout.tensors()) {
+    if (t.tied_copy || (t.tp_replicated && program.tp_rank != 0)) continue;
+    // Data-parallel replicas hold the same values: the first writes them (an expert's: the first of its group).
+    const bool writer = t.expert ? program.dp_rank < program.ep : program.dp_rank == 0;
+    auto whole = [&](const std::string& kind, const float* src) {
+      StoredTensor s{t.name, kind, t.full_rows, t.full_cols, {}, {}};
+      element_blocks(t, 0, t.numel(), src + t.offset, s);
+      stored.push_back(std::move(s));
+    };
+    if (writer) whole("param", params);
+    if (!sharded) {
+      if (writer) {
+        whole("exp_avg", m.data());
+        whole("exp_avg_sq", v.data());
+      }
+      continue;
+    }
+    for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+      StoredTensor s{t.name, kind, t.full_rows, t.full_cols, {}, {}};
+      const float* src = std::string(kind) == "exp_avg" ? m.data() : v.data();
+      for (auto [b, e] : executor.owned()) {
+        std::int64_t lo = std::max(b, t.offset), hi = std::min(e, t.offset + t.numel());
+        if (lo < hi) element_blocks(t, lo - t.offset, hi - t.offset, src + t.offset, s);
+      }
+      if (!s.blocks.empty()) stored.push_back(std::move(s));
+    }
+  }
+  std::string file = fmt::format("rank-{:05d}.bin", ctx.world.rank());
+  write_shard((fs::path(tmp) / file).string(), stored);
+  ctx.world.barrier();
+  if (ctx.world.rank() == 0) {
+    std::vector<ShardInfo> shards;
+    for (int r = 0; r < ctx.world.size(); ++r) {
+      std::string f = fmt::format("rank-{:05d}.bin", r);
+      fs::path path = fs::path(tmp) / f;
+      shards.push_back({f, sha256_file_hex(path.string()), static_cast<std::int64_t>(fs::file_size(path))});
+    }
+    nlohmann::json meta = {{"dtrain_version", kVersion},
+                           {"model", ctx.run.model.model.name},
+                           {"model_digest", ctx.run.model.digest},
+                           {"plan_digest", ctx.run.plan.digest},
+                           {"layout", ctx.run.plan.config.summary()},
+                           {"world", ctx.world.size()},
+                           {"global_batch", ctx.run.plan.inputs.global_batch},
+                           {"seq_len", ctx.run.model.model.seq_len},
+                           {"seed", ctx.options.seed}};
+    meta.update(data.position(step).to_json());  // samples_consumed
+    if (!ctx.options.job_id.empty()) meta["job"] = ctx.options.job_id;
+    commit_checkpoint(ctx.options.checkpoint_dir, step, meta, shards, ctx.options.keep_checkpoints);
+    log::info("ckpt", "checkpoint of step {} written to {}", step, step_directory(ctx.options.checkpoint_dir, step));
+  }
+  ctx.world.barrier();
+}
+
+void dump_gradients(const CheckpointContext& ctx, const Executor& executor, std::int64_t step) {
+  const ir::Program& program = ctx.run.program;
+  const std::string& dir = ctx.options.dump_gradients_dir;
+  if (ctx.world.rank() == 0) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw io_error(fmt::format("{}: cannot create: {}", dir, ec.message()));
+  }
+  ctx.world.barrier();
+  const ParamLayout& layout = executor.layout();
+  const std::vector<float> grads = executor.read(Executor::State::kGrads);
+  std::vector<StoredTensor> stored;
+  for (const auto& t : layout.tensors()) {
+    if (t.tied_copy || (t.tp_replicated && program.tp_rank != 0)) continue;
+    StoredTensor st{t.name, "grad", t.full_rows, t.full_cols, {}, {}};
+    const float* g = grads.data() + t.offset;
+    if (program.distributed_optimizer && program.dp > 1) {
+      for (auto [b, e] : executor.owned()) {
+        std::int64_t lo = std::max(b, t.offset), hi = std::min(e, t.offset + t.numel());
+        if (lo < hi) element_blocks(t, lo - t.offset, hi - t.offset, g, st);
+      }
+    } else if (t.expert ? program.dp_rank < program.ep : program.dp_rank == 0) {
+      element_blocks(t, 0, t.numel(), g, st);
+    }
+    if (!st.blocks.empty()) stored.push_back(std::move(st));
+  }
+  std::string file = fmt::format("rank-{:05d}.bin", ctx.world.rank());
+  std::string sha = write_shard((fs::path(dir) / file).string(), stored);
+  ctx.world.barrier();
+  if (ctx.world.rank() == 0) {
+    nlohmann::json shards = nlohmann::json::array();
+    for (int r = 0; r < ctx.world.size(); ++r) {
+      std::string f = fmt::format("rank-{:05d}.bin", r);
+      shards.push_back({{"file", f}, {"sha256", sha256_file_hex((fs::path(dir) / f).string())}});
+    }
+    nlohmann::json meta = {{"format", 1},
+                           {"model_digest", ctx.run.model.digest},
+                           {"kind", "gradients"},
+                           {"step", step},
+                           {"shards", shards}};
+    std::ofstream(fs::path(dir) / "metadata.json") << meta.dump(2) << "\n";
+  }
+  ctx.world.barrier();
+}
+
+}  // namespace dtrain::exec::detail
