@@ -216,7 +216,8 @@ int write_plan(exec::TrainOptions options, const std::string& path) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// run_main catches what the commands throw; building the command line throws only on a programming error.
+int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
   using namespace dtrain;
   kernels::cpu::shorten_blas_spin(argv);  // may run this program again, with OPENBLAS_THREAD_TIMEOUT set
   CLI::App app{"dtexec: run one rank of a dtrain training job"};

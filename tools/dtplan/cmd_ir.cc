@@ -67,6 +67,7 @@ std::vector<ir::Program> load_programs(const std::string& dir) {
   std::sort(files.begin(), files.end());
   if (files.empty()) throw input_error(fmt::format("{}: no .ir files", dir));
   std::vector<ir::Program> out;
+  out.reserve(files.size());
   for (const auto& f : files) out.push_back(ir::load_program(f));
   return out;
 }

@@ -18,9 +18,7 @@
 namespace dtrain::dtplan {
 namespace {
 
-using plan::CostModel;
 using plan::Explanation;
-using plan::SearchOptions;
 
 struct PlanOptions {
   InputOptions inputs;

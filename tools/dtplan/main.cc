@@ -28,7 +28,8 @@ void set_exit_code(ExitCode code) { g_exit_code = code; }
 
 }  // namespace dtrain::dtplan
 
-int main(int argc, char** argv) {
+// run_main catches what the commands throw; building the command line throws only on a programming error.
+int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
   using namespace dtrain;
   // calibrate measures the CPU kernels as dtexec runs them: with OpenBLAS's workers sleeping soon after a GEMM.
   if (argc > 1 && std::string_view(argv[1]) == "calibrate") kernels::cpu::shorten_blas_spin(argv);

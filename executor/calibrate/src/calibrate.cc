@@ -59,6 +59,7 @@ double concurrent_seconds(int ranks, int reps, const std::function<void(int)>& w
   std::latch start(ranks);
   {
     std::vector<std::jthread> workers;
+    workers.reserve(static_cast<std::size_t>(ranks));
     for (int w = 0; w < ranks; ++w) {
       workers.emplace_back([&, w] {
         const auto i = static_cast<std::size_t>(w);
@@ -219,6 +220,7 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
       std::vector<float> param, grad, m, v;
     };
     std::vector<State> states;
+    states.reserve(static_cast<std::size_t>(r.ranks));
     for (int i = 0; i < r.ranks; ++i) {
       states.push_back({random_buffer(static_cast<std::size_t>(n), 700 + i),
                         random_buffer(static_cast<std::size_t>(n), 800 + i), std::vector<float>(n),
@@ -325,6 +327,7 @@ CalibrationResult calibrate_cpu(const CalibrateOptions& o, const std::function<v
     std::vector<std::string> errors(static_cast<std::size_t>(r.ranks));
     {
       std::vector<std::jthread> workers;
+      workers.reserve(static_cast<std::size_t>(r.ranks));
       for (int w = 0; w < r.ranks; ++w) {
         workers.emplace_back([&, w] {
           try {

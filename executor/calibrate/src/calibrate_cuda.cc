@@ -122,7 +122,10 @@ void measure_grouped_gemms(cuda::Context& ctx, const CalibrateOptions& o, double
     return static_cast<double>(groups) * (flops + r.half_flops) / r.peak_flops;
   };
   double predicted = 0, measured = 0;
-  for (const auto& [rows, out, in] : shapes) {
+  for (const auto& shape : shapes) {
+    // Named copies, not a structured binding: the lambdas below capture them (clang 14, which clang-tidy runs on,
+    // refuses to capture a structured binding).
+    const std::int64_t rows = std::get<0>(shape), out = std::get<1>(shape), in = std::get<2>(shape);
     check_stop(stop);
     const std::int64_t total = groups * rows;
     const auto x = cuda::random_normal_bf16(ctx, total * in, 1.0f, 40);
@@ -193,8 +196,8 @@ void measure_memory(cuda::Context& ctx, const CalibrateOptions& o, double budget
   add("residual_add", 3 * b, [&] { cuda::residual_add(ctx, th, x.data(), dy.data(), y.data()); });
   {
     const kernels::RopeShape rope{tokens / 4096, 4096, hidden / 128, 128, hidden};
-    const auto cos = cuda::random_normal_fp32(ctx, 4096 * 64, 1.0f, 13);
-    const auto sin = cuda::random_normal_fp32(ctx, 4096 * 64, 1.0f, 14);
+    const auto cos = cuda::random_normal_fp32(ctx, std::int64_t{4096} * 64, 1.0f, 13);
+    const auto sin = cuda::random_normal_fp32(ctx, std::int64_t{4096} * 64, 1.0f, 14);
     add("rope_forward", 2 * b, [&] { cuda::rope_forward(ctx, rope, cos.data(), sin.data(), y.data()); });
   }
   {

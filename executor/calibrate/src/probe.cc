@@ -80,6 +80,7 @@ lr = 1e-4
 // Starts `args` with stdout and stderr into `log`.
 pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log) {
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   posix_spawn_file_actions_t actions;
@@ -134,6 +135,7 @@ std::vector<int> wait_all(const std::vector<pid_t>& pids, const std::function<bo
     if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::vector<int> rc;
+  rc.reserve(status.size());
   for (int st : status) rc.push_back(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
   return rc;
 }

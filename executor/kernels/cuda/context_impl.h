@@ -26,7 +26,7 @@ struct MatmulKey {
   std::int64_t m = 0, n = 0, k = 0;
   bool bias = false;
   std::uint32_t align_a = 0, align_b = 0, align_c = 0, align_bias = 0;
-  auto operator<=>(const MatmulKey&) const = default;
+  auto operator<=>(const MatmulKey&) const = default;  // NOLINT(modernize-use-nullptr): clang 14 flags defaulted <=>
 };
 
 // Descriptors and the chosen algorithm of one MatmulKey; destroyed with the context.

@@ -5,13 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "shell.h"
 
 namespace {
 
@@ -22,30 +21,16 @@ const std::string kRoot = DTRAIN_SOURCE_DIR;
 const std::string kDtexec = std::string(DTRAIN_BINARY_DIR) + "/bin/dtexec";
 const std::string kTiny = kRoot + "/examples/models/tiny.toml";
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using Result = dtrain::testing::ShellResult;
 
 // Runs `env` dtexec `args` in a scratch directory (so that nothing it might write lands in the source tree).
 Result run(const std::string& env, const std::string& args) {
   std::string templ = (fs::temp_directory_path() / "dtexec-cli-XXXXXX").string();
   const fs::path dir = mkdtemp(templ.data());
-  const std::string cmd = "cd " + dir.string() + " && env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE " +
-                          "-u DTRAIN_PLAN -u DTRAIN_PLUGIN_ERROR " + env + " " + kDtexec + " " + args + " > out 2> err";
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(dir / "out");
-  r.err = slurp(dir / "err");
+  Result r = dtrain::testing::shell(dir, "cd " + dir.string() +
+                                             " && env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE "
+                                             "-u DTRAIN_PLAN -u DTRAIN_PLUGIN_ERROR " +
+                                             env + " " + kDtexec + " " + args);
   fs::remove_all(dir);
   return r;
 }
