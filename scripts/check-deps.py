@@ -6,8 +6,9 @@ the other parts its targets may link:
 
     common
     topology                      -> common
+    data                          -> common
     planner                       -> topology, common
-    executor                      -> planner, topology, common
+    executor                      -> data, planner, topology, common
     launcher                      -> planner, topology, common
     spank_plugin                  -> launcher, planner, topology, common
     tools                         -> every part
@@ -33,17 +34,18 @@ import sys
 import tempfile
 
 # The parts, in the order the drawing lists them (from the bottom): one order that ALLOWED agrees with.
-PARTS = ["common", "topology", "planner", "executor", "launcher", "spank_plugin", "tools"]
+PARTS = ["common", "topology", "data", "planner", "executor", "launcher", "spank_plugin", "tools"]
 
 # Part -> the other parts its targets may link (the partial order of docs/architecture.md, "Dependency graph").
 ALLOWED = {
     "common": set(),
     "topology": {"common"},
+    "data": {"common"},
     "planner": {"topology", "common"},
-    "executor": {"planner", "topology", "common"},
+    "executor": {"data", "planner", "topology", "common"},
     "launcher": {"planner", "topology", "common"},
     "spank_plugin": {"launcher", "planner", "topology", "common"},
-    "tools": {"spank_plugin", "launcher", "executor", "planner", "topology", "common"},
+    "tools": {"spank_plugin", "launcher", "executor", "planner", "data", "topology", "common"},
 }
 
 # Target -> part. A new dtrain target must be added here (the check fails on an unknown one, naming it).
@@ -51,6 +53,7 @@ TARGETS = {
     "dtrain_common": "common",
     "dtrain_cluster": "topology",
     "dtrain_topology": "topology",
+    "dtrain_data": "data",
     "dtrain_model": "planner",
     "dtrain_plan": "planner",
     "dtrain_ir": "planner",

@@ -12,10 +12,14 @@ packages=(
   libtomlplusplus-dev libhwloc-dev hwloc libboost-dev libgloo-dev libopenblas-dev
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # real data (dtrain::data): pre-tokenizer regexes, SentencePiece models, TensorBoard event files, CRC32C (Boost.CRC)
+  libpcre2-dev libsentencepiece-dev libprotobuf-dev protobuf-compiler
   # Slurm: headers for the SPANK plugin, daemons for the local test cluster
   libslurm-dev slurm-wlm slurmctld slurmd slurm-client munge
   # test-only: numerical reference and benchmark peer, SVG rendering check
   python3 python3-torch python3-numpy chromium
+  # test-only: SentencePiece's trainer (spm_train) and its Python reference
+  sentencepiece python3-sentencepiece
   # process tools used by the launcher tests
   procps psmisc iproute2 util-linux
 )
