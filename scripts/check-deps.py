@@ -53,6 +53,7 @@ TARGETS = {
     "dtrain_common": "common",
     "dtrain_cluster": "topology",
     "dtrain_topology": "topology",
+    "dtrain_tokenizers": "data",
     "dtrain_data": "data",
     "dtrain_model": "planner",
     "dtrain_plan": "planner",
