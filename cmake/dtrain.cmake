@@ -50,8 +50,10 @@ function(dtrain_executable name)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
 endfunction()
 
+# SERIAL: a regular expression; the target's tests whose names match run alone (RUN_SERIAL), for tests that compare
+# the timing of processes and would be misled by other tests loading the cores.
 function(dtrain_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT;SERIAL" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest_main GTest::gmock)
   _dtrain_common_target_settings(${name})
@@ -70,5 +72,10 @@ function(dtrain_test name)
   set(_labels_file ${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake)
   file(WRITE ${_labels_file}
     "if(${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${ARG_LABELS}\")\nendif()\n")
+  if(ARG_SERIAL)
+    file(APPEND ${_labels_file}
+      "foreach(_test IN LISTS ${name}_TESTS)\n  if(_test MATCHES \"${ARG_SERIAL}\")\n"
+      "    set_tests_properties(\${_test} PROPERTIES RUN_SERIAL TRUE)\n  endif()\nendforeach()\n")
+  endif()
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${_labels_file})
 endfunction()

@@ -319,8 +319,9 @@ TEST_F(StragglerJobTest, ARankSlowedOnPurposeIsNamedWithinAFewSteps) {
   EXPECT_EQ(found[0]["rank"], 2);
   EXPECT_EQ(found[0]["episode"], "start");
   EXPECT_LE(found[0]["last_step"].get<int>(), 5) << "named within a few steps";
+  // Its own work holds the 0.25 s sleep; its peers' does not (their work alone varies with the machine's load).
   EXPECT_GT(found[0]["busy_s"].get<double>(), 0.25);
-  EXPECT_LT(found[0]["peers_busy_s"].get<double>(), 0.2);
+  EXPECT_GT(found[0]["busy_s"].get<double>() - found[0]["peers_busy_s"].get<double>(), 0.15);
 }
 
 TEST_F(StragglerJobTest, ABalancedRunReportsNoStraggler) {
