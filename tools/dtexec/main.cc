@@ -5,7 +5,9 @@
 //                [--deterministic] [--cluster C.toml] [--fix K=V,...] [--epochs E] [--threads T] [--timeout-s S]
 //                [--dtype fp32|bf16] [--device cpu|cuda]
 //   dtexec train --model M.toml --plan (auto|plan.toml) [--cluster C.toml] [--fix K=V,...] --write-plan FILE
-//   dtexec tokenize --input FILE.txt --output FILE.tokens
+//   dtexec tokenize --input FILE... --tokenizer PATH --output-prefix P [--json-key K] [--append-eod] [--workers N]
+//   dtexec tokenize --input FILE.txt --output FILE.tokens            (byte token file, vocabulary 256)
+//   dtexec data inspect --data SPEC --seq-len N [--samples K] [--seed S] [--json] [--decode TOKENIZER]
 //
 // Rank and world from RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (world size 1 when absent); with more than one
 // rank the Gloo rendezvous goes through the launcher's store (DTRAIN_STORE, DTRAIN_STORE_TOKEN) under DTRAIN_RUN_ID,
@@ -28,6 +30,7 @@
 #include <optional>
 #include <thread>
 
+#include "data_commands.h"
 #include "dtrain/comm/gloo.h"
 #include "dtrain/comm/inproc.h"
 #include "dtrain/common/cli_count.h"
@@ -236,7 +239,9 @@ int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
                         "names a plan file, as in a task of a dtrain Slurm step; else auto)");
   train->add_option("--cluster", o.cluster_path, "Cluster description for --plan auto (default: this machine's CPUs)");
   train->add_option("--fix", o.fixed, "Pinned dimensions for --plan auto, as in dtplan --fix");
-  train->add_option("--data", o.data, "Token file (dtexec tokenize), or 'synthetic'");
+  train->add_option("--data", o.data,
+                    "A Megatron dataset prefix (P of P.bin, P.idx: dtexec tokenize), a blend \"W1 P1 W2 P2 ...\", a "
+                    "token file, or 'synthetic'");
   // Counts (dtrain/common/count.h): 0 and negative values are refused while parsing.
   train->add_option("--epochs", o.epochs, "Read the token file this many times")->check(CountValidator());
   auto* steps_option =
@@ -269,20 +274,16 @@ int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
   train->add_option("--timeout-s", timeout_s, "Give up on a silent peer after this long");
   train->add_option("--dump-gradients", o.dump_gradients_dir,
                     "Write the first step's gradients to this directory (checkpoint shard format)");
-  std::string input, output;
-  auto* tokenize = app.add_subcommand("tokenize", "Byte-tokenize a text file into a token file (vocabulary 256)");
-  tokenize->add_option("--input", input, "Text file")->required();
-  tokenize->add_option("--output", output, "Token file to write")->required();
+  train->add_option("--split", o.split,
+                    "Megatron datasets: train,valid,test shares of the documents, as Megatron's --split (default: "
+                    "100,0,0, all training)");
+  const auto run_data_command = tools::add_data_commands(app);
   return run_main(
       app,
       [&] {
         log::init("dtexec", log::Level::kInfo);
         app.parse(argc, argv);
-        if (*tokenize) {
-          std::int64_t n = exec::tokenize_bytes(input, output);
-          std::printf("%lld tokens written to %s\n", static_cast<long long>(n), output.c_str());
-          return 0;
-        }
+        if (const int code = run_data_command(); code >= 0) return code;
         if (!dtype.empty()) {
           o.activations = parse_dtype(dtype);
           if (!o.activations || (*o.activations != DType::kFp32 && *o.activations != DType::kBf16)) {

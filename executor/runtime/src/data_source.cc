@@ -38,7 +38,8 @@ void DataSource::restore(const DataPosition& position) { restored_ = position; }
 
 std::unique_ptr<DataSource> open_data_source(const DataSourceOptions& options) {
   if (options.spec == "synthetic") return detail::synthetic_data(options);
-  return detail::open_token_file(options);
+  if (detail::is_token_file(options.spec)) return detail::open_token_file(options);
+  return detail::open_megatron_data(options);
 }
 
 }  // namespace dtrain::exec

@@ -10,6 +10,7 @@
 //                      tensor-parallel collectives inside a body
 //   moe_ops.cc         an MoE layer's MLP: router, permutation, experts, shared experts, combine, their backward
 //   optimizer_step.cc  the gradient norm (once per step) and AdamW
+//   evaluate.cc        a validation pass: the schedule's forward part on other data, the loss only
 // What a step changes is in one StepState (step_state.h), replaced at the start of every step.
 #pragma once
 
@@ -51,6 +52,7 @@ class InterpreterBase {
  public:
   virtual ~InterpreterBase() = default;
   virtual StepMetrics run(std::int64_t step_index) = 0;
+  virtual double evaluate(const DataSource& source, std::int64_t batch, std::int64_t step_index) = 0;
   virtual const ParamLayout& param_layout() const = 0;
   virtual Backend& backend() = 0;
   // The fp32 state in backend memory (Executor::read / write).
@@ -78,6 +80,7 @@ class Interpreter final : public InterpreterBase {
               const DataSource& source, const ExecutorOptions& options, Backend& backend);
 
   StepMetrics run(std::int64_t step_index) override;
+  double evaluate(const DataSource& source, std::int64_t batch, std::int64_t step_index) override;
   const ParamLayout& param_layout() const override { return layout; }
   Backend& backend() override { return be; }
   F32& param_buffer() override { return params; }
@@ -173,6 +176,9 @@ class Interpreter final : public InterpreterBase {
   std::int64_t expert_fc1_cols() const { return m.fc1_columns(expert_width()); }
   void activation_forward(std::int64_t rows, std::int64_t width, const Tensor& a, Tensor& g);
   void activation_backward(std::int64_t rows, std::int64_t width, const Tensor& a, Tensor& d);
+
+  // Dropout's probability: the model's, none in a validation pass.
+  double dropout_p() const { return step_.eval ? 0.0 : m.dropout; }
 
   // ---- optimizer_step.cc ----
   double local_grad_norm_squared();

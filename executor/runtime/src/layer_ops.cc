@@ -80,9 +80,9 @@ void Interpreter<A>::residual_forward(const Tensor& residual, Tensor& branch, co
                                       k::DropoutSite site) {
   std::int64_t rows = static_cast<std::int64_t>(branch.size()) / h;
   if (bias != nullptr) kern.add_bias_rows(rows, h, bias, branch.data());
-  if (m.dropout > 0) {
+  if (dropout_p() > 0) {
     Tensor out(be, branch.size());
-    kern.dropout_add_forward(dropout_layout(), branch.data(), residual.data(), static_cast<float>(m.dropout),
+    kern.dropout_add_forward(dropout_layout(), branch.data(), residual.data(), static_cast<float>(dropout_p()),
                              dropout_key(layer, site), out.data());
     branch.swap(out);
   } else {
@@ -94,8 +94,8 @@ void Interpreter<A>::residual_forward(const Tensor& residual, Tensor& branch, co
 template <typename A>
 void Interpreter<A>::residual_backward(Tensor& dout, Tensor& res_grad, float* dbias, int layer, k::DropoutSite site) {
   res_grad = dout;
-  if (m.dropout > 0) {
-    kern.dropout_add_backward(dropout_layout(), dout.data(), static_cast<float>(m.dropout), dropout_key(layer, site),
+  if (dropout_p() > 0) {
+    kern.dropout_add_backward(dropout_layout(), dout.data(), static_cast<float>(dropout_p()), dropout_key(layer, site),
                               dout.data());
   }
   if (dbias != nullptr) kern.accumulate_bias_grad(static_cast<std::int64_t>(dout.size()) / h, h, dout.data(), dbias);
@@ -103,8 +103,8 @@ void Interpreter<A>::residual_backward(Tensor& dout, Tensor& res_grad, float* db
 
 template <typename A>
 k::AttentionDropout* Interpreter<A>::attention_dropout(k::AttentionDropout& drop, int layer) {
-  if (m.dropout <= 0) return nullptr;
-  drop.p = static_cast<float>(m.dropout);
+  if (dropout_p() <= 0) return nullptr;
+  drop.p = static_cast<float>(dropout_p());
   drop.key = dropout_key(layer, k::DropoutSite::kAttentionProbs);
   drop.sample_begin = sample_base(step_.mb) - step_.index * opt.global_batch;
   drop.head_begin = prog.tp_rank * Hl;
@@ -128,9 +128,9 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
                               [&](std::int64_t, std::int64_t p0, std::int64_t len, std::int64_t row) {
                                 kern.position_embedding_forward(1, len, h, pos + p0 * h, cur.data() + row * h);
                               });
-      if (m.dropout > 0) {
+      if (dropout_p() > 0) {
         Tensor zeros(be, cur.size()), out(be, cur.size());
-        kern.dropout_add_forward(dropout_layout(), cur.data(), zeros.data(), static_cast<float>(m.dropout),
+        kern.dropout_add_forward(dropout_layout(), cur.data(), zeros.data(), static_cast<float>(dropout_p()),
                                  dropout_key(0, k::DropoutSite::kEmbedding), out.data());
         cur.swap(out);
       }
@@ -306,8 +306,8 @@ void Interpreter<A>::backward_op(const Instr& in, ChunkState<A>& st, Tensor& cur
       return;
     case BodyOp::kEmbedPositions: {
       std::int64_t rows = static_cast<std::int64_t>(cur.size()) / h;
-      if (m.dropout > 0) {
-        kern.dropout_add_backward(dropout_layout(), cur.data(), static_cast<float>(m.dropout),
+      if (dropout_p() > 0) {
+        kern.dropout_add_backward(dropout_layout(), cur.data(), static_cast<float>(dropout_p()),
                                   dropout_key(0, k::DropoutSite::kEmbedding), cur.data());
       }
       float* dpos = G("embed.positions.weight");

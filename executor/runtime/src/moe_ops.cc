@@ -119,7 +119,10 @@ void Interpreter<A>::moe_route_forward(const Instr& in, MoeState<A>& ms, const T
     ms.aux_grad = upload(grad);
     // Once per micro-batch (not again when recomputed), by one rank of the tensor-parallel group (with etp = 1 by
     // each: its own sequences).
-    if (in.pass != ir::Pass::kRecompute && (prog.tp_rank == 0 || prog.moe_token_parallel())) step_.loss_sum += loss;
+    // A validation pass reports the language-model loss alone.
+    if (in.pass != ir::Pass::kRecompute && !step_.eval && (prog.tp_rank == 0 || prog.moe_token_parallel())) {
+      step_.loss_sum += loss;
+    }
   }
   sized(ms.xe, static_cast<std::size_t>(ms.offsets.back() * h));
   kern.moe_gather_rows(ms.offsets.back(), h, x.data(), ms.rows.data(), ms.xe.data());

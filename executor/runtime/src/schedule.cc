@@ -187,7 +187,11 @@ template <typename A>
 void Interpreter<A>::load(const Instr& in) {
   ChunkState<A>& st = in.what == What::kTargets ? state(prog.pp * prog.vpp - 1, in.mb) : state(0, in.mb);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(T)), targets(static_cast<std::size_t>(T));
-  data.micro_batch(step_.index, in.mb, ids.data(), targets.data());
+  if (step_.source != nullptr) {
+    step_.source->micro_batch(step_.batch, in.mb, ids.data(), targets.data());
+  } else {
+    data.micro_batch(step_.index, in.mb, ids.data(), targets.data());
+  }
   if (in.what == What::kTokens || in.what == What::kBatch) st.ids = upload(ids);
   if (in.what == What::kTargets || in.what == What::kBatch) st.targets = upload(targets);
 }
@@ -207,6 +211,7 @@ std::size_t Interpreter<A>::p2p_group(std::size_t pc) {
   sent.reserve(end - pc);
   for (std::size_t i = pc; i < end; ++i) {
     const Instr& in = prog.schedule[i];
+    if (step_.eval && in.what == What::kGradient) continue;  // a validation pass has no backward
     auto peer_it = std::find(prog.pp_group.begin(), prog.pp_group.end(), in.peer);
     if (peer_it == prog.pp_group.end()) throw input_error(fmt::format("peer {} is not in the pipeline group", in.peer));
     int peer = static_cast<int>(peer_it - prog.pp_group.begin());
@@ -229,7 +234,7 @@ std::size_t Interpreter<A>::p2p_group(std::size_t pc) {
       ops.push_back(comm::P2POp::recv(dst.data(), dst.size(), kAct, peer, tag));
     }
   }
-  communicate(*comms.pp, [&] { comms.pp->group(ops); });
+  if (!ops.empty()) communicate(*comms.pp, [&] { comms.pp->group(ops); });
   return end - pc;
 }
 

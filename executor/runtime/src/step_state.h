@@ -84,6 +84,10 @@ struct StepState {
   int first_layer = 0;
   int mb = 0;
   bool recomputing = false;
+  // A validation pass (evaluate.cc): forward only, no dropout, the micro-batches of `batch` of `source`.
+  bool eval = false;
+  const DataSource* source = nullptr;
+  std::int64_t batch = 0;
 
   // Communication (schedule.cc): reductions not yet waited for, and for each communicator the instructions that
   // issued its operations since its last synchronize (one operation each), so that an operation that never

@@ -120,6 +120,12 @@ class TokenFile final : public DataSource {
 
 namespace detail {
 
+bool is_token_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[sizeof kMagic] = {};
+  return in.read(magic, sizeof magic) && std::memcmp(magic, kMagic, sizeof kMagic) == 0;
+}
+
 std::unique_ptr<DataSource> open_token_file(const DataSourceOptions& options) {
   return std::make_unique<TokenFile>(options);
 }

@@ -43,6 +43,8 @@ class Run {
     comms_ = split_communicators(world_, program);
     data_ = open_data_source({.spec = o_.data,
                               .epochs = o_.epochs,
+                              .steps = o_.steps,
+                              .split = o_.split,
                               .seq_len = run_.model.model.seq_len,
                               .vocab = run_.model.model.vocab,
                               .seed = o_.seed,

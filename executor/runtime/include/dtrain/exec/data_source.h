@@ -18,8 +18,14 @@ namespace dtrain::exec {
 
 // What a source is built from.
 struct DataSourceOptions {
-  std::string spec = "synthetic";  // dtexec --data: "synthetic" or a token file (docs/formats.md#token-files)
-  int epochs = 1;                  // times a token file is read (its samples counted over all of them)
+  // dtexec --data: "synthetic", a token file (docs/formats.md#token-files), or a Megatron dataset prefix or blend
+  // "W1 P1 W2 P2 ..." (docs/data.md)
+  std::string spec = "synthetic";
+  int epochs = 1;  // times a token file is read (its samples counted over all of them)
+  // Megatron datasets: the steps of the whole run (from step 0), which with global_batch give the samples their
+  // order is built for, as Megatron's train_iters does; and dtexec --split, the train,valid,test shares.
+  std::int64_t steps = 1;
+  std::string split = "100,0,0";
   std::int64_t seq_len = 0;
   std::int64_t vocab = 0;  // the model's (what the synthetic source draws from)
   std::uint64_t seed = 1;
@@ -75,8 +81,9 @@ class DataSource {
   DataPosition restored_;  // the position the run started from ({0, 0}: the beginning)
 };
 
-// The source for options.spec: "synthetic" (synthetic_data.cc), else a token file (token_file.cc). Throws
-// dtrain::Error (input, exit 2) for a missing or malformed file, naming it, or epochs < 1.
+// The source for options.spec: "synthetic" (synthetic_data.cc), a file that starts as a token file does
+// (token_file.cc), else a Megatron dataset or blend (megatron_data.cc). Throws dtrain::Error (input, exit 2) for a
+// missing or malformed file, naming it, or epochs < 1.
 std::unique_ptr<DataSource> open_data_source(const DataSourceOptions& options);
 
 }  // namespace dtrain::exec

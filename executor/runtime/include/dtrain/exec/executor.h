@@ -42,6 +42,12 @@ class Executor {
   // Runs the program once: step `step` (0-based; micro-batches read samples [step*B, (step+1)*B)).
   StepMetrics run_step(std::int64_t step);
 
+  // A validation pass after step `step` (its count, 1-based, for position reports): the program's forward on the
+  // global batch `batch` of `source` (its samples [batch B, (batch + 1) B), split over the data-parallel ranks as a
+  // training step's are), without dropout, changing nothing. Returns the mean loss over the batch, the same on every
+  // rank.
+  double evaluate(const DataSource& source, std::int64_t batch, std::int64_t step);
+
   const ParamLayout& layout() const;
   // Element ranges of the flat parameter buffer that this rank updates (all of it without the distributed optimizer;
   // its shard of every bucket with it), as (begin, end) ranges in ascending order: the Adam moments hold these

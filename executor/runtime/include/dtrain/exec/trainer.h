@@ -40,8 +40,9 @@ struct TrainOptions {
   // For plan auto with a cluster description: ranks on each node (dtexec: LOCAL_WORLD_SIZE); 0: full nodes of the
   // description, or one node when the world is smaller than a node.
   int ranks_per_node = 0;
-  std::string data = "synthetic";  // DataSourceOptions::spec: "synthetic" or a token file
+  std::string data = "synthetic";  // DataSourceOptions::spec: "synthetic", a token file, a Megatron prefix or blend
   int epochs = 1;
+  std::string split = "100,0,0";  // DataSourceOptions::split (Megatron datasets)
   // The step to train until (a total, not a count of this run's steps): a resumed run continues from its
   // checkpoint's step up to this one, so a restarted job with the same command ends where the first would have.
   std::int64_t steps = 1;
