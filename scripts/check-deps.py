@@ -17,8 +17,9 @@ The executor and the launcher are siblings over the planner: neither may link th
 through a socket, dtrain::exec_heartbeat; dtlaunch runs dtexec as a process), and the Slurm plugin links nothing of
 the executor. A link outside ALLOWED fails the check, and so does a cycle (CMake allows them between static
 libraries, also inside one part). A few external libraries are confined to the targets that adapt them (Gloo, NCCL,
-CUDA). With --doc FILE the drawing between the markers "<!-- deps-graph begin -->" and "<!-- deps-graph end -->" in
-FILE must be exactly the one this script prints with --draw, so the document shows the graph the build has.
+CUDA, protobuf). With --doc FILE the drawing between the markers "<!-- deps-graph begin -->" and
+"<!-- deps-graph end -->" in FILE must be exactly the one this script prints with --draw, so the document shows the
+graph the build has.
 tests/build/check_deps_test.py feeds this script graphs with forbidden links and expects it to fail.
 
 Usage:
@@ -62,6 +63,7 @@ TARGETS = {
     "dtrain_kernels_cuda": "executor",
     "dtrain_comm": "executor",
     "dtrain_comm_nccl": "executor",
+    "dtrain_tensorboard": "executor",
     "dtrain_exec_heartbeat": "executor",
     "dtrain_exec": "executor",
     "dtrain_calibrate": "executor",
@@ -82,6 +84,7 @@ CONFINED = {
     "dtrain_nccl": {"dtrain_comm_nccl"},
     "CUDA::cublasLt": {"dtrain_kernels_cuda", "CUDA::cublas"},  # cuBLAS itself links cuBLASLt
     "CUDA::cublas": {"dtrain_kernels_cuda"},  # the experts' grouped GEMMs
+    "protobuf::libprotobuf": {"dtrain_tensorboard"},  # TensorBoard's event messages
 }
 
 # dtrain_-named targets that stand for an external library (cmake/dependencies.cmake).

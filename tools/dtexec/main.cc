@@ -2,6 +2,7 @@
 //
 //   dtexec train --model M.toml --plan (auto|plan.toml) --data (FILE|synthetic) --steps N --seed S
 //                [--checkpoint-dir D --checkpoint-every K] [--resume] [--metrics out.jsonl] [--trace out.json]
+//                [--log-interval N] [--tensorboard DIR]
 //                [--deterministic] [--cluster C.toml] [--fix K=V,...] [--epochs E] [--threads T] [--timeout-s S]
 //                [--dtype fp32|bf16] [--device cpu|cuda]
 //   dtexec train --model M.toml --plan (auto|plan.toml) [--cluster C.toml] [--fix K=V,...] --write-plan FILE
@@ -260,6 +261,14 @@ int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
       ->check(CountValidator(2));
   train->add_flag("--resume", o.resume, "Continue from the newest complete checkpoint in --checkpoint-dir");
   train->add_option("--metrics", o.metrics_path, "Append one JSON line per step (global rank 0)");
+  train
+      ->add_option("--log-interval", o.log_interval,
+                   "Log a progress line (loss, lr, grad norm, tokens/s, TFLOP/s, MFU, peak memory, time left) every N "
+                   "steps and after the last (global rank 0)")
+      ->check(CountValidator())
+      ->capture_default_str();
+  train->add_option("--tensorboard", o.tensorboard_dir,
+                    "Write TensorBoard event files with every step's scalars to this directory (global rank 0)");
   train->add_option("--trace", o.trace_path, "Write the measured timeline (Chrome trace JSON)");
   train->add_flag("--deterministic", o.deterministic, "Bitwise repeatable runs (fixed thread counts and orders)");
   train

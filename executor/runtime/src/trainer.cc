@@ -74,6 +74,7 @@ class Run {
         log::info("train", "the checkpoint is at step {}: nothing left to do", result.first_step);
     }
     detail::MetricsFile metrics(o_.metrics_path, world_.rank() == 0, result.first_step > 0);
+    detail::ProgressReport progress(o_, run_, world_.size(), world_.rank() == 0, tokens_per_step());
     detail::RunTrace trace;
     // A traced run's ranks start their clocks together (a trace's times count from here, and dtplan compare lays the
     // ranks' timelines on one axis): without it they were as far apart as the ranks' setup, 13 ms in a 4-rank run.
@@ -90,6 +91,7 @@ class Run {
       result.steps.push_back(sm);
       trace.add(s + 1, std::chrono::duration<double>(step_start - run_start).count(), executor_->trace());
       metrics.write(sm, tokens_per_step());
+      progress.step(sm, stop || s + 1 == o_.steps);
       if (heartbeat_) {
         heartbeat_->progress(sm.step, o_.steps, sm.loss, tokens_per_step() / sm.seconds);
         heartbeat_->timing(sm.step, step_s, std::max(0.0, step_s - sm.comm_seconds));

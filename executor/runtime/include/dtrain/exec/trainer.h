@@ -14,7 +14,8 @@
 //      touched); one holding this model's checkpoints needs --resume (which continues from the newest complete
 //      one whose checksums match: its weights through checkpoint_weights, weight_loader.h, and its data position),
 //      except in a restart of the job that wrote them (job_id, restart), which resumes from them by itself;
-//   6. each step: run the program, global rank 0 appends a JSON line to the metrics file, every K steps a
+//   6. each step: run the program, global rank 0 appends a JSON line to the metrics file and the step's scalars to
+//      the TensorBoard event file, and every log_interval steps logs a progress line (progress.h); every K steps a
 //      checkpoint; SIGTERM/SIGINT (set_stop_requested) finishes the step, writes a checkpoint and returns kPreempted.
 #pragma once
 
@@ -59,6 +60,10 @@ struct TrainOptions {
   // dtlaunch's hang report finds the programs); null: nothing.
   std::function<void(const plan::Plan&)> on_plan;
   std::string metrics_path;
+  // Global rank 0 logs a progress line (progress.h) every log_interval steps and after the last, and with a
+  // tensorboard_dir writes every step's scalars to a TensorBoard event file there (docs/formats.md#tensorboard).
+  std::int64_t log_interval = 10;
+  std::string tensorboard_dir;
   std::string trace_path;
   bool deterministic = false;
   // After the first step of this run, write its gradients (before the optimizer used them) in the checkpoint shard
