@@ -36,8 +36,9 @@ int run_tokenize(const TokenizeArgs& a) {
   if (a.tokenizer.empty()) {
     // The byte tokenizer of dtrain's own token files (vocabulary 256).
     if (a.output.empty() || a.inputs.size() != 1) {
-      throw input_error("tokenize: give --tokenizer and --output-prefix (a Megatron dataset), or one --input and "
-                        "--output for a byte token file");
+      throw input_error(
+          "tokenize: give --tokenizer and --output-prefix (a Megatron dataset), or one --input and "
+          "--output for a byte token file");
     }
     const std::int64_t n = exec::tokenize_bytes(a.inputs[0], a.output);
     std::printf("%lld tokens written to %s\n", static_cast<long long>(n), a.output.c_str());
@@ -60,11 +61,12 @@ int run_tokenize(const TokenizeArgs& a) {
   o.stop = &g_interrupted;
   o.progress = [tty](const data::TokenizeProgress& p) {
     const double mb = static_cast<double>(p.bytes_read) / 1e6;
-    std::fprintf(stderr, "%stokenize: %.1f of %.1f MB (%.0f%%), %lld documents, %lld tokens, %.2f MB/s%s", tty ? "\r" : "",
-                 mb, static_cast<double>(p.bytes_total) / 1e6,
-                 p.bytes_total > 0 ? 100.0 * static_cast<double>(p.bytes_read) / static_cast<double>(p.bytes_total) : 100.0,
-                 static_cast<long long>(p.documents), static_cast<long long>(p.tokens),
-                 p.seconds > 0 ? mb / p.seconds : 0.0, tty ? "" : "\n");
+    std::fprintf(
+        stderr, "%stokenize: %.1f of %.1f MB (%.0f%%), %lld documents, %lld tokens, %.2f MB/s%s", tty ? "\r" : "", mb,
+        static_cast<double>(p.bytes_total) / 1e6,
+        p.bytes_total > 0 ? 100.0 * static_cast<double>(p.bytes_read) / static_cast<double>(p.bytes_total) : 100.0,
+        static_cast<long long>(p.documents), static_cast<long long>(p.tokens), p.seconds > 0 ? mb / p.seconds : 0.0,
+        tty ? "" : "\n");
   };
   std::fprintf(stderr, "tokenize: %s\n", tokenizer->describe().c_str());
   const data::TokenizeProgress p = data::tokenize_corpus(*tokenizer, o);
@@ -84,7 +86,7 @@ struct InspectArgs {
 };
 
 int run_inspect(const InspectArgs& a) {
-  const data::Split which = a.which == "valid" ? data::Split::kValid
+  const data::Split which = a.which == "valid"  ? data::Split::kValid
                             : a.which == "test" ? data::Split::kTest
                                                 : data::Split::kTrain;
   // The order is built for the samples a run reads, as the trainer builds it (--steps x --global-batch); without
@@ -111,8 +113,11 @@ int run_inspect(const InspectArgs& a) {
     set.read(i, tokens.data(), tokenizer ? tokenizer->vocab_size() : 0);
     const auto pieces = dataset.pieces(s);
     if (a.json) {
-      nlohmann::json j{{"sample", i}, {"dataset", dataset.dataset().prefix()}, {"dataset_index", d},
-                       {"dataset_sample", s}, {"tokens", tokens}};
+      nlohmann::json j{{"sample", i},
+                       {"dataset", dataset.dataset().prefix()},
+                       {"dataset_index", d},
+                       {"dataset_sample", s},
+                       {"tokens", tokens}};
       for (const auto& p : pieces) {
         j["documents"].push_back({{"document", p.sequence}, {"offset", p.offset}, {"length", p.length}});
       }
@@ -138,8 +143,10 @@ std::function<int()> add_data_commands(CLI::App& app) {
   auto tokenize_args = std::make_shared<TokenizeArgs>();
   auto* tokenize = app.add_subcommand(
       "tokenize", "Tokenize a corpus into a Megatron dataset (P.bin, P.idx) with the model's tokenizer");
-  tokenize->add_option("--input", tokenize_args->inputs, "JSONL files (.jsonl, .json: one document per line) or text "
-                                                         "files (one document each)")
+  tokenize
+      ->add_option("--input", tokenize_args->inputs,
+                   "JSONL files (.jsonl, .json: one document per line) or text "
+                   "files (one document each)")
       ->required();
   tokenize->add_option("--tokenizer", tokenize_args->tokenizer,
                        "A HuggingFace tokenizer.json (or its directory) or a SentencePiece .model");

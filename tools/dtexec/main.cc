@@ -286,6 +286,15 @@ int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
   train->add_option("--split", o.split,
                     "Megatron datasets: train,valid,test shares of the documents, as Megatron's --split (default: "
                     "100,0,0, all training)");
+  train
+      ->add_option("--eval-interval", o.eval_interval,
+                   "Measure the validation loss (forward only) after every K steps and after the last")
+      ->check(CountValidator());
+  train->add_option("--eval-iters", o.eval_iters, "Global batches of validation data each time (default: 10)")
+      ->check(CountValidator());
+  train->add_option("--eval-data", o.eval_data,
+                    "Validation data, all of it (a Megatron prefix or blend, a token file); default: --data's valid "
+                    "split");
   const auto run_data_command = tools::add_data_commands(app);
   return run_main(
       app,

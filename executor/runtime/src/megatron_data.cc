@@ -22,20 +22,21 @@ bool exists(const std::string& path) {
 
 data::SampleSetOptions sample_set_options(const DataSourceOptions& o) {
   if (o.seed > std::numeric_limits<std::uint32_t>::max()) {
-    throw input_error(fmt::format("--seed {}: a Megatron dataset's order is seeded as numpy seeds, below 2^32",
-                                  o.seed));
+    throw input_error(
+        fmt::format("--seed {}: a Megatron dataset's order is seeded as numpy seeds, below 2^32", o.seed));
   }
   // A single word that is neither a file nor a dataset prefix: say what --data takes.
   const data::Blend blend = data::parse_blend(o.spec);
   if (blend.prefixes.size() == 1 && !exists(o.spec) && !exists(blend.prefixes[0] + ".idx")) {
-    throw input_error(fmt::format("{}: data file not found or not readable (--data takes 'synthetic', a token file, "
-                                  "a Megatron dataset prefix P of P.bin and P.idx, or a blend \"W1 P1 W2 P2 ...\")",
-                                  o.spec));
+    throw input_error(
+        fmt::format("{}: data file not found or not readable (--data takes 'synthetic', a token file, "
+                    "a Megatron dataset prefix P of P.bin and P.idx, or a blend \"W1 P1 W2 P2 ...\")",
+                    o.spec));
   }
   return {.spec = o.spec,
           .flag = "--data",
           .split = data::parse_split(o.split),
-          .which = data::Split::kTrain,
+          .which = o.validation ? data::Split::kValid : data::Split::kTrain,
           .samples = o.steps * o.global_batch,
           .seq_len = o.seq_len,
           .seed = static_cast<std::uint32_t>(o.seed)};
@@ -43,8 +44,7 @@ data::SampleSetOptions sample_set_options(const DataSourceOptions& o) {
 
 class MegatronData final : public DataSource {
  public:
-  explicit MegatronData(const DataSourceOptions& options)
-      : DataSource(options), set_(sample_set_options(options)) {}
+  explicit MegatronData(const DataSourceOptions& options) : DataSource(options), set_(sample_set_options(options)) {}
 
   std::int64_t samples() const override { return set_.size(); }
   // Megatron's files do not record their vocabulary: every token is checked against the model's as it is read.

@@ -31,6 +31,12 @@ void MetricsFile::write(const StepMetrics& sm, double tokens_per_step) {
   out_.flush();
 }
 
+void MetricsFile::write_eval(std::int64_t step, double loss, std::int64_t iters) {
+  if (!out_.is_open()) return;
+  out_ << nlohmann::json{{"step", step}, {"eval_loss", loss}, {"eval_iters", iters}}.dump() << "\n";
+  out_.flush();
+}
+
 ProgressReport::ProgressReport(const TrainOptions& o, const PreparedRun& run, int world_size, bool writer,
                                double tokens_per_step)
     : writer_(writer),

@@ -26,6 +26,8 @@ class MetricsFile {
   // One line: step, loss, step_s, tokens_per_s (tokens_per_step / the step's seconds), grad_norm, lr, comm_s,
   // peak_bytes (every rank's), flushed.
   void write(const StepMetrics& sm, double tokens_per_step);
+  // A validation line: step, eval_loss, eval_iters, flushed.
+  void write_eval(std::int64_t step, double loss, std::int64_t iters);
 
  private:
   std::ofstream out_;

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "data_sources.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/host.h"
 #include "dtrain/common/strings.h"
@@ -191,6 +192,44 @@ PreparedRun prepare_run(const TrainOptions& o, HostCollectives& world) {
   run.program = ir::lower(run.plan, world.rank());
   run.faults.edit(run.program);
   return run;
+}
+
+std::unique_ptr<DataSource> open_validation_data(const TrainOptions& o, const PreparedRun& run,
+                                                 const ir::Program& program) {
+  const bool own = !o.eval_data.empty();
+  const std::string& spec = own ? o.eval_data : o.data;
+  if (!own && spec != "synthetic" && is_token_file(spec)) {
+    throw input_error(
+        fmt::format("--eval-interval: {} is a token file, which has no held-out part: give --eval-data "
+                    "(a Megatron dataset or blend, or another token file)",
+                    spec));
+  }
+  std::unique_ptr<DataSource> source;
+  try {
+    source = open_data_source({.spec = spec,
+                               .epochs = 1,
+                               .steps = o.eval_iters,
+                               .split = own ? "0,100,0" : o.split,
+                               .validation = true,
+                               .seq_len = run.model.model.seq_len,
+                               .vocab = run.model.model.vocab,
+                               .seed = o.seed,
+                               .global_batch = run.plan.inputs.global_batch,
+                               .micro_batch = program.micro_batch,
+                               .dp_rank = program.dp_rank,
+                               .dp_size = program.dp});
+  } catch (const Error& e) {
+    throw e.with_context(own ? "--eval-data" : "--eval-interval (validation from --data and --split)");
+  }
+  const std::int64_t needed = o.eval_iters * run.plan.inputs.global_batch;
+  if (source->samples() < needed) {
+    throw Error(ErrorCategory::kInput, ExitCode::kDataExhausted,
+                fmt::format("validation data {} holds {} samples of {} tokens, but --eval-iters {} with a global batch "
+                            "of {} needs {}",
+                            source->describe(), source->samples(), run.model.model.seq_len, o.eval_iters,
+                            run.plan.inputs.global_batch, needed));
+  }
+  return source;
 }
 
 void check_data_suffices(const DataSource& data, const PreparedRun& run, const TrainOptions& o,

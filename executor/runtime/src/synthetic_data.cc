@@ -21,7 +21,10 @@ std::uint64_t mix(std::uint64_t x) {
 class Synthetic final : public DataSource {
  public:
   explicit Synthetic(const DataSourceOptions& options)
-      : DataSource(options), seed_(options.seed), vocab_(options.vocab) {}
+      // Validation draws a stream of its own: the same pattern, other starts and noise.
+      : DataSource(options),
+        seed_(options.validation ? mix(options.seed ^ 0x76616c6964ULL) : options.seed),
+        vocab_(options.vocab) {}
   std::int64_t samples() const override { return INT64_MAX / 4; }
   std::int64_t vocab() const override { return vocab_; }
   std::string describe() const override { return fmt::format("synthetic (seed {}, vocabulary {})", seed_, vocab_); }

@@ -52,6 +52,7 @@ class Run {
                               .micro_batch = program.micro_batch,
                               .dp_rank = program.dp_rank,
                               .dp_size = program.dp});
+    if (o_.eval_interval) validation_ = detail::open_validation_data(o_, run_, program);
     ExecutorOptions eo;
     eo.seed = o_.seed;
     eo.global_batch = run_.plan.inputs.global_batch;
@@ -92,6 +93,12 @@ class Run {
       trace.add(s + 1, std::chrono::duration<double>(step_start - run_start).count(), executor_->trace());
       metrics.write(sm, tokens_per_step());
       progress.step(sm, stop || s + 1 == o_.steps);
+      if (validation_ && !stop && ((s + 1) % *o_.eval_interval == 0 || s + 1 == o_.steps)) {
+        const double loss = validate(s + 1);
+        result.evals.emplace_back(s + 1, loss);
+        metrics.write_eval(s + 1, loss, o_.eval_iters);
+        progress.eval_loss(s + 1, loss);
+      }
       if (heartbeat_) {
         heartbeat_->progress(sm.step, o_.steps, sm.loss, tokens_per_step() / sm.seconds);
         heartbeat_->timing(sm.step, step_s, std::max(0.0, step_s - sm.comm_seconds));
@@ -119,6 +126,13 @@ class Run {
  private:
   double tokens_per_step() const {
     return static_cast<double>(run_.plan.inputs.global_batch) * static_cast<double>(run_.model.model.seq_len);
+  }
+
+  // The mean validation loss over eval_iters global batches of the validation data, after step `step`.
+  double validate(std::int64_t step) {
+    double total = 0;
+    for (std::int64_t b = 0; b < o_.eval_iters; ++b) total += executor_->evaluate(*validation_, b, step);
+    return total / static_cast<double>(o_.eval_iters);
   }
 
   // DTRAIN_TEST_SLOW_RANKS (test_faults.h): sleeps at the start of every step, outside communication.
@@ -153,6 +167,7 @@ class Run {
   detail::PreparedRun run_;
   Communicators comms_;
   std::unique_ptr<DataSource> data_;
+  std::unique_ptr<DataSource> validation_;  // with eval_interval
   std::unique_ptr<Executor> executor_;
   PositionBoard position_;  // before heartbeat_, whose thread reads it: destroyed after it
   std::unique_ptr<Heartbeat> heartbeat_;

@@ -26,6 +26,7 @@ struct DataSourceOptions {
   // order is built for, as Megatron's train_iters does; and dtexec --split, the train,valid,test shares.
   std::int64_t steps = 1;
   std::string split = "100,0,0";
+  bool validation = false;  // the valid split of a Megatron dataset; a synthetic stream of its own
   std::int64_t seq_len = 0;
   std::int64_t vocab = 0;  // the model's (what the synthetic source draws from)
   std::uint64_t seed = 1;

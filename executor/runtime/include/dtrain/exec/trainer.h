@@ -44,6 +44,12 @@ struct TrainOptions {
   std::string data = "synthetic";  // DataSourceOptions::spec: "synthetic", a token file, a Megatron prefix or blend
   int epochs = 1;
   std::string split = "100,0,0";  // DataSourceOptions::split (Megatron datasets)
+  // Validation (docs/data.md#validation): with eval_interval, the loss of eval_iters global batches of the validation
+  // data (eval_data, all of it; else the valid split of a Megatron `data` by `split`) after every eval_interval steps
+  // and after the last, forward only, the same batches each time.
+  std::optional<std::int64_t> eval_interval;
+  std::int64_t eval_iters = 10;
+  std::string eval_data;
   // The step to train until (a total, not a count of this run's steps): a resumed run continues from its
   // checkpoint's step up to this one, so a restarted job with the same command ends where the first would have.
   std::int64_t steps = 1;
@@ -81,6 +87,8 @@ struct TrainResult {
   ExitCode exit_code = ExitCode::kOk;
   std::int64_t first_step = 0;     // 0-based step the run started from (after a resume: the checkpoint's)
   std::vector<StepMetrics> steps;  // every step this run took
+  // The validation losses this run measured: (the step after which, the loss).
+  std::vector<std::pair<std::int64_t, double>> evals;
   std::string plan_digest;
 };
 
