@@ -5,10 +5,10 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "dtrain/common/error.h"
@@ -147,8 +147,8 @@ TokenizeProgress tokenize_corpus(const Tokenizer& tokenizer, const TokenizeOptio
   if (options.append_eod) {
     eod = tokenizer.eod();
     if (!eod) {
-      throw input_error(fmt::format("--append-eod: the tokenizer ({}) has no end-of-document token",
-                                    tokenizer.describe()));
+      throw input_error(
+          fmt::format("--append-eod: the tokenizer ({}) has no end-of-document token", tokenizer.describe()));
     }
   }
   TokenizeProgress progress;

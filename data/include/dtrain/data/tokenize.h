@@ -18,11 +18,11 @@
 namespace dtrain::data {
 
 struct TokenizeProgress {
-  std::int64_t documents = 0;      // written
+  std::int64_t documents = 0;        // written
   std::int64_t empty_documents = 0;  // skipped: their text gave no tokens
-  std::int64_t tokens = 0;         // written, end-of-document tokens included
-  std::int64_t bytes_read = 0;     // of input text
-  std::int64_t bytes_total = 0;    // of every input file
+  std::int64_t tokens = 0;           // written, end-of-document tokens included
+  std::int64_t bytes_read = 0;       // of input text
+  std::int64_t bytes_total = 0;      // of every input file
   double seconds = 0;
 };
 
@@ -30,10 +30,10 @@ struct TokenizeOptions {
   std::vector<std::string> inputs;  // .jsonl / .json files are JSONL; anything else is one plain text document
   std::string output_prefix;        // writes output_prefix.bin and .idx
   std::string json_key = "text";
-  bool append_eod = false;  // append the tokenizer's end-of-document id to each document
-  int workers = 1;          // encoding threads
-  std::int64_t batch_bytes = 4 << 20;  // text per batch (all workers together)
-  const std::atomic<bool>* stop = nullptr;  // when set (by a signal handler), stop and leave nothing
+  bool append_eod = false;                                // append the tokenizer's end-of-document id to each document
+  int workers = 1;                                        // encoding threads
+  std::int64_t batch_bytes = 4 << 20;                     // text per batch (all workers together)
+  const std::atomic<bool>* stop = nullptr;                // when set (by a signal handler), stop and leave nothing
   std::function<void(const TokenizeProgress&)> progress;  // called about once a second, and at the end
 };
 
