@@ -12,8 +12,9 @@ packages=(
   libtomlplusplus-dev libhwloc-dev hwloc libboost-dev libgloo-dev libopenblas-dev
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  # real data (dtrain::data): pre-tokenizer regexes, SentencePiece models, TensorBoard event files, CRC32C (Boost.CRC)
-  libpcre2-dev libsentencepiece-dev libprotobuf-dev protobuf-compiler
+  # real data (dtrain::data): pre-tokenizer regexes, Unicode normalization, SentencePiece models, TensorBoard event
+  # files, CRC32C (Boost.CRC)
+  libpcre2-dev libicu-dev libsentencepiece-dev libprotobuf-dev protobuf-compiler
   # Slurm: headers for the SPANK plugin, daemons for the local test cluster
   libslurm-dev slurm-wlm slurmctld slurmd slurm-client munge
   # test-only: numerical reference and benchmark peer, SVG rendering check
