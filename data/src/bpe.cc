@@ -66,16 +66,12 @@ BpeModel::BpeModel(Vocabulary vocab, const std::vector<std::pair<std::string, st
 
 void BpeModel::tokenize(std::string_view word, std::vector<std::int32_t>& ids) const {
   if (word.empty()) return;
-  if (options_.ignore_merges) {
-    if (const auto it = vocab_.find(word); it != vocab_.end()) {
-      ids.push_back(it->second);
-      return;
-    }
-  }
   if (word.size() >= kMaxCachedWordBytes) {
-    merge_word(word, ids);
+    tokenize_uncached(word, ids);
     return;
   }
+  // The cache is looked at first: it is smaller than the vocabulary (faster to search), and with ignore_merges a word
+  // that is a token is cached as that one id.
   WordCache& cache = word_cache();
   if (cache.owner != cache_owner_) {
     cache.ids.clear();
@@ -86,9 +82,19 @@ void BpeModel::tokenize(std::string_view word, std::vector<std::int32_t>& ids) c
     return;
   }
   const std::size_t first = ids.size();
-  merge_word(word, ids);
+  tokenize_uncached(word, ids);
   if (cache.ids.size() >= kCacheCapacity) cache.ids.clear();
   cache.ids.emplace(std::string(word), std::vector<std::int32_t>(ids.begin() + first, ids.end()));
+}
+
+void BpeModel::tokenize_uncached(std::string_view word, std::vector<std::int32_t>& ids) const {
+  if (options_.ignore_merges) {
+    if (const auto it = vocab_.find(word); it != vocab_.end()) {
+      ids.push_back(it->second);
+      return;
+    }
+  }
+  merge_word(word, ids);
 }
 
 void BpeModel::merge_word(std::string_view word, std::vector<std::int32_t>& ids) const {

@@ -56,6 +56,7 @@ class BpeModel {
   static std::uint64_t pair_key(std::int32_t left, std::int32_t right) {
     return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(left)) << 32) | static_cast<std::uint32_t>(right);
   }
+  void tokenize_uncached(std::string_view word, std::vector<std::int32_t>& ids) const;
   void merge_word(std::string_view word, std::vector<std::int32_t>& ids) const;
 
   Vocabulary vocab_;
