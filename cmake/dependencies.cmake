@@ -17,6 +17,14 @@ pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 find_package(Protobuf REQUIRED)
+# TensorBoard's messages are generated for the lite runtime and linked from its static archive: Debian's
+# libsentencepiece carries (and exports) its own copy of an older protobuf-lite, and a program that loads it beside
+# libprotobuf.so crashes before main (libprotobuf's descriptor registration binds to sentencepiece's copy). The
+# archive's symbols stay inside the program (it exports none), so each copy keeps to its own.
+find_library(DTRAIN_PROTOBUF_LITE_ARCHIVE NAMES libprotobuf-lite.a REQUIRED)
+add_library(dtrain_protobuf_lite INTERFACE)
+target_include_directories(dtrain_protobuf_lite SYSTEM INTERFACE ${Protobuf_INCLUDE_DIRS})
+target_link_libraries(dtrain_protobuf_lite INTERFACE ${DTRAIN_PROTOBUF_LITE_ARCHIVE} Threads::Threads)
 if(DTRAIN_BUILD_TESTS)
   find_package(GTest REQUIRED)
   include(GoogleTest)

@@ -84,11 +84,12 @@ CONFINED = {
     "dtrain_nccl": {"dtrain_comm_nccl"},
     "CUDA::cublasLt": {"dtrain_kernels_cuda", "CUDA::cublas"},  # cuBLAS itself links cuBLASLt
     "CUDA::cublas": {"dtrain_kernels_cuda"},  # the experts' grouped GEMMs
-    "protobuf::libprotobuf": {"dtrain_tensorboard"},  # TensorBoard's event messages
+    "dtrain_protobuf_lite": {"dtrain_tensorboard"},  # TensorBoard's event messages
+    "protobuf::libprotobuf": set(),  # libprotobuf.so beside libsentencepiece crashes (cmake/dependencies.cmake)
 }
 
 # dtrain_-named targets that stand for an external library (cmake/dependencies.cmake).
-EXTERNAL = {"dtrain_nccl"}
+EXTERNAL = {"dtrain_nccl", "dtrain_protobuf_lite"}
 
 DOC_BEGIN = "<!-- deps-graph begin -->"
 DOC_END = "<!-- deps-graph end -->"

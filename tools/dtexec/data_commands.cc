@@ -25,6 +25,15 @@ namespace {
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_interrupt(int) { g_interrupted.store(true); }
 
+// 812 B, 37.0 kB, 10.7 MB, 1.20 GB.
+std::string bytes_text(std::int64_t bytes) {
+  const auto b = static_cast<double>(bytes);
+  if (b < 1e3) return fmt::format("{} B", bytes);
+  if (b < 1e6) return fmt::format("{:.1f} kB", b / 1e3);
+  if (b < 1e9) return fmt::format("{:.1f} MB", b / 1e6);
+  return fmt::format("{:.2f} GB", b / 1e9);
+}
+
 struct TokenizeArgs {
   std::vector<std::string> inputs;
   std::string tokenizer, output_prefix, output, json_key = "text";
@@ -60,13 +69,12 @@ int run_tokenize(const TokenizeArgs& a) {
   o.workers = a.workers;
   o.stop = &g_interrupted;
   o.progress = [tty](const data::TokenizeProgress& p) {
-    const double mb = static_cast<double>(p.bytes_read) / 1e6;
-    std::fprintf(
-        stderr, "%stokenize: %.1f of %.1f MB (%.0f%%), %lld documents, %lld tokens, %.2f MB/s%s", tty ? "\r" : "", mb,
-        static_cast<double>(p.bytes_total) / 1e6,
-        p.bytes_total > 0 ? 100.0 * static_cast<double>(p.bytes_read) / static_cast<double>(p.bytes_total) : 100.0,
-        static_cast<long long>(p.documents), static_cast<long long>(p.tokens), p.seconds > 0 ? mb / p.seconds : 0.0,
-        tty ? "" : "\n");
+    const double share =
+        p.bytes_total > 0 ? 100.0 * static_cast<double>(p.bytes_read) / static_cast<double>(p.bytes_total) : 100.0;
+    std::fprintf(stderr, "%stokenize: %s of %s (%.0f%%), %lld documents, %lld tokens, %.2f MB/s%s", tty ? "\r" : "",
+                 bytes_text(p.bytes_read).c_str(), bytes_text(p.bytes_total).c_str(), share,
+                 static_cast<long long>(p.documents), static_cast<long long>(p.tokens),
+                 p.seconds > 0 ? static_cast<double>(p.bytes_read) / 1e6 / p.seconds : 0.0, tty ? "" : "\n");
   };
   std::fprintf(stderr, "tokenize: %s\n", tokenizer->describe().c_str());
   const data::TokenizeProgress p = data::tokenize_corpus(*tokenizer, o);
