@@ -154,10 +154,20 @@ TokenizeProgress tokenize_corpus(const Tokenizer& tokenizer, const TokenizeOptio
   TokenizeProgress progress;
   for (const auto& path : options.inputs) {
     std::error_code ec;
-    const auto size = std::filesystem::file_size(path, ec);
-    if (ec) throw input_error(fmt::format("{}: input not found or not readable: {}", path, ec.message()));
-    progress.bytes_total += static_cast<std::int64_t>(size);
+    const auto status = std::filesystem::status(path, ec);
+    if (ec || !std::filesystem::exists(status)) {
+      throw input_error(fmt::format("{}: input not found or not readable", path));
+    }
+    // A pipe has no size: the total counts regular files only.
+    if (std::filesystem::is_regular_file(status)) {
+      progress.bytes_total += static_cast<std::int64_t>(std::filesystem::file_size(path, ec));
+    }
   }
+  const auto interrupted = [&] {
+    if (options.stop != nullptr && options.stop->load()) {
+      throw Error(ErrorCategory::kIo, fmt::format("{}: interrupted; nothing was written", options.output_prefix));
+    }
+  };
   const auto start = Clock::now();
   auto last_report = start;
   IndexedDatasetWriter writer(options.output_prefix, optimal_dtype(tokenizer.vocab_size()));
@@ -175,9 +185,7 @@ TokenizeProgress tokenize_corpus(const Tokenizer& tokenizer, const TokenizeOptio
       ++progress.documents;
       progress.tokens += static_cast<std::int64_t>(ids.size());
     }
-    if (options.stop != nullptr && options.stop->load()) {
-      throw Error(ErrorCategory::kIo, fmt::format("{}: interrupted; nothing was written", options.output_prefix));
-    }
+    interrupted();
     const auto now = Clock::now();
     if (options.progress && now - last_report >= std::chrono::seconds(1)) {
       progress.seconds = std::chrono::duration<double>(now - start).count();
@@ -185,6 +193,7 @@ TokenizeProgress tokenize_corpus(const Tokenizer& tokenizer, const TokenizeOptio
       last_report = now;
     }
   }
+  interrupted();  // a read cut short by the signal ends the input early: what was read is not the corpus
   if (progress.tokens == 0) {
     throw input_error(fmt::format("{}: the corpus gives no tokens ({} empty documents)", options.inputs.front(),
                                   progress.empty_documents));

@@ -55,9 +55,11 @@ int run_tokenize(const TokenizeArgs& a) {
   }
   if (a.output_prefix.empty()) throw input_error("tokenize: --tokenizer needs --output-prefix");
   const auto tokenizer = data::open_tokenizer(a.tokenizer);
-  // An interrupt stops at the next batch and removes the partial output (the writer renames into place at the end).
+  // An interrupt stops at the next batch and removes the partial output (the writer renames into place at the end);
+  // a second one ends the process at once (a read from a pipe may block until its writer writes).
   struct sigaction sa {};
   sa.sa_handler = on_interrupt;
+  sa.sa_flags = SA_RESETHAND;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
   const bool tty = ::isatty(STDERR_FILENO) != 0;

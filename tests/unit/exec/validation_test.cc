@@ -106,10 +106,10 @@ std::vector<std::pair<std::int64_t, double>> validation_run(int world, const std
 TEST_P(ValidationLayouts, TheValidationLossOfEveryLayoutIsOneRanks) {
   static const auto reference = validation_run(1, "dp=1,tp=1,pp=1,vpp=1,micro_batch=4");
   const EvalLayout& l = GetParam();
-  const auto got = validation_run(
-      l.dp * l.tp * l.pp, fmt::format("dp={},tp={},pp={},vpp={},schedule={},sequence_parallel={},"
-                                      "distributed_optimizer={}",
-                                      l.dp, l.tp, l.pp, l.vpp, l.schedule, l.sp, l.dopt));
+  const auto got =
+      validation_run(l.dp * l.tp * l.pp, fmt::format("dp={},tp={},pp={},vpp={},schedule={},sequence_parallel={},"
+                                                     "distributed_optimizer={}",
+                                                     l.dp, l.tp, l.pp, l.vpp, l.schedule, l.sp, l.dopt));
   ASSERT_EQ(reference.size(), 2u);  // after step 2 and after the last
   ASSERT_EQ(got.size(), reference.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -133,8 +133,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ValidationLayouts,
                            return s;
                          });
 
-// With a learning rate of 1e-30 the weights do not change (every update rounds away), and validation data that is the training data gives, in its
-// first batch, the training's first batch: the validation loss is the first step's training loss, every time.
+// With a learning rate of 1e-30 the weights do not change (every update rounds away), and validation data that is the
+// training data gives, in its first batch, the training's first batch: the validation loss is the first step's training
+// loss, every time.
 TEST(Validation, IsTheLossATrainingStepMeasuresOnTheSameBatch) {
   TrainOptions o = options("dp=2,tp=1,pp=2,vpp=1,schedule=1f1b", 3);
   o.model_path = tiny_with("tiny-lr0", {{"lr", "1e-30"}, {"min_lr", "1e-30"}, {"weight_decay", "0.0"}});
