@@ -1,13 +1,20 @@
 // dtlaunch with the real programs: plan files made by dtplan (the plan digest check between nodes), and dtexec
 // training the tiny model on 4 ranks (the fault tests of issue 6: a rank killed with kill -9 at a random step, a
-// rank stopped with SIGSTOP, a preempted job), checked against an uninterrupted run bitwise in deterministic mode.
+// rank stopped with SIGSTOP, a preempted job), checked against an uninterrupted run bitwise in deterministic mode. The
+// jobs train on a blend of two real texts as Megatron datasets (docs/data.md), so that a resume must continue the
+// blend's sample sequence exactly.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <set>
+#include <sstream>
 
+#include "dtrain/data/indexed_dataset.h"
 #include "launch_harness.h"
 
 namespace dtrain::launch::testing {
@@ -57,6 +64,49 @@ TEST_F(LaunchTest, NodesWithDifferentPlansFailWithBothDigests) {
 
 // --- dtexec -----------------------------------------------------------------------------------------------------
 
+// A text as a Megatron dataset of byte tokens (the tiny model's vocabulary): a document per paragraph, each ended by
+// token 0.
+std::string byte_dataset(const std::string& prefix, const std::string& text_path) {
+  std::ifstream in(text_path);
+  std::stringstream text;
+  text << in.rdbuf();
+  data::IndexedDatasetWriter writer(prefix, data::TokenDType::kUInt16);
+  std::vector<std::int32_t> doc;
+  std::string line;
+  while (std::getline(text, line)) {
+    if (line.find_first_not_of(" \t") == std::string::npos) {
+      if (!doc.empty()) {
+        doc.push_back(0);
+        writer.add_document(doc);
+        doc.clear();
+      }
+      continue;
+    }
+    for (unsigned char c : line + "\n") doc.push_back(c);
+  }
+  if (!doc.empty()) {
+    doc.push_back(0);
+    writer.add_document(doc);
+  }
+  writer.finish();
+  return prefix;
+}
+
+// The blend the dtexec jobs train on: the GPL (weight 0.6) and the Apache license (0.4), made once per test program.
+const std::string& blend() {
+  static const std::string spec = [] {
+    const auto dir = std::filesystem::temp_directory_path() / ("dtrain-launch-blend-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    std::atexit([] {
+      std::filesystem::remove_all(std::filesystem::temp_directory_path() /
+                                  ("dtrain-launch-blend-" + std::to_string(::getpid())));
+    });
+    return "0.6 " + byte_dataset((dir / "gpl").string(), "/usr/share/common-licenses/GPL-3") + " 0.4 " +
+           byte_dataset((dir / "apache").string(), "/usr/share/common-licenses/Apache-2.0");
+  }();
+  return spec;
+}
+
 // The tiny model on 4 ranks, deterministic, checkpointing every few steps.
 class DtexecJobTest : public LaunchTest {
  protected:
@@ -80,7 +130,7 @@ class DtexecJobTest : public LaunchTest {
                                      "--plan",
                                      "auto",
                                      "--data",
-                                     "synthetic",
+                                     blend(),
                                      "--steps",
                                      std::to_string(kSteps),
                                      "--seed",
