@@ -23,6 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Converts local element range [a, b) of a tensor into full-coordinate blocks (row pieces merged when they stack).
+// Rows outside every block (the padded vocabulary's) are left out.
 void element_blocks(const TensorSpec& t, std::int64_t a, std::int64_t b, const float* values, StoredTensor& out) {
   for (std::int64_t r = a / t.local_cols; r * t.local_cols < b; ++r) {
     std::int64_t c0 = std::max(a, r * t.local_cols) - r * t.local_cols;
@@ -32,6 +33,7 @@ void element_blocks(const TensorSpec& t, std::int64_t a, std::int64_t b, const f
     for (const auto& bl : t.blocks) {
       if (r >= bl.local_row && r < bl.local_row + bl.rows) blk = &bl;
     }
+    if (blk == nullptr) continue;  // a padding row of the vocabulary (params.h): not part of the checkpoint
     Block piece{blk->full_row + (r - blk->local_row), 1, blk->full_col + c0, c1 - c0, 0};
     if (!out.blocks.empty()) {
       Block& last = out.blocks.back();

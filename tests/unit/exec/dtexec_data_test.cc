@@ -77,10 +77,11 @@ class DtexecData : public ::testing::Test {
 
 TEST_F(DtexecData, ATokenizedTextTrainsItsLossFallsAndItsValidationLossIsReported) {
   const std::string gpl = tokenized("gpl", gpl_jsonl());
-  auto r = dtrain::testing::shell(
-      dir_, "cd " + dir_.string() + " && " + kDtlaunch + " --nproc 2 -- " + kDtexec + " train --model " + kModel +
-                " --data " + gpl + " --split 90,10 --steps 20 --eval-interval 10 --eval-iters 2 --log-interval 10 "
-                "--metrics m.jsonl --deterministic");
+  auto r =
+      dtrain::testing::shell(dir_, "cd " + dir_.string() + " && " + kDtlaunch + " --nproc 2 -- " + kDtexec +
+                                       " train --model " + kModel + " --data " + gpl +
+                                       " --split 90,10 --steps 20 --eval-interval 10 --eval-iters 2 --log-interval 10 "
+                                       "--metrics m.jsonl --deterministic");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("data train split of " + gpl + " (documents 0-"));
   EXPECT_THAT(r.err, HasSubstr("step 10/20 | eval loss "));
@@ -177,8 +178,9 @@ TEST_F(DtexecData, AnInterruptedTokenizeLeavesNoFileUnderTheOutputName) {
   // reading (or blocked reading) when the interrupt comes.
   gpl_jsonl();
   auto r = dtrain::testing::shell(
-      dir_, "cd " + dir_.string() + " && mkfifo corpus.jsonl && ((cat gpl.jsonl; sleep 4) > corpus.jsonl & writer=$!; " +
-                kDtexec + " tokenize --input corpus.jsonl --tokenizer " + kGpt2 +
+      dir_, "cd " + dir_.string() +
+                " && mkfifo corpus.jsonl && ((cat gpl.jsonl; sleep 4) > corpus.jsonl & writer=$!; " + kDtexec +
+                " tokenize --input corpus.jsonl --tokenizer " + kGpt2 +
                 " --output-prefix big & pid=$!; sleep 2; kill -INT $pid; wait $pid; rc=$?; kill $writer; exit $rc)");
   EXPECT_NE(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("big: interrupted; nothing was written"));

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <tuple>
@@ -139,6 +140,52 @@ TEST(PaddedVocabulary, Gpt2VocabularyTrainsUnderTensorParallelismAsOneRank) {
   // The steps train (the comparison is not of a constant), from about ln(50257), the near-uniform start.
   EXPECT_NEAR(ref.front(), std::log(50257.0), 0.2);
   EXPECT_GT(std::fabs(ref.back() - ref.front()), 1e-3);
+}
+
+}  // namespace
+}  // namespace dtrain::exec
+
+namespace dtrain::exec {
+namespace {
+
+using namespace exec::testing;
+
+// A padded vocabulary's checkpoint holds the real rows only: written under dp = 2, tp = 2 with the distributed
+// optimizer (the padding in the last shard), it resumes under tp = 2 and under tp = 1 to the uninterrupted curve.
+TEST(PaddedVocabulary, CheckpointsUnderTensorParallelismResumeInAnyLayout) {
+  const std::string model = std::string(DTRAIN_SOURCE_DIR) + "/tests/data/models/tiny-gpt2-vocab.toml";
+  const std::string dir = ::testing::TempDir() + "/padded-vocab-ckpt";
+  std::filesystem::remove_all(dir);
+  auto options = [&](const std::string& fix, int steps) {
+    TrainOptions o;
+    o.model_path = model;
+    o.steps = steps;
+    o.seed = 11;
+    o.fixed = {fix};
+    o.deterministic = true;
+    return o;
+  };
+  const std::vector<double> ref = losses(train_threads(2, options("dp=1,tp=2,pp=1,micro_batch=2", 4)));
+  // Written by data-parallel tensor-parallel ranks with the distributed optimizer (each stores the moments it owns).
+  TrainOptions first = options("dp=2,tp=2,pp=1,micro_batch=1,distributed_optimizer=true", 2);
+  first.checkpoint_dir = dir;
+  train_threads(4, first);
+  for (const auto& [fix, world] : {std::pair{std::string("dp=1,tp=2,pp=1,micro_batch=2"), 2},
+                                   std::pair{std::string("dp=1,tp=1,pp=1,micro_batch=2"), 1}}) {
+    SCOPED_TRACE(fix);
+    // A copy each: a resumed run writes its own last checkpoint, which the next would resume from.
+    const std::string copy = dir + "-" + std::to_string(world);
+    std::filesystem::remove_all(copy);
+    std::filesystem::copy(dir, copy, std::filesystem::copy_options::recursive);
+    TrainOptions resumed = options(fix, 4);
+    resumed.checkpoint_dir = copy;
+    resumed.resume = true;
+    const std::vector<double> c = losses(train_threads(world, resumed));
+    ASSERT_EQ(c.size(), 2u);
+    for (std::size_t i = 0; i < 2; ++i) EXPECT_NEAR(c[i], ref[i + 2], 1e-5 * ref[i + 2]) << "step " << i + 3;
+    std::filesystem::remove_all(copy);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -51,6 +51,12 @@ struct TensorSpec {
   std::int32_t unit = 0;    // -1 embedding, 0..layers-1, layers = head; -2 the tied matrix region
   std::int64_t offset = 0;  // in the flat buffer
   std::int64_t numel() const { return local_rows * local_cols; }
+  // The elements its blocks cover: numel() less a padded vocabulary's padding rows, which no checkpoint holds.
+  std::int64_t block_elements() const {
+    std::int64_t n = 0;
+    for (const Block& b : blocks) n += b.rows * b.cols;
+    return n;
+  }
 };
 
 class ParamLayout {
