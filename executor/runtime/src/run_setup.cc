@@ -194,8 +194,30 @@ PreparedRun prepare_run(const TrainOptions& o, HostCollectives& world) {
   return run;
 }
 
-std::unique_ptr<DataSource> open_validation_data(const TrainOptions& o, const PreparedRun& run,
-                                                 const ir::Program& program) {
+namespace {
+
+// The training data's options: the run's spec for this rank's place in the plan.
+DataSourceOptions training_data_options(const TrainOptions& o, const PreparedRun& run) {
+  return {.spec = o.data,
+          .epochs = o.epochs,
+          .steps = o.steps,
+          .split = o.split,
+          .seq_len = run.model.model.seq_len,
+          .vocab = run.model.model.vocab,
+          .seed = o.seed,
+          .global_batch = run.plan.inputs.global_batch,
+          .micro_batch = run.program.micro_batch,
+          .dp_rank = run.program.dp_rank,
+          .dp_size = run.program.dp};
+}
+
+}  // namespace
+
+std::unique_ptr<DataSource> open_training_data(const TrainOptions& o, const PreparedRun& run) {
+  return open_data_source(training_data_options(o, run));
+}
+
+std::unique_ptr<DataSource> open_validation_data(const TrainOptions& o, const PreparedRun& run) {
   const bool own = !o.eval_data.empty();
   const std::string& spec = own ? o.eval_data : o.data;
   if (!own && spec != "synthetic" && is_token_file(spec)) {
@@ -206,18 +228,13 @@ std::unique_ptr<DataSource> open_validation_data(const TrainOptions& o, const Pr
   }
   std::unique_ptr<DataSource> source;
   try {
-    source = open_data_source({.spec = spec,
-                               .epochs = 1,
-                               .steps = o.eval_iters,
-                               .split = own ? "0,100,0" : o.split,
-                               .validation = true,
-                               .seq_len = run.model.model.seq_len,
-                               .vocab = run.model.model.vocab,
-                               .seed = o.seed,
-                               .global_batch = run.plan.inputs.global_batch,
-                               .micro_batch = program.micro_batch,
-                               .dp_rank = program.dp_rank,
-                               .dp_size = program.dp});
+    DataSourceOptions d = training_data_options(o, run);
+    d.spec = spec;
+    d.epochs = 1;
+    d.steps = o.eval_iters;  // the same eval_iters batches each time
+    d.split = own ? "0,100,0" : o.split;
+    d.validation = true;
+    source = open_data_source(d);
   } catch (const Error& e) {
     throw e.with_context(own ? "--eval-data" : "--eval-interval (validation from --data and --split)");
   }

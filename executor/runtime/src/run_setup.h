@@ -29,14 +29,17 @@ struct PreparedRun {
 // exit code of the failure (2 input, 3 no plan, 5 plan or topology mismatch).
 PreparedRun prepare_run(const TrainOptions& options, HostCollectives& world);
 
-// Whether `data` holds the samples for steps first_step + 1..options.steps; throws dtrain::Error (exit 6) naming
-// what is missing.
+// The training data (options.data) for this rank's place in the run. Throws what open_data_source throws.
+std::unique_ptr<DataSource> open_training_data(const TrainOptions& options, const PreparedRun& run);
+
 // The validation data of a run with options.eval_interval (TrainOptions): options.eval_data, all of it; else the
 // valid split of a Megatron dataset, or the synthetic source's own validation stream. Throws dtrain::Error (input) for
 // a token file without --eval-data (it has no held-out part), a split without a valid share, and (kDataExhausted)
 // validation data shorter than eval_iters global batches.
-std::unique_ptr<DataSource> open_validation_data(const TrainOptions& options, const PreparedRun& run,
-                                                 const ir::Program& program);
+std::unique_ptr<DataSource> open_validation_data(const TrainOptions& options, const PreparedRun& run);
+
+// Whether `data` holds the samples for steps first_step + 1..options.steps; throws dtrain::Error (exit 6) naming
+// what is missing.
 
 void check_data_suffices(const DataSource& data, const PreparedRun& run, const TrainOptions& options,
                          std::int64_t first_step);

@@ -41,18 +41,8 @@ class Run {
     run_ = detail::prepare_run(o_, host_);
     const ir::Program& program = run_.program;
     comms_ = split_communicators(world_, program);
-    data_ = open_data_source({.spec = o_.data,
-                              .epochs = o_.epochs,
-                              .steps = o_.steps,
-                              .split = o_.split,
-                              .seq_len = run_.model.model.seq_len,
-                              .vocab = run_.model.model.vocab,
-                              .seed = o_.seed,
-                              .global_batch = run_.plan.inputs.global_batch,
-                              .micro_batch = program.micro_batch,
-                              .dp_rank = program.dp_rank,
-                              .dp_size = program.dp});
-    if (o_.eval_interval) validation_ = detail::open_validation_data(o_, run_, program);
+    data_ = detail::open_training_data(o_, run_);
+    if (o_.eval_interval) validation_ = detail::open_validation_data(o_, run_);
     ExecutorOptions eo;
     eo.seed = o_.seed;
     eo.global_batch = run_.plan.inputs.global_batch;

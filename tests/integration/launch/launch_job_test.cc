@@ -14,8 +14,8 @@
 #include <set>
 #include <sstream>
 
-#include "dtrain/data/indexed_dataset.h"
 #include "launch_harness.h"
+#include "text_dataset.h"
 
 namespace dtrain::launch::testing {
 namespace {
@@ -64,34 +64,6 @@ TEST_F(LaunchTest, NodesWithDifferentPlansFailWithBothDigests) {
 
 // --- dtexec -----------------------------------------------------------------------------------------------------
 
-// A text as a Megatron dataset of byte tokens (the tiny model's vocabulary): a document per paragraph, each ended by
-// token 0.
-std::string byte_dataset(const std::string& prefix, const std::string& text_path) {
-  std::ifstream in(text_path);
-  std::stringstream text;
-  text << in.rdbuf();
-  data::IndexedDatasetWriter writer(prefix, data::TokenDType::kUInt16);
-  std::vector<std::int32_t> doc;
-  std::string line;
-  while (std::getline(text, line)) {
-    if (line.find_first_not_of(" \t") == std::string::npos) {
-      if (!doc.empty()) {
-        doc.push_back(0);
-        writer.add_document(doc);
-        doc.clear();
-      }
-      continue;
-    }
-    for (unsigned char c : line + "\n") doc.push_back(c);
-  }
-  if (!doc.empty()) {
-    doc.push_back(0);
-    writer.add_document(doc);
-  }
-  writer.finish();
-  return prefix;
-}
-
 // The blend the dtexec jobs train on: the GPL (weight 0.6) and the Apache license (0.4), made once per test program.
 const std::string& blend() {
   static const std::string spec = [] {
@@ -101,8 +73,9 @@ const std::string& blend() {
       std::filesystem::remove_all(std::filesystem::temp_directory_path() /
                                   ("dtrain-launch-blend-" + std::to_string(::getpid())));
     });
-    return "0.6 " + byte_dataset((dir / "gpl").string(), "/usr/share/common-licenses/GPL-3") + " 0.4 " +
-           byte_dataset((dir / "apache").string(), "/usr/share/common-licenses/Apache-2.0");
+    return "0.6 " + dtrain::testing::byte_text_dataset((dir / "gpl").string(), "/usr/share/common-licenses/GPL-3") +
+           " 0.4 " +
+           dtrain::testing::byte_text_dataset((dir / "apache").string(), "/usr/share/common-licenses/Apache-2.0");
   }();
   return spec;
 }

@@ -14,6 +14,7 @@
 #include "dtrain/common/error.h"
 #include "dtrain/data/indexed_dataset.h"
 #include "exec_test_support.h"
+#include "text_dataset.h"
 
 namespace dtrain::exec {
 namespace {
@@ -31,34 +32,11 @@ const fs::path& scratch() {
   return dir;
 }
 
-// A real text as a Megatron dataset of byte tokens (the tiny model's vocabulary): one document per paragraph, each
-// ended by token 0, which no text byte is.
+// A real text as a Megatron dataset of byte tokens (tests/support/text_dataset.h), made once per test program.
 std::string text_dataset(const std::string& name, const std::string& text_path) {
   const std::string prefix = (scratch() / name).string();
   if (fs::exists(prefix + ".idx")) return prefix;
-  std::ifstream in(text_path);
-  std::stringstream text;
-  text << in.rdbuf();
-  data::IndexedDatasetWriter writer(prefix, data::TokenDType::kUInt16);
-  std::vector<std::int32_t> doc;
-  std::string line;
-  while (std::getline(text, line)) {
-    if (line.find_first_not_of(" \t") == std::string::npos) {
-      if (!doc.empty()) {
-        doc.push_back(0);
-        writer.add_document(doc);
-        doc.clear();
-      }
-      continue;
-    }
-    for (unsigned char c : line + "\n") doc.push_back(c);
-  }
-  if (!doc.empty()) {
-    doc.push_back(0);
-    writer.add_document(doc);
-  }
-  writer.finish();
-  return prefix;
+  return dtrain::testing::byte_text_dataset(prefix, text_path);
 }
 
 std::string gpl() { return text_dataset("gpl", "/usr/share/common-licenses/GPL-3"); }
@@ -177,6 +155,31 @@ TEST(MegatronData, DataParallelRanksOnARealTextFollowOneRank) {
   if (steps == 12) {
     EXPECT_LT(a.back(), a.front() - 0.5) << "the loss falls on the text";
   }
+}
+
+// The data position is part of the checkpoint: a run on a blend checkpointed by one rank resumes on two
+// data-parallel ranks with the same samples, so its losses are the uninterrupted run's.
+TEST(MegatronData, AResumeUnderAnotherDataParallelDegreeContinuesTheSameSamples) {
+  const std::string blend = fmt::format("0.7 {} 0.3 {}", gpl(), apache());
+  TrainOptions whole = options("dp=1,tp=1,pp=1,vpp=1,micro_batch=4", 4);
+  whole.data = blend;
+  const auto expected = losses(train_threads(1, whole));
+  const std::string dir = (scratch() / "resume-dp").string();
+  fs::remove_all(dir);
+  TrainOptions first = options("dp=1,tp=1,pp=1,vpp=1,micro_batch=4", 2);
+  first.data = blend;
+  first.checkpoint_dir = dir;
+  train_threads(1, first);
+  TrainOptions second = options("dp=2,tp=1,pp=1,vpp=1,micro_batch=2", 4);
+  second.data = blend;
+  second.checkpoint_dir = dir;
+  second.resume = true;
+  const auto resumed = losses(train_threads(2, second));
+  ASSERT_EQ(resumed.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(resumed[i], expected[i + 2], 1e-5 * expected[i + 2]) << "step " << i + 3;
+  }
+  fs::remove_all(dir);
 }
 
 TEST(MegatronData, ATokenOutsideTheModelsVocabularyStopsTheRunNamingIt) {
