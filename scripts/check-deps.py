@@ -74,6 +74,7 @@ TARGETS = {
     "spank_dtrain": "spank_plugin",
     "dtplan": "tools",
     "dtexec": "tools",
+    "dtexec-data": "tools",
     "dtlaunch": "tools",
 }
 

@@ -16,7 +16,6 @@
 #include "dtrain/data/gpt_dataset.h"
 #include "dtrain/data/tokenize.h"
 #include "dtrain/data/tokenizer.h"
-#include "dtrain/exec/data.h"
 
 namespace dtrain::tools {
 
@@ -41,15 +40,15 @@ struct TokenizeArgs {
   int workers = 1;
 };
 
-int run_tokenize(const TokenizeArgs& a) {
+int run_tokenize(const TokenizeArgs& a, const ByteTokenizer& byte_tokenizer) {
   if (a.tokenizer.empty()) {
     // The byte tokenizer of dtrain's own token files (vocabulary 256).
-    if (a.output.empty() || a.inputs.size() != 1) {
+    if (a.output.empty() || a.inputs.size() != 1 || !byte_tokenizer) {
       throw input_error(
           "tokenize: give --tokenizer and --output-prefix (a Megatron dataset), or one --input and "
           "--output for a byte token file");
     }
-    const std::int64_t n = exec::tokenize_bytes(a.inputs[0], a.output);
+    const std::int64_t n = byte_tokenizer(a.inputs[0], a.output);
     std::printf("%lld tokens written to %s\n", static_cast<long long>(n), a.output.c_str());
     return 0;
   }
@@ -149,7 +148,7 @@ int run_inspect(const InspectArgs& a) {
 
 }  // namespace
 
-std::function<int()> add_data_commands(CLI::App& app) {
+std::function<int()> add_data_commands(CLI::App& app, ByteTokenizer byte_tokenizer) {
   auto tokenize_args = std::make_shared<TokenizeArgs>();
   auto* tokenize = app.add_subcommand(
       "tokenize", "Tokenize a corpus into a Megatron dataset (P.bin, P.idx) with the model's tokenizer");
@@ -191,8 +190,8 @@ std::function<int()> add_data_commands(CLI::App& app) {
   inspect->add_flag("--json", inspect_args->json, "One JSON object per sample");
   inspect->add_option("--decode", inspect_args->decode, "Show each sample's text with this tokenizer");
 
-  return [=]() -> int {
-    if (*tokenize) return run_tokenize(*tokenize_args);
+  return [=, byte_tokenizer = std::move(byte_tokenizer)]() -> int {
+    if (*tokenize) return run_tokenize(*tokenize_args, byte_tokenizer);
     if (*inspect) return run_inspect(*inspect_args);
     return -1;
   };

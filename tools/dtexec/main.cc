@@ -22,11 +22,13 @@
 // make for the same shape, byte for byte). Under dtlaunch, DTRAIN_JOB_ID and DTRAIN_RESTART say which job this is and
 // how often it restarted: checkpoints record the job, and a restart resumes from its own job's without --resume.
 #include <malloc.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <thread>
@@ -59,6 +61,27 @@
 namespace {
 
 using namespace dtrain;
+
+// `dtexec data ...` and `dtexec tokenize --tokenizer ...` become dtexec-data (data_main.cc) with the same arguments,
+// a program that links the data part alone and so holds a fraction of this one's memory; without it beside this
+// program they run here (the same code, data_commands.cc), and so does tokenize without --tokenizer (the byte token
+// file is the executor's format).
+void run_data_program(int argc, char** argv) {
+  if (argc < 2) return;
+  const std::string command = argv[1];
+  bool with_tokenizer = false;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    with_tokenizer = with_tokenizer || a == "--tokenizer" || a.rfind("--tokenizer=", 0) == 0;
+  }
+  if (command != "data" && !(command == "tokenize" && with_tokenizer)) return;
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return;
+  const std::string program = (self.parent_path() / "dtexec-data").string();
+  if (::access(program.c_str(), X_OK) != 0) return;
+  ::execv(program.c_str(), argv);  // returns only on failure: then run here
+}
 
 // An index (RANK, LOCAL_RANK) or a number of restarts: 0 is a value like any other.
 int env_int(const char* name, int fallback) {
@@ -223,6 +246,7 @@ int write_plan(exec::TrainOptions options, const std::string& path) {
 // run_main catches what the commands throw; building the command line throws only on a programming error.
 int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
   using namespace dtrain;
+  run_data_program(argc, argv);           // tokenize and data: dtexec-data, beside this program, when it is there
   kernels::cpu::shorten_blas_spin(argv);  // may run this program again, with OPENBLAS_THREAD_TIMEOUT set
   CLI::App app{"dtexec: run one rank of a dtrain training job"};
   app.set_version_flag("--version", std::string("dtexec ") + kVersion);
@@ -295,7 +319,7 @@ int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
   train->add_option("--eval-data", o.eval_data,
                     "Validation data, all of it (a Megatron prefix or blend, a token file); default: --data's valid "
                     "split");
-  const auto run_data_command = tools::add_data_commands(app);
+  const auto run_data_command = tools::add_data_commands(app, exec::tokenize_bytes);
   return run_main(
       app,
       [&] {
