@@ -248,6 +248,7 @@ void IndexedDataset::read(std::int64_t sequence, std::int64_t offset, std::int64
 
 IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenDType dtype)
     : prefix_(std::move(prefix)), dtype_(dtype) {
+  DTRAIN_CHECK(dtype_ == TokenDType::kUInt16 || dtype_ == TokenDType::kInt32, "the writer writes uint16 or int32");
   const std::string tail = fmt::format(".tmp.{}", ::getpid());
   bin_tmp_ = prefix_ + ".bin" + tail;
   idx_tmp_ = prefix_ + ".idx" + tail;
@@ -271,7 +272,6 @@ void IndexedDatasetWriter::discard() noexcept {
 void IndexedDatasetWriter::add_document(std::span<const std::int32_t> tokens) {
   const std::size_t width = token_bytes(dtype_);
   const std::int64_t limit = dtype_ == TokenDType::kUInt16 ? 65535 : std::numeric_limits<std::int32_t>::max();
-  DTRAIN_CHECK(dtype_ == TokenDType::kUInt16 || dtype_ == TokenDType::kInt32, "the writer writes uint16 or int32");
   buffer_.clear();
   buffer_.reserve(tokens.size() * width);
   for (std::size_t i = 0; i < tokens.size(); ++i) {

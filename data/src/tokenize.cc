@@ -51,6 +51,7 @@ class CorpusReader {
         std::stringstream text;
         text << in_.rdbuf();
         batch.texts.push_back(text.str());
+        bytes_read += static_cast<std::int64_t>(batch.texts.back().size());
         finish_file();
       } else if (std::getline(in_, line_)) {
         ++line_number_;
@@ -63,7 +64,6 @@ class CorpusReader {
         continue;
       }
       batch.bytes += static_cast<std::int64_t>(batch.texts.back().size());
-      if (!jsonl_) bytes_read += static_cast<std::int64_t>(batch.texts.back().size());
     }
     return !batch.texts.empty();
   }
@@ -117,7 +117,6 @@ void encode(const Tokenizer& tokenizer, Batch& batch, int workers) {
     }
   };
   if (workers == 1 || batch.texts.size() == 1) {
-    workers = 1;
     one(0);
     return;
   }

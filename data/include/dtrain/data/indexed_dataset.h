@@ -87,7 +87,7 @@ class IndexedDataset {
 // finish() (an error, an interrupt) removes its temporaries, leaving nothing under the output name.
 class IndexedDatasetWriter {
  public:
-  // Throws dtrain::Error (io) naming the file when it cannot be created.
+  // `dtype`: kUInt16 or kInt32 (optimal_dtype's). Throws dtrain::Error (io) naming the file when it cannot be created.
   IndexedDatasetWriter(std::string prefix, TokenDType dtype);
   ~IndexedDatasetWriter();
   IndexedDatasetWriter(const IndexedDatasetWriter&) = delete;
