@@ -33,7 +33,7 @@ built() { grep -q "\"file\": \"[^\"]*/$1\"" "$build/compile_commands.json"; }
 # plugin/fmt_local.cc is fmt's own code (format-inl.h), compiled into the plugin; nothing of dtrain's to check.
 mapfile -t plugin < <(git ls-files 'spank_plugin/plugin/*.cc' | grep -v '/fmt_local\.cc$' | while read -r f; do
   built "$f" && echo "$f"; done)
-mapfile -t files < <(git ls-files 'common/*.cc' 'topology/*.cc' 'planner/*.cc' 'executor/*.cc' 'launcher/*.cc' \
+mapfile -t files < <(git ls-files 'common/*.cc' 'topology/*.cc' 'data/*.cc' 'planner/*.cc' 'executor/*.cc' 'launcher/*.cc' \
   'spank_plugin/*.cc' 'tools/*.cc' | grep -v '^spank_plugin/plugin/' | while read -r f; do
   built "$f" && echo "$f"; done)
 mapfile -t cuda < <(git ls-files 'executor/*.cu' | while read -r f; do built "$f" && echo "$f"; done)

@@ -1,5 +1,7 @@
 #include "bpe.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -48,7 +50,7 @@ BpeModel::BpeModel(Vocabulary vocab, const std::vector<std::pair<std::string, st
   for (std::size_t rank = 0; rank < merges.size(); ++rank) {
     const auto& [left, right] = merges[rank];
     if (right.size() < prefix_length) {
-      throw input_error(std::string(where) + ": merge '" + left + " " + right + "' does not fit the vocabulary");
+      throw input_error(fmt::format("{}: merge '{} {}' does not fit the vocabulary", where, left, right));
     }
     // As HF builds its merge map: a later duplicate of a pair replaces the earlier one.
     merges_[pair_key(id_of(left, "merge part"), id_of(right, "merge part"))] = {

@@ -438,7 +438,7 @@ class ComponentReader {
   }
 
   std::string replacement(const json& j) const {
-    const std::string r = j.value("replacement", std::string("\xE2\x96\x81"));
+    std::string r = j.value("replacement", std::string("\xE2\x96\x81"));
     if (r.empty() || utf8::sequence_length(static_cast<unsigned char>(r[0])) != r.size()) {
       throw input_error(where_ + ": Metaspace replacement '" + r + "' is not one character");
     }

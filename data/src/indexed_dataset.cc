@@ -221,7 +221,8 @@ void IndexedDataset::read(std::int64_t sequence, std::int64_t offset, std::int64
         v = load<std::uint8_t>(p);
         break;
       case TokenDType::kInt8:
-        v = load<std::int8_t>(p);
+        // Megatron's int8 is signed: a negative token is read as one, and refused below.
+        v = load<std::int8_t>(p);  // NOLINT(bugprone-signed-char-misuse)
         break;
       case TokenDType::kInt16:
         v = load<std::int16_t>(p);

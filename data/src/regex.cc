@@ -16,7 +16,7 @@ constexpr std::string_view kWordClassBody = R"(\p{L}\p{M}\p{N}\p{Pc})";
 // 32 KiB, so that long runs of whitespace or letters do not exhaust it.
 struct MatchState {
   pcre2_match_data* data = pcre2_match_data_create(16, nullptr);
-  pcre2_jit_stack* jit_stack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
+  pcre2_jit_stack* jit_stack = pcre2_jit_stack_create(std::size_t{32} * 1024, std::size_t{8} * 1024 * 1024, nullptr);
   pcre2_match_context* context = pcre2_match_context_create(nullptr);
   MatchState() { pcre2_jit_stack_assign(context, nullptr, jit_stack); }
   ~MatchState() {

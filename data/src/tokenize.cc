@@ -123,6 +123,7 @@ void encode(const Tokenizer& tokenizer, Batch& batch, int workers) {
   std::vector<std::thread> threads;
   std::exception_ptr failure;
   std::mutex failure_mutex;
+  threads.reserve(static_cast<std::size_t>(workers));
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
       try {
