@@ -15,6 +15,9 @@
 #   dtrain    for each model (bench/models/llama-8x4096.toml and llama-1b.toml): dtplan's predicted single-GPU step,
 #             then dtexec --device cuda --dtype bf16 with the same plan, synthetic data (bench/dtrain_step_report.py:
 #             median step after 3 warm-up steps, MFU, first and last loss) and the prediction's error;
+#   profile   each model's dtexec run of DTRAIN_GPU_PROFILE_STEPS steps (default 3) under Nsight Compute (ncu, the
+#             kernel durations only, clocks and caches left alone): the time per step of each kernel
+#             (bench/kernel_profile.py), to lay the step's time on its kernels;
 #   torch     PyTorch eager and torch.compile on the same models at the plan's micro-batch (bench/torch_gpu_train.py);
 #   moe       the MoE path: tiny-moe and tiny-moe-shared trained 20 steps on this GPU and on the CPU (bf16) with
 #             the loss curves side by side; bench/models/moe-1b.toml's predicted (catalog cluster) against measured
@@ -43,7 +46,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-prebuilt="" phases="tests,memcheck,topo,kernels,nccl,dtrain,torch,moe,calibrate" deadline=0 build=build-gpu
+prebuilt="" phases="tests,memcheck,topo,kernels,nccl,dtrain,profile,torch,moe,calibrate" deadline=0 build=build-gpu
 while (($#)); do
   case $1 in
     --prebuilt) prebuilt=$2; shift 2 ;;
@@ -207,6 +210,26 @@ for model in ${DTRAIN_GPU_MODELS:-llama-8x4096 llama-1b}; do
         status=1
       fi
     fi
+  fi
+done
+ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+for model in ${DTRAIN_GPU_MODELS:-llama-8x4096 llama-1b}; do
+  want profile || break
+  if [[ ! -x $ncu ]]; then put "profile" "not run: no ncu"; break; fi
+  (($(time_left) > 90)) || { put "profile $model" "not run: deadline"; continue; }
+  steps=${DTRAIN_GPU_PROFILE_STEPS:-3}
+  echo "== $model: kernel times of $steps steps (ncu)"
+  rm -f "$logs/profile-$model.ncu-rep"
+  if env "${attention_env[@]}" timeout "$(within 300)" "$ncu" --clock-control none --cache-control none \
+    --target-processes all --metrics gpu__time_duration.sum -o "$logs/profile-$model" -f \
+    "$build/bin/dtexec" train --model "bench/models/$model.toml" --plan auto --cluster "$cluster" --device cuda \
+    --dtype bf16 --data synthetic --steps "$steps" >"$logs/profile-$model.log" 2>&1 &&
+    "$ncu" --import "$logs/profile-$model.ncu-rep" --csv --page raw --print-units base >"$logs/profile-$model.csv" 2>&1; then
+    python3 bench/kernel_profile.py "$logs/profile-$model.csv" --steps "$steps" | tee "$logs/profile-$model.txt"
+    put "profile $model" "$(head -1 "$logs/profile-$model.txt")"
+  else
+    put "profile $model" "FAIL (see $logs/profile-$model.log)"
+    tail -5 "$logs/profile-$model.log"
   fi
 done
 for model in ${DTRAIN_GPU_MODELS:-llama-8x4096 llama-1b}; do
