@@ -437,16 +437,8 @@ class CpuBackend final : public Backend {
   std::string_view name() const override { return "cpu"; }
   bool host_accessible() const override { return true; }
 
-  // operator new, as std::allocator: the same alignment the kernels saw when the tensors were std::vectors.
-  void* allocate(std::size_t bytes) override {
-    void* p = ::operator new(bytes);
-    std::memset(p, 0, bytes);
-    const std::int64_t now = in_use_.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
-    std::int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    return p;
-  }
+  void* allocate(std::size_t bytes) override { return take(bytes, 0); }
+  void* allocate_uninitialized(std::size_t bytes) override { return take(bytes, 0xff); }
   void deallocate(void* ptr, std::size_t bytes) noexcept override {
     ::operator delete(ptr);
     in_use_.fetch_sub(static_cast<std::int64_t>(bytes));
@@ -486,6 +478,18 @@ class CpuBackend final : public Backend {
   Kernels<bf16>* bf16_kernels() override { return &bf16_; }
 
  private:
+  // `bytes` from operator new, as std::allocator (the same alignment the kernels saw when the tensors were
+  // std::vectors), every byte set to `fill`.
+  void* take(std::size_t bytes, int fill) {
+    void* p = ::operator new(bytes);
+    std::memset(p, fill, bytes);
+    const std::int64_t now = in_use_.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
+    std::int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    return p;
+  }
+
   // One instance per process (cpu_backend()): ranks run as threads of one process share these counts.
   std::atomic<std::int64_t> in_use_{0};
   std::atomic<std::int64_t> peak_{0};

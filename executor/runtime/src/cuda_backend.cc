@@ -52,6 +52,9 @@ class CudaBackend final : public Backend, public Kernels<bf16> {
     kc::memset_device(ctx_, p, 0, bytes);
     return p;
   }
+  void* allocate_uninitialized(std::size_t bytes) override {
+    return bytes == 0 ? nullptr : ctx_.pool().allocate(bytes, ctx_.stream());
+  }
   void deallocate(void* ptr, std::size_t) noexcept override {
     try {
       ctx_.pool().deallocate(ptr);

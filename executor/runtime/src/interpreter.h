@@ -223,6 +223,11 @@ class Interpreter final : public InterpreterBase {
     else
       t.resize(n);
   }
+  // The same for an output the next kernel writes whole: a new buffer's elements are left undefined.
+  template <typename E>
+  void sized(Buffer<E>& t, std::size_t n, Uninitialized) {
+    if (t.size() != n) t = Buffer<E>(be, n, kUninitialized);
+  }
 
   // First global sample of micro-batch mb of this step on this rank.
   std::int64_t sample_base(int mb) const {

@@ -46,15 +46,15 @@ void Interpreter<A>::reduce_scatter_rows(Tensor& t, std::int64_t cols) {
 template <typename A>
 void Interpreter<A>::norm_forward(const std::string& prefix, const Tensor& x, Tensor& y, F32& a, F32& b) {
   std::int64_t rows = static_cast<std::int64_t>(x.size()) / h;
-  sized(y, x.size());
+  sized(y, x.size(), kUninitialized);
   k::NormShape shape{rows, h};
   if (m.norm == model::NormKind::kLayerNorm) {
-    sized(a, static_cast<std::size_t>(rows));
-    sized(b, static_cast<std::size_t>(rows));
+    sized(a, static_cast<std::size_t>(rows), kUninitialized);
+    sized(b, static_cast<std::size_t>(rows), kUninitialized);
     kern.layernorm_forward(shape, x.data(), P(prefix + ".weight"), P(prefix + ".bias"), static_cast<float>(m.norm_eps),
                            y.data(), a.data(), b.data());
   } else {
-    sized(b, static_cast<std::size_t>(rows));
+    sized(b, static_cast<std::size_t>(rows), kUninitialized);
     kern.rmsnorm_forward(shape, x.data(), P(prefix + ".weight"), static_cast<float>(m.norm_eps), y.data(), b.data());
   }
 }
@@ -62,7 +62,7 @@ void Interpreter<A>::norm_forward(const std::string& prefix, const Tensor& x, Te
 template <typename A>
 void Interpreter<A>::norm_backward(const std::string& prefix, const Tensor& x, const F32& a, const F32& b, Tensor& dy) {
   std::int64_t rows = static_cast<std::int64_t>(x.size()) / h;
-  Tensor dx(be, x.size());
+  Tensor dx(be, x.size(), kUninitialized);
   k::NormShape shape{rows, h};
   if (m.norm == model::NormKind::kLayerNorm) {
     kern.layernorm_backward(shape, x.data(), P(prefix + ".weight"), a.data(), b.data(), dy.data(), dx.data(),
@@ -137,13 +137,13 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
       return;
     }
     case BodyOp::kHeadNorm:
-      hs.x = cur;
+      hs.x = std::move(cur);
       norm_forward("head.norm", hs.x, hs.y, hs.na, hs.nb);
       cur = hs.y;
       return;
     case BodyOp::kHeadLogits:
-      if (!sp) hs.yg = cur;
-      sized(hs.logits, static_cast<std::size_t>(T * (vocab.end - vocab.begin)));
+      // The weight gradient's input is hs.y: the norm's output, which without sequence parallelism is this input.
+      sized(hs.logits, static_cast<std::size_t>(T * (vocab.end - vocab.begin)), kUninitialized);
       kern.linear_forward({T, h, vocab.end - vocab.begin}, cur.data(), vocab_weight(), nullptr, hs.logits.data());
       return;
     case BodyOp::kHeadCrossEntropy: {
@@ -171,17 +171,17 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
     }
     case BodyOp::kAttnNorm: {
       LayerState<A>& ls = layer_state(st, l);
-      ls.x = cur;
+      ls.x = std::move(cur);
       norm_forward(L(l, "attn.norm"), ls.x, ls.y1, ls.n1a, ls.n1b);
       cur = ls.y1;
       return;
     }
     case BodyOp::kAttnQkv: {
-      LayerState<A>& ls = layer_state(st, l);
-      Tensor y(be, static_cast<std::size_t>(T * qkv_cols));
+      // The weight gradient's input is ls.y1, the norm's output: without sequence parallelism, this input itself;
+      // with it, the shard that the backward gathers again.
+      Tensor y(be, static_cast<std::size_t>(T * qkv_cols), kUninitialized);
       kern.linear_forward({T, h, qkv_cols}, cur.data(), W(L(l, "attn.qkv.weight")), W_opt(L(l, "attn.qkv.bias")),
                           y.data());
-      if (!sp) ls.y1 = cur;  // the gathered input, kept for the weight gradient
       cur.swap(y);
       return;
     }
@@ -192,10 +192,10 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
       return;
     case BodyOp::kAttnCore: {
       LayerState<A>& ls = layer_state(st, l);
-      const Tensor& qkv = recompute ? ls.qkv : cur;
-      if (!recompute) ls.qkv = cur;
-      sized(ls.o, static_cast<std::size_t>(T * Hl * d));
-      sized(ls.lse, static_cast<std::size_t>(prog.micro_batch * Hl * m.seq_len));
+      if (!recompute) ls.qkv = std::move(cur);
+      const Tensor& qkv = ls.qkv;
+      sized(ls.o, static_cast<std::size_t>(T * Hl * d), kUninitialized);
+      sized(ls.lse, static_cast<std::size_t>(prog.micro_batch * Hl * m.seq_len), kUninitialized);
       k::AttentionShape shape{prog.micro_batch, m.seq_len, Hl, KVl, d, qkv_cols, qkv_cols};
       k::AttentionDropout drop;
       k::AttentionDropout* dp = attention_dropout(drop, l);
@@ -205,7 +205,7 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
       return;
     }
     case BodyOp::kAttnProj: {
-      Tensor y(be, static_cast<std::size_t>(T * h));
+      Tensor y(be, static_cast<std::size_t>(T * h), kUninitialized);
       kern.linear_forward({T, Hl * d, h}, cur.data(), W(L(l, "attn.proj.weight")), nullptr, y.data());
       cur.swap(y);
       return;
@@ -215,32 +215,33 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
       return;
     case BodyOp::kMlpNorm: {
       LayerState<A>& ls = layer_state(st, l);
-      ls.x2 = cur;
+      ls.x2 = std::move(cur);
       norm_forward(L(l, "mlp.norm"), ls.x2, ls.y2, ls.n2a, ls.n2b);
       cur = ls.y2;
       return;
     }
     case BodyOp::kMlpFc1: {
-      LayerState<A>& ls = layer_state(st, l);
-      Tensor y(be, static_cast<std::size_t>(T * fc1_cols));
+      // The weight gradient's input is ls.y2 (as ls.y1 for the QKV projection).
+      Tensor y(be, static_cast<std::size_t>(T * fc1_cols), kUninitialized);
       kern.linear_forward({T, h, fc1_cols}, cur.data(), W(L(l, "mlp.fc1.weight")), W_opt(L(l, "mlp.fc1.bias")),
                           y.data());
-      if (!sp) ls.y2 = cur;
       cur.swap(y);
-      ls.a = cur;
       return;
     }
     case BodyOp::kMlpAct: {
+      // The activation keeps its input (for its backward), fc2 its own input (for the weight gradient): each op
+      // moves what it keeps into the layer's state rather than copying it.
       Tensor y;
       activation_forward(T, fl, cur, y);
-      cur.swap(y);
-      layer_state(st, l).g = cur;
+      layer_state(st, l).a = std::move(cur);
+      cur = std::move(y);
       return;
     }
     case BodyOp::kMlpFc2: {
-      Tensor y(be, static_cast<std::size_t>(T * h));
+      Tensor y(be, static_cast<std::size_t>(T * h), kUninitialized);
       kern.linear_forward({T, fl, h}, cur.data(), W(L(l, "mlp.fc2.weight")), nullptr, y.data());
-      cur.swap(y);
+      layer_state(st, l).g = std::move(cur);
+      cur = std::move(y);
       return;
     }
     case BodyOp::kMlpResidual:
@@ -276,7 +277,7 @@ void Interpreter<A>::linear_backward(const Instr& in, LayerState<A>* ls, ChunkSt
   }
   if (in.pass == ir::Pass::kBackwardInput) *stash = cur;
   if (input_grad) {
-    Tensor dx(be, static_cast<std::size_t>(T * in_features));
+    Tensor dx(be, static_cast<std::size_t>(T * in_features), kUninitialized);
     kern.linear_backward_input(shape, cur.data(), w, dx.data());
     cur.swap(dx);
   }
@@ -291,14 +292,14 @@ void Interpreter<A>::backward_op(const Instr& in, ChunkState<A>& st, Tensor& cur
     case BodyOp::kHeadCrossEntropy: {
       float dl = static_cast<float>(1.0 / (static_cast<double>(opt.global_batch) * static_cast<double>(m.seq_len)));
       F32 dloss(be, static_cast<std::size_t>(T), dl);
-      sized(cur, hs.logits.size());
+      sized(cur, hs.logits.size(), kUninitialized);
       kern.cross_entropy_backward(T, hs.logits.data(), st.targets.data(), vocab, hs.max.data(), hs.sum_exp.data(),
                                   dloss.data(), cur.data());
       return;
     }
     case BodyOp::kHeadLogits:
       linear_backward(in, nullptr, st, cur, h, vocab.end - vocab.begin, vocab_weight(), vocab_weight_grad(), nullptr,
-                      sp ? hs.y : hs.yg);
+                      hs.y);
       if (in.pass != ir::Pass::kBackwardWeight) hs.logits.clear();
       return;
     case BodyOp::kHeadNorm:
@@ -355,7 +356,7 @@ void Interpreter<A>::backward_op(const Instr& in, ChunkState<A>& st, Tensor& cur
     }
     case BodyOp::kAttnCore: {
       LayerState<A>& ls = layer_state(st, l);
-      Tensor dqkv(be, static_cast<std::size_t>(T * qkv_cols));
+      Tensor dqkv(be, static_cast<std::size_t>(T * qkv_cols), kUninitialized);
       k::AttentionShape shape{prog.micro_batch, m.seq_len, Hl, KVl, d, qkv_cols, qkv_cols};
       k::AttentionDropout drop;
       k::AttentionDropout* dp = attention_dropout(drop, l);

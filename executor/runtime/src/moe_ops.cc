@@ -32,7 +32,7 @@ bool backward_pass(const Instr& in) { return in.pass == ir::Pass::kBackward || i
 
 template <typename A>
 void Interpreter<A>::activation_forward(std::int64_t rows, std::int64_t width, const Tensor& a, Tensor& g) {
-  sized(g, static_cast<std::size_t>(rows * width));
+  sized(g, static_cast<std::size_t>(rows * width), kUninitialized);
   if (m.activation == model::ActivationKind::kSwiGlu)
     kern.swiglu_forward(rows, width, a.data(), g.data());
   else
@@ -42,7 +42,7 @@ void Interpreter<A>::activation_forward(std::int64_t rows, std::int64_t width, c
 // dy: the activation output's gradient in, the input's out.
 template <typename A>
 void Interpreter<A>::activation_backward(std::int64_t rows, std::int64_t width, const Tensor& a, Tensor& dy) {
-  Tensor dx(be, a.size());
+  Tensor dx(be, a.size(), kUninitialized);
   if (m.activation == model::ActivationKind::kSwiGlu)
     kern.swiglu_backward(rows, width, a.data(), dy.data(), dx.data());
   else

@@ -43,8 +43,8 @@ struct LayerState {
 
 template <typename A>
 struct HeadState {
-  Buffer<A> x, y, yg;  // final norm input, output (y: as held; yg: gathered, without SP)
-  F32 na, nb;          // its statistics
+  Buffer<A> x, y;  // final norm input and output (as held: a sequence shard with SP)
+  F32 na, nb;      // its statistics
   Buffer<A> logits;
   F32 max, sum_exp, target_logit;
   Buffer<A> dy_logits;

@@ -183,6 +183,11 @@ class Backend {
   // ---- memory ----
   // `bytes` of backend memory, zero-filled (as std::vector's value-initialised elements). Never nullptr for bytes > 0.
   virtual void* allocate(std::size_t bytes) = 0;
+  // `bytes` of backend memory whose contents are undefined: for a tensor the next operation writes whole (a kernel's
+  // output, a copy's destination), so that no pass over it zeroes what is overwritten anyway. The CPU backend fills
+  // it with 0xff bytes (NaN in every float type, -1 as an integer), so that a test reading an element nothing wrote
+  // sees NaN rather than a lucky zero; the CUDA backend leaves the device memory as the pool returns it.
+  virtual void* allocate_uninitialized(std::size_t bytes) { return allocate(bytes); }
   // Returns memory from allocate() (same size). Work already queued on it may still complete first.
   virtual void deallocate(void* ptr, std::size_t bytes) noexcept = 0;
   // Bytes of backend memory this process holds through allocate(), now and at most so far: what the planner's memory
@@ -251,12 +256,17 @@ Backend& cpu_backend();
 
 // An owning array of T in a backend's memory, with std::vector's value semantics where the interpreter relies on
 // them: a copy is a deep copy (Backend::copy), new elements are zero, resize keeps the leading elements. A
-// default-constructed Buffer is empty and takes its backend from the first buffer assigned to it.
+// default-constructed Buffer is empty and takes its backend from the first buffer assigned to it. A buffer made with
+// kUninitialized has undefined elements (Backend::allocate_uninitialized): for outputs written whole.
+struct Uninitialized {};
+inline constexpr Uninitialized kUninitialized{};
+
 template <typename T>
 class Buffer {
  public:
   Buffer() = default;
   Buffer(Backend& backend, std::size_t n) : backend_(&backend) { allocate(n); }
+  Buffer(Backend& backend, std::size_t n, Uninitialized) : backend_(&backend) { allocate(n, false); }
   Buffer(Backend& backend, std::size_t n, float value) requires std::is_same_v<T, float> : Buffer(backend, n) {
     if (n > 0) backend_->fill(static_cast<std::int64_t>(n), value, data_);
   }
@@ -300,14 +310,14 @@ class Buffer {
   }
 
  private:
-  void allocate(std::size_t n) {
+  void allocate(std::size_t n, bool zero = true) {
     if (n == 0) return;
-    data_ = static_cast<T*>(backend_->allocate(n * sizeof(T)));
+    data_ = static_cast<T*>(zero ? backend_->allocate(n * sizeof(T)) : backend_->allocate_uninitialized(n * sizeof(T)));
     size_ = n;
   }
   void copy_from(const Buffer& other) {
     if (other.size_ == 0) return;
-    allocate(other.size_);
+    allocate(other.size_, false);
     backend_->copy(data_, other.data_, size_ * sizeof(T));
   }
   void release() noexcept {
