@@ -16,11 +16,17 @@ import sys
 
 
 def short(name):
-    # Template arguments and parameter lists make every instantiation its own name: keep the kernel's own name and
-    # the first template argument (the element type or tile), enough to tell the kernels apart.
-    name = re.sub(r"\(.*\)$", "", name)
-    m = re.match(r"^(?:void )?([\w:]+)(<[^<>]*)?", name)
-    return (m.group(1) + (m.group(2) + ">" if m.group(2) else "")) if m else name
+    # "void dtrain::<unnamed>::map_kernel<dtrain::<unnamed>::Rope>(long, T1)" -> "map_kernel<Rope>": the parameter list
+    # and the namespaces left out, the template arguments kept (they tell the elementwise maps apart).
+    name = re.sub(r"^void ", "", name)
+    depth = 0
+    for i, ch in enumerate(name):
+        depth += ch == "<"
+        depth -= ch == ">"
+        if ch == "(" and depth == 0:
+            name = name[:i]
+            break
+    return re.sub(r"[\w]+::|<unnamed>::", "", name)
 
 
 def main():
@@ -40,7 +46,7 @@ def main():
     for r in rows:
         v = r.get(col, "")
         try:
-            t = float(v)
+            t = float(v.replace(",", ""))
         except ValueError:
             continue  # the units row
         k = short(r["Kernel Name"])

@@ -13,6 +13,7 @@ backward), the count dtplan uses for MFU, without recomputation. Llama-style mod
 is no GPU (torch.compile needs PyTorch 2).
 """
 import argparse
+import gc
 import math
 import statistics
 import time
@@ -154,8 +155,28 @@ def main():
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(f"PyTorch {torch.__version__} on {name}: {cfg['model']['name']}, batch {cfg['training']['global_batch']} x "
           f"{cfg['model']['seq_len']} tokens, bf16 autocast, fused AdamW")
+    first_micro = args.micro_batch
     for mode in args.modes.split(","):
-        print(run(mode, cfg, args, device), flush=True)
+        # A micro-batch that does not fit the GPU's memory is halved (with as many more micro-batches per step):
+        # the comparison is then at the largest micro-batch PyTorch can run, which the line says.
+        args.micro_batch = first_micro
+        while True:
+            try:
+                line = run(mode, cfg, args, device)
+                break
+            except torch.cuda.OutOfMemoryError:
+                pass
+            gc.collect()  # the exception's frames held the run's tensors until here
+            torch.cuda.empty_cache()
+            micro = args.micro_batch or cfg["training"]["global_batch"]
+            if micro <= 1:
+                line = f"{mode:8s} out of GPU memory at micro-batch 1"
+                break
+            print(f"{mode}: micro-batch {micro} ran out of GPU memory; trying {micro // 2}", flush=True)
+            args.micro_batch = micro // 2
+        if args.micro_batch != first_micro:
+            line += f" (micro-batch {args.micro_batch})"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,52 @@ __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ void store_as(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
 __device__ __forceinline__ void store_as(float* p, float v) { *p = v; }
 
+// ---- 16-byte accesses ----------------------------------------------------------------------------------------------
+// 8 elements as fp32 from and to 16-byte-aligned memory (one uint4 of bf16, two float4 of fp32); the bf16 stores round
+// to nearest, ties to even, as __float2bfloat16.
+inline constexpr std::int64_t kVec = 8;
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&v)[kVec]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(pairs[k]);
+    v[2 * k] = f.x;
+    v[2 * k + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void load8(const float* p, float (&v)[kVec]) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void store8(__nv_bfloat16* p, const float (&v)[kVec]) {
+  uint4 raw;
+  auto* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) pairs[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[kVec]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+// Over a row of n elements by one block: f8(j) for the groups of 8 starting at j (where `vec`: every array the
+// caller reads or writes there 16-byte aligned at j), then f1(j) for each element left.
+template <class F8, class F1>
+__device__ __forceinline__ void over_row(std::int64_t n, bool vec, F8&& f8, F1&& f1) {
+  std::int64_t done = 0;
+  if (vec) {
+    const std::int64_t chunks = n / kVec;
+    for (std::int64_t c = threadIdx.x; c < chunks; c += blockDim.x) f8(c * kVec);
+    done = chunks * kVec;
+  }
+  for (std::int64_t j = done + threadIdx.x; j < n; j += blockDim.x) f1(j);
+}
+
 // ---- launch geometry ----------------------------------------------------------------------------------------------
 
 inline constexpr int kThreads = 256;  // threads per block of the elementwise and row kernels

@@ -35,10 +35,14 @@ cudaError_t probe_kernel_image() {
 
 namespace {
 
+using detail::aligned16;
 using detail::as_device;
 using detail::global_thread;
 using detail::grid_threads;
 using detail::kThreads;
+using detail::kVec;
+using detail::load8;
+using detail::store8;
 using detail::stream_of;
 using detail::to_float;
 
@@ -56,6 +60,28 @@ void launch_map(Context& ctx, std::int64_t n, const F& f, const char* name) {
   DTRAIN_CUDA_CHECK_LAUNCH(ctx, name);
 }
 
+// ---- 16-byte accesses ----
+// The memory-bound maps move 8 bf16 (or 2 x 4 fp32) per thread and access (detail::load8, store8): a scalar bf16 map
+// issues 2-byte loads and reached about 2 TB/s of the H100's 3 (bench/results/gpu-h100.md). f.vec(i) does elements
+// [i, i + 8), i a multiple of 8, with the same arithmetic and rounding per element as f(i): the same bits.
+template <class F>
+__global__ void __launch_bounds__(kThreads) map8_kernel(std::int64_t chunks, F f) {
+  for (std::int64_t c = global_thread(); c < chunks; c += grid_threads()) f.vec(c * kVec);
+}
+
+// f over [0, n): 8 elements a thread with f.vec where `vectorizable` (every pointer 16-byte aligned, n and the rows
+// multiples of 8), else one element a thread with f(i).
+template <class F>
+void launch_map8(Context& ctx, std::int64_t n, const F& f, bool vectorizable, const char* name) {
+  if (!vectorizable || n % kVec != 0) {
+    launch_map(ctx, n, f, name);
+    return;
+  }
+  if (n == 0) return;
+  map8_kernel<F><<<detail::grid_for(n / kVec), kThreads, 0, stream_of(ctx)>>>(n / kVec, f);
+  DTRAIN_CUDA_CHECK_LAUNCH(ctx, name);
+}
+
 __device__ __forceinline__ float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
@@ -67,6 +93,11 @@ struct CastToBf16 {
   const float* x;
   __nv_bfloat16* y;
   __device__ void operator()(std::int64_t i) const { y[i] = __float2bfloat16(x[i]); }
+  __device__ void vec(std::int64_t i) const {
+    float v[kVec];
+    load8(x + i, v);
+    store8(y + i, v);
+  }
 };
 struct CastToFp32 {
   const __nv_bfloat16* x;
@@ -78,6 +109,12 @@ struct Fill {
   T value;
   T* x;
   __device__ void operator()(std::int64_t i) const { x[i] = value; }
+  __device__ void vec(std::int64_t i) const {
+    float v[kVec];
+#pragma unroll
+    for (float& e : v) e = to_float(value);
+    store8(x + i, v);
+  }
 };
 
 // ---- bias ----
@@ -107,6 +144,14 @@ struct ResidualAdd {
   __nv_bfloat16* out;
   __device__ void operator()(std::int64_t i) const {
     out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+  }
+  __device__ void vec(std::int64_t i) const {
+    float x[kVec], y[kVec];
+    load8(a + i, x);
+    load8(b + i, y);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) x[k] += y[k];
+    store8(out + i, x);
   }
 };
 struct DropoutAdd {
@@ -160,6 +205,15 @@ struct SwigluForward {
     const float u = __bfloat162float(gate_up[t * 2 * ffn + ffn + j]);
     y[i] = __float2bfloat16(g * sigmoid(g) * u);
   }
+  __device__ void vec(std::int64_t i) const {  // ffn % 8 == 0: the 8 elements lie in one row
+    const std::int64_t row = (i / ffn) * 2 * ffn + i % ffn;
+    float g[kVec], u[kVec];
+    load8(gate_up + row, g);
+    load8(gate_up + row + ffn, u);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) g[k] = g[k] * sigmoid(g[k]) * u[k];
+    store8(y + i, g);
+  }
 };
 struct SwigluBackward {
   std::int64_t ffn;
@@ -175,6 +229,21 @@ struct SwigluBackward {
     const float s = sigmoid(g);
     dgate_up[t * 2 * ffn + ffn + j] = __float2bfloat16(d * (g * s));
     dgate_up[t * 2 * ffn + j] = __float2bfloat16(d * u * (s * (1.0f + g * (1.0f - s))));
+  }
+  __device__ void vec(std::int64_t i) const {  // ffn % 8 == 0
+    const std::int64_t row = (i / ffn) * 2 * ffn + i % ffn;
+    float g[kVec], u[kVec], d[kVec], dg[kVec], du[kVec];
+    load8(gate_up + row, g);
+    load8(gate_up + row + ffn, u);
+    load8(dy + i, d);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float s = sigmoid(g[k]);
+      du[k] = d[k] * (g[k] * s);
+      dg[k] = d[k] * u[k] * (s * (1.0f + g[k] * (1.0f - s)));
+    }
+    store8(dgate_up + row + ffn, du);
+    store8(dgate_up + row, dg);
   }
 };
 
@@ -200,6 +269,28 @@ struct Rope {
     h[pair] = __float2bfloat16(x1 * c - x2 * s);
     h[pair + half] = __float2bfloat16(x2 * c + x1 * s);
   }
+  // Pairs [i, i + 8) (half % 8 == 0: one head's, in place; the 8 first halves and the 8 second ones).
+  __device__ void vec(std::int64_t i) const {
+    const std::int64_t pair = i % half;
+    const std::int64_t rest = i / half;
+    const std::int64_t head = rest % n_heads;
+    const std::int64_t token = rest / n_heads;
+    const std::int64_t pos = token % seq;
+    __nv_bfloat16* h = x + token * row_stride + head * 2 * half;
+    float x1[kVec], x2[kVec], c[kVec], s[kVec], y1[kVec], y2[kVec];
+    load8(h + pair, x1);
+    load8(h + pair + half, x2);
+    load8(cos + pos * half + pair, c);
+    load8(sin + pos * half + pair, s);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float sk = direction * s[k];
+      y1[k] = x1[k] * c[k] - x2[k] * sk;
+      y2[k] = x2[k] * c[k] + x1[k] * sk;
+    }
+    store8(h + pair, y1);
+    store8(h + pair + half, y2);
+  }
 };
 
 void rope(Context& ctx, const RopeShape& s, const float* cos, const float* sin, bf16* x, float direction,
@@ -208,8 +299,9 @@ void rope(Context& ctx, const RopeShape& s, const float* cos, const float* sin, 
   DTRAIN_CHECK(s.head_dim > 0 && s.head_dim % 2 == 0, std::string(name) + ": head_dim must be positive and even");
   DTRAIN_CHECK(s.row_stride >= s.n_heads * s.head_dim, std::string(name) + ": row_stride smaller than the heads");
   const std::int64_t half = s.head_dim / 2;
-  launch_map(ctx, s.batch * s.seq * s.n_heads * half,
-             Rope{s.seq, s.n_heads, half, s.row_stride, direction, cos, sin, as_device(x)}, name);
+  launch_map8(ctx, s.batch * s.seq * s.n_heads * half,
+              Rope{s.seq, s.n_heads, half, s.row_stride, direction, cos, sin, as_device(x)},
+              half % kVec == 0 && s.row_stride % kVec == 0 && aligned16(x) && aligned16(cos) && aligned16(sin), name);
 }
 
 void check_hidden_layout(const HiddenLayout& l, float p) {
@@ -221,14 +313,16 @@ void check_hidden_layout(const HiddenLayout& l, float p) {
 }  // namespace
 
 void cast_fp32_to_bf16(Context& ctx, std::int64_t n, const float* x, bf16* y) {
-  launch_map(ctx, n, CastToBf16{x, as_device(y)}, "cast_fp32_to_bf16");
+  launch_map8(ctx, n, CastToBf16{x, as_device(y)}, aligned16(x) && aligned16(y), "cast_fp32_to_bf16");
 }
 
 void cast_bf16_to_fp32(Context& ctx, std::int64_t n, const bf16* x, float* y) {
   launch_map(ctx, n, CastToFp32{as_device(x), y}, "cast_bf16_to_fp32");
 }
 
-void fill(Context& ctx, std::int64_t n, float value, float* x) { launch_map(ctx, n, Fill<float>{value, x}, "fill"); }
+void fill(Context& ctx, std::int64_t n, float value, float* x) {
+  launch_map8(ctx, n, Fill<float>{value, x}, aligned16(x), "fill");
+}
 
 void fill(Context& ctx, std::int64_t n, float value, bf16* x) {
   launch_map(ctx, n, Fill<bf16>{to_bf16(value), x}, "fill (bf16)");
@@ -250,7 +344,8 @@ void bias_grad(Context& ctx, std::int64_t rows, std::int64_t cols, const bf16* d
 }
 
 void residual_add(Context& ctx, std::int64_t n, const bf16* a, const bf16* b, bf16* out) {
-  launch_map(ctx, n, ResidualAdd{as_device(a), as_device(b), as_device(out)}, "residual_add");
+  launch_map8(ctx, n, ResidualAdd{as_device(a), as_device(b), as_device(out)},
+              aligned16(a) && aligned16(b) && aligned16(out), "residual_add");
 }
 
 void dropout_add_forward(Context& ctx, const HiddenLayout& l, const bf16* x, const bf16* residual, float p,
@@ -297,14 +392,15 @@ void gelu_backward(Context& ctx, std::int64_t n, const bf16* x, const bf16* dy, 
 
 void swiglu_forward(Context& ctx, std::int64_t tokens, std::int64_t ffn, const bf16* gate_up, bf16* y) {
   if (ffn == 0) return;
-  launch_map(ctx, tokens * ffn, SwigluForward{ffn, as_device(gate_up), as_device(y)}, "swiglu_forward");
+  launch_map8(ctx, tokens * ffn, SwigluForward{ffn, as_device(gate_up), as_device(y)},
+              ffn % kVec == 0 && aligned16(gate_up) && aligned16(y), "swiglu_forward");
 }
 
 void swiglu_backward(Context& ctx, std::int64_t tokens, std::int64_t ffn, const bf16* gate_up, const bf16* dy,
                      bf16* dgate_up) {
   if (ffn == 0) return;
-  launch_map(ctx, tokens * ffn, SwigluBackward{ffn, as_device(gate_up), as_device(dy), as_device(dgate_up)},
-             "swiglu_backward");
+  launch_map8(ctx, tokens * ffn, SwigluBackward{ffn, as_device(gate_up), as_device(dy), as_device(dgate_up)},
+              ffn % kVec == 0 && aligned16(gate_up) && aligned16(dy) && aligned16(dgate_up), "swiglu_backward");
 }
 
 void rope_forward(Context& ctx, const RopeShape& shape, const float* cos, const float* sin, bf16* x) {

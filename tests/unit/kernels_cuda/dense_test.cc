@@ -102,8 +102,12 @@ TEST_F(NormTest, LayerNormMatchesCpu) {
   EXPECT_LT(rel_error(to_host(ctx(), dbeta), dbeta_cpu), kFp32Tolerance);
 }
 
-TEST_F(NormTest, RmsNormMatchesCpu) {
-  const NormShape s{130, 64};  // more rows than one 64-row chunk of the column sums
+// Rows of 64 (8 elements a load) and of 67 (one at a time, the same results); more rows than one 64-row chunk of
+// the column sums.
+class RmsNorm : public CudaTest, public ::testing::WithParamInterface<std::int64_t> {};
+
+TEST_P(RmsNorm, MatchesCpu) {
+  const NormShape s{130, GetParam()};
   auto rng = make_rng(22);
   const FVec x = random_bf16_values(rng, s.rows * s.hidden);
   const FVec gamma = random_floats(rng, s.hidden);
@@ -125,6 +129,8 @@ TEST_F(NormTest, RmsNormMatchesCpu) {
   EXPECT_LT(rel_error(to_host_float(ctx(), dx), dx_cpu), kBf16Tolerance);
   EXPECT_LT(rel_error(to_host(ctx(), dgamma), dgamma_cpu), kFp32Tolerance);
 }
+
+INSTANTIATE_TEST_SUITE_P(Rows, RmsNorm, ::testing::Values(64, 67));
 
 using EmbeddingTest = CudaTest;
 
@@ -170,12 +176,17 @@ TEST_F(EmbeddingTest, PositionsMatchCpu) {
 
 using CrossEntropyTest = CudaTest;
 
-TEST_F(CrossEntropyTest, PhasesMatchCpu) {
-  const std::int64_t tokens = 45, vocab = 1000;
-  const VocabShard shard{0, vocab};
+// Three shapes: rows of a multiple of 8 (the kernels' 16-byte loads), rows of 1003 (one element at a time), and a
+// padded vocabulary whose 997 real columns end inside a group of 8.
+class CrossEntropyPhases : public CudaTest,
+                           public ::testing::WithParamInterface<std::pair<std::int64_t, std::int64_t>> {};
+
+TEST_P(CrossEntropyPhases, MatchCpu) {
+  const std::int64_t tokens = 45, vocab = GetParam().first, real = GetParam().second;
+  const VocabShard shard{0, vocab, real};
   auto rng = make_rng(41);
   const FVec logits = random_bf16_values(rng, tokens * vocab, 3.0);
-  const IVec targets = random_ids(rng, tokens, static_cast<std::int32_t>(vocab));
+  const IVec targets = random_ids(rng, tokens, static_cast<std::int32_t>(real));
   const FVec dloss(tokens, 1.0f / static_cast<float>(tokens));
   FVec max_cpu(tokens), sum_cpu(tokens), target_cpu(tokens), loss_cpu(tokens), dlogits_cpu(logits.size());
   cpu::cross_entropy_max(tokens, logits.data(), shard, max_cpu.data());
@@ -215,8 +226,16 @@ TEST_F(CrossEntropyTest, PhasesMatchCpu) {
     EXPECT_LT(rel_error(to_host(ctx(), loss), loss_cpu), kFp32Tolerance);
     EXPECT_NEAR(to_host(ctx(), mean)[0], mean_cpu, 1e-5 * std::abs(mean_cpu));
     EXPECT_LT(rel_error(dlogits, dlogits_cpu), fp32_logits ? kFp32Tolerance : kBf16Tolerance);
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      for (std::int64_t j = real; j < vocab; ++j) ASSERT_EQ(dlogits[t * vocab + j], 0.0f);
+    }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Rows, CrossEntropyPhases,
+                         ::testing::Values(std::pair<std::int64_t, std::int64_t>{1000, 1000},
+                                           std::pair<std::int64_t, std::int64_t>{1003, 1003},
+                                           std::pair<std::int64_t, std::int64_t>{1000, 997}));
 
 TEST_F(CrossEntropyTest, TargetOutsideTheShardGivesZeroTargetLogit) {
   const std::int64_t tokens = 4, vocab = 64;

@@ -189,5 +189,87 @@ TEST_F(RopeTest, RotatesInsideAFusedRowLikeTheCpu) {
   }
 }
 
+// The memory-bound maps take 16-byte accesses where every pointer is aligned and the rows are multiples of 8, one
+// element a thread otherwise: both paths must give the same bits. Each kernel runs on inputs placed at the start of a
+// buffer (aligned: the vector path) and one element further on (misaligned: the scalar path).
+class VectorPaths : public CudaTest {
+ protected:
+  // The values of `host` in a device buffer at element `offset`, with room for one more element.
+  template <typename T>
+  DeviceBuffer<T> placed(const std::vector<T>& host, std::size_t offset) {
+    DeviceBuffer<T> d = poisoned<T>(ctx(), host.size() + 1);
+    copy_to_device(ctx(), d.data() + offset, host.data(), host.size() * sizeof(T));
+    return d;
+  }
+  template <typename T>
+  std::vector<T> read(const DeviceBuffer<T>& d, std::size_t offset, std::size_t n) {
+    std::vector<T> host(n);
+    copy_to_host(ctx(), host.data(), d.data() + offset, n * sizeof(T));
+    return host;
+  }
+};
+
+TEST_F(VectorPaths, SwigluResidualCastAndFillGiveTheSameBitsOnBothPaths) {
+  const std::int64_t tokens = 37, ffn = 96;
+  auto rng = make_rng(91);
+  const BVec gate_up = to_bf16_vec(random_bf16_values(rng, tokens * 2 * ffn, 3.0));
+  const BVec dy = to_bf16_vec(random_bf16_values(rng, tokens * ffn));
+  const FVec x32 = random_floats(rng, static_cast<std::size_t>(tokens * ffn), 50.0);
+  std::vector<BVec> y(2), dgu(2), sum(2), cast(2);
+  std::vector<FVec> filled(2);
+  for (std::size_t o : {0, 1}) {
+    const auto dgate_up = placed(gate_up, o), ddy = placed(dy, o);
+    auto out = placed(BVec(tokens * ffn), o), dout = placed(BVec(gate_up.size()), o);
+    swiglu_forward(ctx(), tokens, ffn, dgate_up.data() + o, out.data() + o);
+    swiglu_backward(ctx(), tokens, ffn, dgate_up.data() + o, ddy.data() + o, dout.data() + o);
+    y[o] = read(out, o, tokens * ffn);
+    dgu[o] = read(dout, o, gate_up.size());
+    residual_add(ctx(), tokens * ffn, out.data() + o, ddy.data() + o, out.data() + o);  // in place, as the layers do
+    sum[o] = read(out, o, tokens * ffn);
+    const auto dx32 = placed(x32, o);
+    auto b = placed(BVec(x32.size()), o);
+    cast_fp32_to_bf16(ctx(), static_cast<std::int64_t>(x32.size()), dx32.data() + o, b.data() + o);
+    cast[o] = read(b, o, x32.size());
+    auto f = placed(FVec(x32.size()), o);
+    fill(ctx(), static_cast<std::int64_t>(x32.size()), -1.25f, f.data() + o);
+    filled[o] = read(f, o, x32.size());
+  }
+  EXPECT_EQ(y[0], y[1]);
+  EXPECT_EQ(dgu[0], dgu[1]);
+  EXPECT_EQ(sum[0], sum[1]);
+  EXPECT_EQ(cast[0], cast[1]);
+  EXPECT_EQ(cast[0], to_bf16_vec(x32));
+  EXPECT_EQ(filled[0], FVec(x32.size(), -1.25f));
+  EXPECT_EQ(filled[1], filled[0]);
+  // And against the CPU kernels (the scalar path was checked against them above at other sizes).
+  FVec y_cpu(tokens * ffn);
+  cpu::swiglu_forward(tokens, ffn, from_bf16_vec(gate_up).data(), y_cpu.data());
+  EXPECT_LT(rel_error(from_bf16_vec(y[0]), y_cpu), kBf16Tolerance);
+}
+
+TEST_F(VectorPaths, RopeGivesTheSameBitsOnBothPaths) {
+  // Query heads of a fused QKV row of Llama's head size, 4 heads of 128.
+  const std::int64_t batch = 2, seq = 24, d = 128, heads = 4, stride = 3 * heads * d;
+  const RopeShape shape{batch, seq, heads, d, stride};
+  FVec cos_table(seq * d / 2), sin_table(seq * d / 2);
+  rope_table(500000.0, seq, d, cos_table.data(), sin_table.data());
+  auto rng = make_rng(92);
+  const BVec rows = to_bf16_vec(random_bf16_values(rng, batch * seq * stride));
+  std::vector<BVec> fwd(2), bwd(2);
+  for (std::size_t o : {0, 1}) {
+    const auto dcos = placed(cos_table, o), dsin = placed(sin_table, o);
+    auto f = placed(rows, o), b = placed(rows, o);
+    rope_forward(ctx(), shape, dcos.data() + o, dsin.data() + o, f.data() + o);
+    rope_backward(ctx(), shape, dcos.data() + o, dsin.data() + o, b.data() + o);
+    fwd[o] = read(f, o, rows.size());
+    bwd[o] = read(b, o, rows.size());
+  }
+  EXPECT_EQ(fwd[0], fwd[1]);
+  EXPECT_EQ(bwd[0], bwd[1]);
+  FVec fwd_cpu = from_bf16_vec(rows);
+  cpu::rope_forward(shape, cos_table.data(), sin_table.data(), fwd_cpu.data());
+  EXPECT_LT(rel_error(from_bf16_vec(fwd[0]), fwd_cpu), kBf16Tolerance);
+}
+
 }  // namespace
 }  // namespace dtrain::kernels::cuda::testing
