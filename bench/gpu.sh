@@ -38,7 +38,7 @@
 # taken from this machine (the CUDA toolkit, or PyTorch's nvidia wheels). --phases takes a comma list of the names
 # above (default: all). --deadline stops starting timed parts once that many seconds have passed, so that the summary
 # is always printed (default: none). Environment: DTRAIN_GPU_STEPS (dtexec steps, default 12), DTRAIN_GPU_MODELS
-# (default "llama-8x4096 llama-1b").
+# (default "llama-8x4096 llama-1b"), DTRAIN_GPU_PROFILE_MODELS (default: DTRAIN_GPU_MODELS).
 #
 # Logs of every part are kept in BUILD_DIR/gpu-check/. Without a usable GPU it says why nothing can be measured (the
 # tests would only skip) and exits 0. Exit 1 when a test, the memcheck or a dtrain run fails.
@@ -213,7 +213,7 @@ for model in ${DTRAIN_GPU_MODELS:-llama-8x4096 llama-1b}; do
   fi
 done
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-for model in ${DTRAIN_GPU_MODELS:-llama-8x4096 llama-1b}; do
+for model in ${DTRAIN_GPU_PROFILE_MODELS:-${DTRAIN_GPU_MODELS:-llama-8x4096 llama-1b}}; do
   want profile || break
   if [[ ! -x $ncu ]]; then put "profile" "not run: no ncu"; break; fi
   (($(time_left) > 90)) || { put "profile $model" "not run: deadline"; continue; }
