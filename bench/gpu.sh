@@ -243,7 +243,7 @@ for model in ${DTRAIN_GPU_MODELS:-llama-8x4096 llama-1b}; do
       echo "== $model: PyTorch eager and torch.compile, micro-batch ${micro:-1}"
       PYTHONUNBUFFERED=1 timeout "$(within 600)" python3 bench/torch_gpu_train.py "bench/models/$model.toml" \
         --micro-batch "${micro:-1}" 2>&1 | tee "$logs/torch-$model.txt"
-      put "torch $model" "$(grep -E '^(eager|compile)' "$logs/torch-$model.txt" |
+      put "torch $model" "$(grep -E '^(eager|compile) +step' "$logs/torch-$model.txt" |
         awk '{printf "%s %s ms (MFU %s); ", $1, $3, $10}')"
     fi
   fi

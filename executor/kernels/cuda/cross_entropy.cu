@@ -27,7 +27,7 @@ constexpr float kNegInf = -__builtin_huge_valf();
 
 // f(j, x) for each element j < n of a row, in 16-byte loads of 8 where the row allows it (`vec`: the row 16-byte
 // aligned), then one by one for the rest. A row of 128256 bf16 logits read 2 bytes a thread ran at 1.3 TB/s on an
-// H100 (bench/results/gpu-h100.md).
+// H100 (bench/results/gpu-speed.md).
 template <class T, class F>
 __device__ __forceinline__ void for_each_in_row(const T* row, std::int64_t n, bool vec, F&& f) {
   detail::over_row(

@@ -62,7 +62,7 @@ void launch_map(Context& ctx, std::int64_t n, const F& f, const char* name) {
 
 // ---- 16-byte accesses ----
 // The memory-bound maps move 8 bf16 (or 2 x 4 fp32) per thread and access (detail::load8, store8): a scalar bf16 map
-// issues 2-byte loads and reached about 2 TB/s of the H100's 3 (bench/results/gpu-h100.md). f.vec(i) does elements
+// issues 2-byte loads and reached about 2 TB/s of the H100's 3 (bench/results/gpu-speed.md). f.vec(i) does elements
 // [i, i + 8), i a multiple of 8, with the same arithmetic and rounding per element as f(i): the same bits.
 template <class F>
 __global__ void __launch_bounds__(kThreads) map8_kernel(std::int64_t chunks, F f) {
@@ -109,12 +109,6 @@ struct Fill {
   T value;
   T* x;
   __device__ void operator()(std::int64_t i) const { x[i] = value; }
-  __device__ void vec(std::int64_t i) const {
-    float v[kVec];
-#pragma unroll
-    for (float& e : v) e = to_float(value);
-    store8(x + i, v);
-  }
 };
 
 // ---- bias ----
@@ -320,9 +314,9 @@ void cast_bf16_to_fp32(Context& ctx, std::int64_t n, const bf16* x, float* y) {
   launch_map(ctx, n, CastToFp32{as_device(x), y}, "cast_bf16_to_fp32");
 }
 
-void fill(Context& ctx, std::int64_t n, float value, float* x) {
-  launch_map8(ctx, n, Fill<float>{value, x}, aligned16(x), "fill");
-}
+// One 4-byte store a thread: the fp32 fill wrote 8 GB at 3.0 TB/s on an H100 so, and at 1.9 TB/s on an H200 as two
+// 16-byte stores a thread (half a warp's stores contiguous at a time; bench/results/gpu-speed.md).
+void fill(Context& ctx, std::int64_t n, float value, float* x) { launch_map(ctx, n, Fill<float>{value, x}, "fill"); }
 
 void fill(Context& ctx, std::int64_t n, float value, bf16* x) {
   launch_map(ctx, n, Fill<bf16>{to_bf16(value), x}, "fill (bf16)");
