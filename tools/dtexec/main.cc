@@ -51,6 +51,7 @@
 #include "dtrain/store/client.h"
 #include "dtrain/store/gloo_store.h"
 #include "dtrain/store/server.h"
+#include "export_command.h"
 
 #ifdef DTRAIN_HAVE_CUDA
 #include <gloo/rendezvous/hash_store.h>
@@ -320,12 +321,14 @@ int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
                     "Validation data, all of it (a Megatron prefix or blend, a token file); default: --data's valid "
                     "split");
   const auto run_data_command = tools::add_data_commands(app, exec::tokenize_bytes);
+  const auto run_export_command = tools::add_export_command(app);
   return run_main(
       app,
       [&] {
         log::init("dtexec", log::Level::kInfo);
         app.parse(argc, argv);
         if (const int code = run_data_command(); code >= 0) return code;
+        if (const int code = run_export_command(); code >= 0) return code;
         if (!dtype.empty()) {
           o.activations = parse_dtype(dtype);
           if (!o.activations || (*o.activations != DType::kFp32 && *o.activations != DType::kBf16)) {

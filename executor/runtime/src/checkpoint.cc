@@ -201,6 +201,36 @@ bool CheckpointReader::has(const std::string& name, const std::string& kind) con
   return index_.count({name, kind}) > 0;
 }
 
+std::optional<std::pair<std::int64_t, std::int64_t>> CheckpointReader::full_shape(const std::string& name,
+                                                                                  const std::string& kind) const {
+  auto it = index_.find({name, kind});
+  if (it == index_.end() || it->second.empty()) return std::nullopt;
+  return std::make_pair(it->second.front().full_rows, it->second.front().full_cols);
+}
+
+std::vector<float> CheckpointReader::rows(const std::string& name, const std::string& kind, std::int64_t row_begin,
+                                          std::int64_t rows) const {
+  const auto shape = full_shape(name, kind);
+  if (!shape) throw checkpoint_error(fmt::format("{}: no {} \"{}\" in the checkpoint", directory_, kind, name));
+  if (row_begin < 0 || rows < 0 || row_begin + rows > shape->first) {
+    throw checkpoint_error(fmt::format("{}: {} \"{}\" has {} rows, not rows [{}, {})", directory_, kind, name,
+                                       shape->first, row_begin, row_begin + rows));
+  }
+  TensorSpec spec;
+  spec.name = name;
+  spec.full_rows = shape->first;
+  spec.full_cols = shape->second;
+  spec.local_rows = rows;
+  spec.local_cols = shape->second;
+  spec.blocks.push_back(Block{row_begin, rows, 0, shape->second, 0});
+  std::vector<float> out(static_cast<std::size_t>(spec.numel()));
+  if (const std::int64_t found = fill(spec, kind, out.data()); found != spec.numel()) {
+    throw checkpoint_error(fmt::format("{}: {} \"{}\": {} of the {} elements of rows [{}, {}) are in the checkpoint",
+                                       directory_, kind, name, found, spec.numel(), row_begin, row_begin + rows));
+  }
+  return out;
+}
+
 std::int64_t CheckpointReader::fill(const TensorSpec& spec, const std::string& kind, float* out) const {
   auto it = index_.find({spec.name, kind});
   if (it == index_.end()) return 0;

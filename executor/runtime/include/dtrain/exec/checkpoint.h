@@ -75,6 +75,13 @@ class CheckpointReader {
   std::int64_t fill(const TensorSpec& spec, const std::string& kind, float* out) const;
   // Whether any block of `name`/`kind` exists.
   bool has(const std::string& name, const std::string& kind) const;
+  // The full shape (rows, cols) `name`/`kind` was stored with; nullopt when the checkpoint has none of it.
+  std::optional<std::pair<std::int64_t, std::int64_t>> full_shape(const std::string& name,
+                                                                  const std::string& kind) const;
+  // Rows [row_begin, row_begin + rows) of the full tensor, row-major. Throws dtrain::Error (checkpoint, exit 7) when
+  // the checkpoint lacks any of their elements.
+  std::vector<float> rows(const std::string& name, const std::string& kind, std::int64_t row_begin,
+                          std::int64_t rows) const;
 
  private:
   struct Entry {

@@ -1,0 +1,164 @@
+// dtexec export --format hf: a checkpoint becomes a HuggingFace model directory whose loss, computed from HF's own
+// names and conventions (tests/reference/hf_model.py, written from transformers' modeling code, run with Debian's
+// python3-torch), is the loss dtrain reported for the same weights; for each architecture the export knows, from
+// checkpoints written under tensor and expert parallelism; and the inputs it refuses.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "job.h"
+
+namespace dtrain::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool have_torch() { return std::system("/usr/bin/python3 -c 'import torch, numpy' 2> /dev/null") == 0; }
+
+std::string source(const std::string& relative) { return std::string(DTRAIN_SOURCE_DIR) + "/" + relative; }
+
+// The loss dtrain logged for step `step` (1-based) in a metrics file.
+double metrics_loss(const std::string& path, int step) {
+  std::istringstream lines(read_file(path));
+  std::string line;
+  while (std::getline(lines, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["step"].get<int>() == step) return j["loss"].get<double>();
+  }
+  ADD_FAILURE() << path << ": no step " << step;
+  return 0;
+}
+
+// hf_model.py's loss of global batch `batch` (0-based) of the token file.
+double hf_loss(const std::string& hf_dir, const std::string& tokens, int batch, int global_batch, TempDir& dir) {
+  std::string out = dir.path("hf_loss.txt");
+  std::string cmd = "/usr/bin/python3 " + source("tests/reference/hf_model.py") + " " + hf_dir + " " + tokens + " " +
+                    std::to_string(batch) + " " + std::to_string(global_batch) + " 64 > " + out + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  EXPECT_EQ(status, 0) << read_file(out);
+  if (status != 0) return 0;
+  return nlohmann::json::parse(read_file(out))["loss"].get<double>();
+}
+
+struct Case {
+  std::string model;  // relative to the source directory
+  std::string architecture;
+  int world;
+  std::string fix;  // --fix for the training run ("" for none)
+  int global_batch;
+};
+
+class HfExport : public ::testing::TestWithParam<Case> {};
+
+// Trains 4 steps (a checkpoint after step 3), exports step 3 in fp32 and in bf16, and has the HF side compute the
+// loss of step 4's batch: dtrain's step 4 loss within 1e-5 (fp32) and 1e-2 (bf16 weights).
+TEST_P(HfExport, TheExportedModelsLossIsDtrainsLoss) {
+  if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
+  const Case& c = GetParam();
+  TempDir dir;
+  const std::string tokens = dir.path("text.tokens"), ckpt = dir.path("ckpt"), metrics = dir.path("m.jsonl");
+  JobOptions tok;
+  tok.args = {"tokenize", "--input", source("tests/data/text/gpl-3.txt"), "--output", tokens};
+  ASSERT_EQ(run_dtexec_job(tok)[0].exit_code, 0);
+  JobOptions train;
+  train.world = c.world;
+  train.args = {"train",  "--model",          source(c.model), "--data",         tokens, "--steps", "4",
+                "--seed", "5",                "--checkpoint-dir", ckpt,          "--checkpoint-every", "3",
+                "--metrics", metrics,         "--threads",        "1"};
+  if (!c.fix.empty()) train.args.insert(train.args.end(), {"--fix", c.fix});
+  for (const auto& r : run_dtexec_job(train)) ASSERT_EQ(r.exit_code, 0) << r.log;
+
+  JobOptions fp32;
+  // A shard limit far under the model's size: several files and an index.
+  fp32.args = {"export",   "--model", source(c.model), "--checkpoint",     ckpt + "/step-00000003",
+               "-o",       dir.path("hf32"), "--dtype", "fp32", "--max-shard-size", "150KB"};
+  auto r = run_dtexec_job(fp32);
+  ASSERT_EQ(r[0].exit_code, 0) << r[0].log;
+  EXPECT_NE(r[0].log.find(c.architecture), std::string::npos) << r[0].log;
+  EXPECT_TRUE(fs::exists(dir.path("hf32/model.safetensors.index.json")));
+  EXPECT_FALSE(fs::exists(dir.path("hf32.partial")));
+  const auto config = nlohmann::json::parse(read_file(dir.path("hf32/config.json")));
+  EXPECT_EQ(config["architectures"][0], c.architecture);
+  EXPECT_EQ(config["torch_dtype"], "float32");
+
+  const double dtrain = metrics_loss(metrics, 4);
+  const double exported = hf_loss(dir.path("hf32"), tokens, 3, c.global_batch, dir);
+  EXPECT_NEAR(exported, dtrain, 1e-5 * dtrain) << c.model;
+
+  // bf16 (the default) of the newest checkpoint (--checkpoint names the directory of steps): one file, bfloat16.
+  JobOptions bf16;
+  bf16.args = {"export", "--model", source(c.model), "--checkpoint", ckpt, "-o", dir.path("hf16")};
+  r = run_dtexec_job(bf16);
+  ASSERT_EQ(r[0].exit_code, 0) << r[0].log;
+  EXPECT_NE(r[0].log.find("exported step 4"), std::string::npos) << r[0].log;
+  EXPECT_TRUE(fs::exists(dir.path("hf16/model.safetensors")));
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir.path("hf16/config.json")))["torch_dtype"], "bfloat16");
+  // Step 3 in bf16: the same loss within bf16's rounding of the weights.
+  bf16.args = {"export", "--model", source(c.model), "--checkpoint", ckpt + "/step-00000003", "-o", dir.path("hf16b")};
+  r = run_dtexec_job(bf16);
+  ASSERT_EQ(r[0].exit_code, 0) << r[0].log;
+  EXPECT_NEAR(hf_loss(dir.path("hf16b"), tokens, 3, c.global_batch, dir), dtrain, 1e-2 * dtrain);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Architectures, HfExport,
+    ::testing::Values(Case{"examples/models/tiny.toml", "LlamaForCausalLM", 2, "tp=2", 16},
+                      Case{"tests/data/models/tiny-qwen2.toml", "Qwen2ForCausalLM", 1, "", 8},
+                      Case{"tests/data/models/tiny-mixtral.toml", "MixtralForCausalLM", 2, "ep=2", 8},
+                      Case{"tests/data/models/tiny-qwen2-moe.toml", "Qwen2MoeForCausalLM", 1, "", 8},
+                      Case{"examples/models/tiny-gpt2.toml", "GPT2LMHeadModel", 2, "pp=2", 8}),
+    [](const auto& test) {
+      const std::string& name = test.param.architecture;  // "LlamaForCausalLM" -> "Llama", "GPT2LMHeadModel" -> "GPT2"
+      return name.substr(0, std::min(name.find("For"), name.find("LM")));
+    });
+
+// What export refuses, each with its exit code and a message naming the input; nothing is left behind.
+TEST(HfExportErrors, BadInputsAreNamedAndLeaveNothing) {
+  TempDir dir;
+  const std::string ckpt = dir.path("ckpt"), tiny = source("examples/models/tiny.toml");
+  JobOptions train;
+  train.args = {"train", "--model", tiny, "--data", "synthetic", "--steps", "1", "--checkpoint-dir", ckpt};
+  ASSERT_EQ(run_dtexec_job(train)[0].exit_code, 0);
+  auto run = [&](std::vector<std::string> args) {
+    JobOptions o;
+    o.args = std::move(args);
+    return run_dtexec_job(o)[0];
+  };
+  // A checkpoint of another model: exit 7 naming both.
+  auto r = run({"export", "--model", source("tests/data/models/tiny-qwen2.toml"), "--checkpoint", ckpt, "-o",
+                dir.path("out")});
+  EXPECT_EQ(r.exit_code, 7) << r.log;
+  EXPECT_NE(r.log.find("another model"), std::string::npos) << r.log;
+  r = run({"export", "--model", source("tests/data/models/tiny-qwen2.toml"), "--checkpoint",
+           ckpt + "/step-00000001", "-o", dir.path("out")});
+  EXPECT_EQ(r.exit_code, 7) << r.log;
+  // No checkpoint there.
+  r = run({"export", "--model", tiny, "--checkpoint", dir.path("nothing"), "-o", dir.path("out")});
+  EXPECT_EQ(r.exit_code, 2) << r.log;
+  EXPECT_NE(r.log.find("nothing"), std::string::npos) << r.log;
+  // An output that exists is never overwritten.
+  fs::create_directories(dir.path("taken"));
+  r = run({"export", "--model", tiny, "--checkpoint", ckpt, "-o", dir.path("taken")});
+  EXPECT_EQ(r.exit_code, 2) << r.log;
+  EXPECT_NE(r.log.find("exists"), std::string::npos) << r.log;
+  // A size that is not one.
+  r = run({"export", "--model", tiny, "--checkpoint", ckpt, "-o", dir.path("out"), "--max-shard-size", "big"});
+  EXPECT_EQ(r.exit_code, 2) << r.log;
+  EXPECT_NE(r.log.find("--max-shard-size big"), std::string::npos) << r.log;
+  // A model no HF class describes (shared experts without Qwen2-MoE's gate and biases, capacity-limited experts).
+  const std::string shared = source("tests/data/models/tiny-moe-shared.toml");
+  train.args = {"train", "--model", shared, "--data", "synthetic", "--steps", "1", "--checkpoint-dir", dir.path("c2")};
+  ASSERT_EQ(run_dtexec_job(train)[0].exit_code, 0);
+  r = run({"export", "--model", shared, "--checkpoint", dir.path("c2"), "-o", dir.path("out")});
+  EXPECT_EQ(r.exit_code, 2) << r.log;
+  EXPECT_NE(r.log.find("no HuggingFace class describes it"), std::string::npos) << r.log;
+  EXPECT_FALSE(fs::exists(dir.path("out")));
+  EXPECT_FALSE(fs::exists(dir.path("out.partial")));
+}
+
+}  // namespace
+}  // namespace dtrain::testing
