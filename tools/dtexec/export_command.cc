@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,9 +51,14 @@ std::uint64_t parse_size(const std::string& text) {
   }
   const std::string unit = text.substr(used);
   double scale = 0;
-  for (const auto& [name, s] : std::initializer_list<std::pair<const char*, double>>{
-           {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"KiB", 1024.0}, {"MiB", 1048576.0},
-           {"GiB", 1073741824.0}}) {
+  for (const auto& [name, s] : std::initializer_list<std::pair<const char*, double>>{{"", 1},
+                                                                                     {"B", 1},
+                                                                                     {"KB", 1e3},
+                                                                                     {"MB", 1e6},
+                                                                                     {"GB", 1e9},
+                                                                                     {"KiB", 1024.0},
+                                                                                     {"MiB", 1048576.0},
+                                                                                     {"GiB", 1073741824.0}}) {
     if (unit == name) scale = s;
   }
   if (used == 0 || scale == 0 || value <= 0)
@@ -76,9 +81,8 @@ exec::CheckpointChoice checkpoint_of(const std::string& path, const model::Model
     c.step = c.metadata.value("step", std::int64_t{0});
     const std::string digest = c.metadata.value("model_digest", std::string());
     if (digest != desc.digest) {
-      throw checkpoint_error(
-                  fmt::format("{}: written for another model (digest {}), not {} (digest {})", path, digest,
-                              desc.source, desc.digest));
+      throw checkpoint_error(fmt::format("{}: written for another model (digest {}), not {} (digest {})", path, digest,
+                                         desc.source, desc.digest));
     }
     return c;
   }
@@ -108,7 +112,8 @@ std::vector<float> hf_values(const exec::CheckpointReader& reader, const model::
 }
 
 int run_export(const ExportOptions& o) {
-  if (o.dtype != "bf16" && o.dtype != "fp32") throw input_error(fmt::format("--dtype {}: expected bf16 or fp32", o.dtype));
+  if (o.dtype != "bf16" && o.dtype != "fp32")
+    throw input_error(fmt::format("--dtype {}: expected bf16 or fp32", o.dtype));
   const std::uint64_t max_shard = parse_size(o.max_shard_size);
   const model::ModelDescription desc = model::load_model(o.model_path);
   const model::ModelSpec& m = desc.model;
@@ -121,14 +126,14 @@ int run_export(const ExportOptions& o) {
     const auto shape = reader.full_shape(t.source, "param");
     if (!shape) {
       throw checkpoint_error(
-                  fmt::format("{}: no parameter \"{}\" (for {}) in the checkpoint", choice.directory, t.source, t.name));
+          fmt::format("{}: no parameter \"{}\" (for {}) in the checkpoint", choice.directory, t.source, t.name));
     }
     std::int64_t n = 1;
     for (std::int64_t d : t.shape) n *= d;
     if (t.row_begin + t.rows > shape->first || t.rows * shape->second != n) {
-      throw checkpoint_error(
-                  fmt::format("{}: \"{}\" is {}x{}; {} needs rows [{}, {}) making {} elements", choice.directory,
-                              t.source, shape->first, shape->second, t.name, t.row_begin, t.row_begin + t.rows, n));
+      throw checkpoint_error(fmt::format("{}: \"{}\" is {}x{}; {} needs rows [{}, {}) making {} elements",
+                                         choice.directory, t.source, shape->first, shape->second, t.name, t.row_begin,
+                                         t.row_begin + t.rows, n));
     }
   }
 
@@ -165,23 +170,22 @@ int run_export(const ExportOptions& o) {
       part.push_back(infos[i]);
       weight_map[infos[i].name] = file;
     }
-    model::write_safetensors(
-        (fs::path(partial) / file).string(), part,
-        [&](std::size_t k, std::vector<std::byte>& out) {
-          const std::vector<float> v = hf_values(reader, map.tensors[shards[s][k]]);
-          parameters += static_cast<std::int64_t>(v.size());
-          if (o.dtype == "fp32") {
-            out.resize(v.size() * sizeof(float));
-            std::memcpy(out.data(), v.data(), out.size());
-          } else {
-            out.resize(v.size() * sizeof(bf16));
-            for (std::size_t j = 0; j < v.size(); ++j) {
-              const bf16 b = to_bf16(v[j]);
-              std::memcpy(out.data() + j * sizeof(bf16), &b, sizeof(bf16));
-            }
-          }
-        },
-        {{"format", "pt"}});
+    model::write_safetensors((fs::path(partial) / file).string(), part,
+                             [&](std::size_t k, std::vector<std::byte>& out) {
+                               const std::vector<float> v = hf_values(reader, map.tensors[shards[s][k]]);
+                               parameters += static_cast<std::int64_t>(v.size());
+                               if (o.dtype == "fp32") {
+                                 out.resize(v.size() * sizeof(float));
+                                 std::memcpy(out.data(), v.data(), out.size());
+                               } else {
+                                 out.resize(v.size() * sizeof(bf16));
+                                 for (std::size_t j = 0; j < v.size(); ++j) {
+                                   const bf16 b = to_bf16(v[j]);
+                                   std::memcpy(out.data() + j * sizeof(bf16), &b, sizeof(bf16));
+                                 }
+                               }
+                             },
+                             {{"format", "pt"}});
   }
   if (shards.size() > 1) {
     nlohmann::ordered_json index;
@@ -192,7 +196,8 @@ int run_export(const ExportOptions& o) {
   write_file_whole((fs::path(partial) / "config.json").string(),
                    model::hf_config_json(m, map, o.dtype == "bf16" ? "bfloat16" : "float32"));
   fs::rename(partial, o.output);
-  log::info("", "exported step {} of {} as {} ({} tensors, {} parameters, {}) to {}: config.json, {} safetensors file{}",
+  log::info("",
+            "exported step {} of {} as {} ({} tensors, {} parameters, {}) to {}: config.json, {} safetensors file{}",
             choice.step, desc.source, map.architecture, map.tensors.size(), parameters, o.dtype, o.output,
             shards.size(), shards.size() == 1 ? "" : "s and model.safetensors.index.json");
   return 0;

@@ -285,6 +285,9 @@ int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
   train->add_option("--keep-checkpoints", o.keep_checkpoints, "Complete checkpoints to keep (at least 2)")
       ->check(CountValidator(2));
   train->add_flag("--resume", o.resume, "Continue from the newest complete checkpoint in --checkpoint-dir");
+  train->add_option("--init-from", o.init_from,
+                    "Start from the weights of a HuggingFace model directory (config.json and safetensors) instead of "
+                    "the seed's; a run resuming from a checkpoint takes the checkpoint's");
   train->add_option("--metrics", o.metrics_path, "Append one JSON line per step (global rank 0)");
   train
       ->add_option("--log-interval", o.log_interval,

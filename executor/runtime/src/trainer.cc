@@ -17,6 +17,7 @@
 #include "dtrain/exec/data_source.h"
 #include "dtrain/exec/heartbeat.h"
 #include "dtrain/exec/position.h"
+#include "dtrain/exec/weight_loader.h"
 #include "host_collectives.h"
 #include "run_checkpoints.h"
 #include "run_output.h"
@@ -57,6 +58,10 @@ class Run {
     TrainResult result;
     result.plan_digest = run_.plan.digest;
     result.first_step = detail::resume(checkpoints, *executor_, *data_);
+    if (result.first_step == 0 && !o_.init_from.empty()) {
+      hf_weights(o_.init_from, run_.model.model)->load(*executor_);
+      if (world_.rank() == 0) log::info("train", "weights from {}", o_.init_from);
+    }
     detail::check_data_suffices(*data_, run_, o_, result.first_step);
     if (world_.rank() == 0) {
       log::info("train", "plan {}: {}; data {}; steps {}..{}", run_.plan.digest.substr(0, 12),

@@ -34,10 +34,9 @@ std::uint64_t read_le64(const std::byte* p) {
 }  // namespace
 
 int safetensors_dtype_bytes(const std::string& dtype) {
-  static const std::map<std::string, int> sizes = {{"BOOL", 1}, {"U8", 1},      {"I8", 1},      {"F8_E4M3", 1},
-                                                   {"F8_E5M2", 1}, {"I16", 2},   {"U16", 2},     {"F16", 2},
-                                                   {"BF16", 2},  {"I32", 4},     {"U32", 4},     {"F32", 4},
-                                                   {"I64", 8},   {"U64", 8},     {"F64", 8}};
+  static const std::map<std::string, int> sizes = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
+                                                   {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+                                                   {"U32", 4},  {"F32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8}};
   auto it = sizes.find(dtype);
   return it == sizes.end() ? 0 : it->second;
 }

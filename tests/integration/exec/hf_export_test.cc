@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -48,7 +49,8 @@ struct Case {
   std::string model;  // relative to the source directory
   std::string architecture;
   int world;
-  std::string fix;  // --fix for the training run ("" for none)
+  std::string fix;       // --fix for the training run ("" for none)
+  std::string init_fix;  // --fix of the 2-rank run that starts from the export
   int global_batch;
 };
 
@@ -66,16 +68,31 @@ TEST_P(HfExport, TheExportedModelsLossIsDtrainsLoss) {
   ASSERT_EQ(run_dtexec_job(tok)[0].exit_code, 0);
   JobOptions train;
   train.world = c.world;
-  train.args = {"train",  "--model",          source(c.model), "--data",         tokens, "--steps", "4",
-                "--seed", "5",                "--checkpoint-dir", ckpt,          "--checkpoint-every", "3",
-                "--metrics", metrics,         "--threads",        "1"};
+  train.args = {"train",
+                "--model",
+                source(c.model),
+                "--data",
+                tokens,
+                "--steps",
+                "4",
+                "--seed",
+                "5",
+                "--checkpoint-dir",
+                ckpt,
+                "--checkpoint-every",
+                "3",
+                "--metrics",
+                metrics,
+                "--threads",
+                "1"};
   if (!c.fix.empty()) train.args.insert(train.args.end(), {"--fix", c.fix});
   for (const auto& r : run_dtexec_job(train)) ASSERT_EQ(r.exit_code, 0) << r.log;
 
   JobOptions fp32;
   // A shard limit far under the model's size: several files and an index.
-  fp32.args = {"export",   "--model", source(c.model), "--checkpoint",     ckpt + "/step-00000003",
-               "-o",       dir.path("hf32"), "--dtype", "fp32", "--max-shard-size", "150KB"};
+  fp32.args = {"export", "--model",        source(c.model), "--checkpoint", ckpt + "/step-00000003",
+               "-o",     dir.path("hf32"), "--dtype",       "fp32",         "--max-shard-size",
+               "150KB"};
   auto r = run_dtexec_job(fp32);
   ASSERT_EQ(r[0].exit_code, 0) << r[0].log;
   EXPECT_NE(r[0].log.find(c.architecture), std::string::npos) << r[0].log;
@@ -88,6 +105,16 @@ TEST_P(HfExport, TheExportedModelsLossIsDtrainsLoss) {
   const double dtrain = metrics_loss(metrics, 4);
   const double exported = hf_loss(dir.path("hf32"), tokens, 3, c.global_batch, dir);
   EXPECT_NEAR(exported, dtrain, 1e-5 * dtrain) << c.model;
+
+  // --init-from the fp32 export, on two ranks in another layout: step 1's loss is the HF model's on batch 0.
+  JobOptions init;
+  init.world = 2;
+  init.args = {
+      "train",          "--model",   source(c.model),      "--data",    tokens, "--steps", "1",       "--init-from",
+      dir.path("hf32"), "--metrics", dir.path("mi.jsonl"), "--threads", "1",    "--fix",   c.init_fix};
+  for (const auto& ri : run_dtexec_job(init)) ASSERT_EQ(ri.exit_code, 0) << ri.log;
+  const double imported = metrics_loss(dir.path("mi.jsonl"), 1);
+  EXPECT_NEAR(imported, hf_loss(dir.path("hf32"), tokens, 0, c.global_batch, dir), 1e-5 * imported) << c.model;
 
   // bf16 (the default) of the newest checkpoint (--checkpoint names the directory of steps): one file, bfloat16.
   JobOptions bf16;
@@ -106,11 +133,11 @@ TEST_P(HfExport, TheExportedModelsLossIsDtrainsLoss) {
 
 INSTANTIATE_TEST_SUITE_P(
     Architectures, HfExport,
-    ::testing::Values(Case{"examples/models/tiny.toml", "LlamaForCausalLM", 2, "tp=2", 16},
-                      Case{"tests/data/models/tiny-qwen2.toml", "Qwen2ForCausalLM", 1, "", 8},
-                      Case{"tests/data/models/tiny-mixtral.toml", "MixtralForCausalLM", 2, "ep=2", 8},
-                      Case{"tests/data/models/tiny-qwen2-moe.toml", "Qwen2MoeForCausalLM", 1, "", 8},
-                      Case{"examples/models/tiny-gpt2.toml", "GPT2LMHeadModel", 2, "pp=2", 8}),
+    ::testing::Values(Case{"examples/models/tiny.toml", "LlamaForCausalLM", 2, "tp=2", "pp=2", 16},
+                      Case{"tests/data/models/tiny-qwen2.toml", "Qwen2ForCausalLM", 1, "", "tp=2", 8},
+                      Case{"tests/data/models/tiny-mixtral.toml", "MixtralForCausalLM", 2, "ep=2", "tp=2", 8},
+                      Case{"tests/data/models/tiny-qwen2-moe.toml", "Qwen2MoeForCausalLM", 1, "", "ep=2", 8},
+                      Case{"examples/models/tiny-gpt2.toml", "GPT2LMHeadModel", 2, "pp=2", "tp=2", 8}),
     [](const auto& test) {
       const std::string& name = test.param.architecture;  // "LlamaForCausalLM" -> "Llama", "GPT2LMHeadModel" -> "GPT2"
       return name.substr(0, std::min(name.find("For"), name.find("LM")));
@@ -129,12 +156,12 @@ TEST(HfExportErrors, BadInputsAreNamedAndLeaveNothing) {
     return run_dtexec_job(o)[0];
   };
   // A checkpoint of another model: exit 7 naming both.
-  auto r = run({"export", "--model", source("tests/data/models/tiny-qwen2.toml"), "--checkpoint", ckpt, "-o",
-                dir.path("out")});
+  auto r = run(
+      {"export", "--model", source("tests/data/models/tiny-qwen2.toml"), "--checkpoint", ckpt, "-o", dir.path("out")});
   EXPECT_EQ(r.exit_code, 7) << r.log;
   EXPECT_NE(r.log.find("another model"), std::string::npos) << r.log;
-  r = run({"export", "--model", source("tests/data/models/tiny-qwen2.toml"), "--checkpoint",
-           ckpt + "/step-00000001", "-o", dir.path("out")});
+  r = run({"export", "--model", source("tests/data/models/tiny-qwen2.toml"), "--checkpoint", ckpt + "/step-00000001",
+           "-o", dir.path("out")});
   EXPECT_EQ(r.exit_code, 7) << r.log;
   // No checkpoint there.
   r = run({"export", "--model", tiny, "--checkpoint", dir.path("nothing"), "-o", dir.path("out")});
@@ -158,6 +185,41 @@ TEST(HfExportErrors, BadInputsAreNamedAndLeaveNothing) {
   EXPECT_NE(r.log.find("no HuggingFace class describes it"), std::string::npos) << r.log;
   EXPECT_FALSE(fs::exists(dir.path("out")));
   EXPECT_FALSE(fs::exists(dir.path("out.partial")));
+}
+
+// What --init-from refuses before the first step (exit 2, naming the directory, file or tensor).
+TEST(HfExportErrors, InitFromNamesWhatDoesNotFit) {
+  TempDir dir;
+  const std::string ckpt = dir.path("ckpt"), tiny = source("examples/models/tiny.toml");
+  JobOptions o;
+  o.args = {"train", "--model", tiny, "--data", "synthetic", "--steps", "1", "--checkpoint-dir", ckpt};
+  ASSERT_EQ(run_dtexec_job(o)[0].exit_code, 0);
+  o.args = {"export", "--model", tiny, "--checkpoint", ckpt, "-o", dir.path("hf"), "--max-shard-size", "100KB"};
+  ASSERT_EQ(run_dtexec_job(o)[0].exit_code, 0);
+  auto train = [&](const std::string& model, const std::string& from) {
+    JobOptions t;
+    t.args = {"train", "--model", model, "--data", "synthetic", "--steps", "1", "--init-from", from};
+    return run_dtexec_job(t)[0];
+  };
+  auto r = train(tiny, dir.path("ckpt"));  // a dtrain checkpoint directory, not an HF one
+  EXPECT_EQ(r.exit_code, 2) << r.log;
+  EXPECT_NE(r.log.find("no config.json"), std::string::npos) << r.log;
+  // Another width: the first tensor whose shape differs is named with both shapes.
+  std::string narrow = read_file(tiny);
+  narrow.replace(narrow.find("ffn_hidden = 192"), 16, "ffn_hidden = 128");
+  { std::ofstream(dir.path("narrow.toml")) << narrow; }
+  r = train(dir.path("narrow.toml"), dir.path("hf"));
+  EXPECT_EQ(r.exit_code, 2) << r.log;
+  EXPECT_NE(r.log.find("gate_proj.weight\" is [192,64], the model needs [128,64]"), std::string::npos) << r.log;
+  // A model with tied embeddings and q/k/v biases (Qwen2) from a Llama's files: the first missing tensor is named.
+  r = train(source("tests/data/models/tiny-qwen2.toml"), dir.path("hf"));
+  EXPECT_EQ(r.exit_code, 2) << r.log;
+  EXPECT_NE(r.log.find("no tensor \"model.layers.0.self_attn.q_proj.bias\""), std::string::npos) << r.log;
+  // A shard the index names is missing.
+  fs::remove(dir.path("hf/model-00002-of-00005.safetensors"));
+  r = train(tiny, dir.path("hf"));
+  EXPECT_EQ(r.exit_code, 2) << r.log;
+  EXPECT_NE(r.log.find("model-00002-of-00005.safetensors: cannot open"), std::string::npos) << r.log;
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // metadata, laid out as the format says (checked byte by byte); a malformed or cut file is refused naming the file and
 // the tensor; every test model's exported config.json imports back to the same model; models no HF class describes
 // are refused with the reason.
+#include "dtrain/model/hf_weights.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,7 +13,6 @@
 
 #include "dtrain/common/error.h"
 #include "dtrain/model/hf_config.h"
-#include "dtrain/model/hf_weights.h"
 #include "dtrain/model/model_spec.h"
 #include "dtrain/model/safetensors.h"
 
@@ -53,8 +54,8 @@ std::string refusal(const std::string& path) {
 TEST(Safetensors, AWrittenFileReadsBackAsTheFormatLaysItOut) {
   const std::string path = scratch("a.safetensors");
   write_safetensors(path,
-                    {{"b", "F32", {2, 3}, bytes_of({1, 2, 3, 4, 5, 6})}, {"a", "BF16", {2}, {std::byte{1}, std::byte{2},
-                                                                                              std::byte{3}, std::byte{4}}}},
+                    {{"b", "F32", {2, 3}, bytes_of({1, 2, 3, 4, 5, 6})},
+                     {"a", "BF16", {2}, {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}}}},
                     {{"format", "pt"}});
   SafetensorsFile f(path);
   ASSERT_EQ(f.tensors().size(), 2u);
@@ -117,10 +118,10 @@ TEST(Safetensors, MalformedFilesAreRefusedNamingFileAndTensor) {
 
 // Every model the export tests train: its config.json imports back to the same model.
 TEST(HfWeights, ExportedConfigsImportToTheSameModel) {
-  for (const char* file : {"examples/models/tiny.toml", "tests/data/models/tiny-qwen2.toml",
-                           "tests/data/models/tiny-mixtral.toml", "tests/data/models/tiny-qwen2-moe.toml",
-                           "examples/models/tiny-gpt2.toml", "examples/models/llama3-8b.toml",
-                           "examples/models/mixtral-8x7b.toml"}) {
+  for (const char* file :
+       {"examples/models/tiny.toml", "tests/data/models/tiny-qwen2.toml", "tests/data/models/tiny-mixtral.toml",
+        "tests/data/models/tiny-qwen2-moe.toml", "examples/models/tiny-gpt2.toml", "examples/models/llama3-8b.toml",
+        "examples/models/mixtral-8x7b.toml"}) {
     SCOPED_TRACE(file);
     const ModelDescription d = load_model(std::string(DTRAIN_SOURCE_DIR) + "/" + file);
     const ModelSpec& m = d.model;

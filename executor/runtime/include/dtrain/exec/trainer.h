@@ -58,6 +58,9 @@ struct TrainOptions {
   std::int64_t checkpoint_every = 0;  // 0: only at preemption and at the end (when a directory is given)
   int keep_checkpoints = 2;
   bool resume = false;
+  // A HuggingFace model directory whose weights the run starts from instead of the seed's (weight_loader.h); a run
+  // that resumes from a checkpoint takes the checkpoint's. Empty: the seed's.
+  std::string init_from;
   // The launcher's job (dtexec: DTRAIN_JOB_ID, DTRAIN_RESTART): every checkpoint records the job that wrote it, and
   // a restart (restart > 0) of that job resumes from it without `resume`. Empty: not started by dtlaunch.
   std::string job_id;
