@@ -111,6 +111,17 @@ def llama_logits(c, w, ids):
     kv, d = c.get("num_key_value_heads", heads), c.get("head_dim", h // heads)
     eps = c["rms_norm_eps"]
     inv_freq = 1.0 / (c.get("rope_theta", 10000.0) ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    scaling = c.get("rope_scaling")
+    if scaling is not None:  # _compute_llama3_parameters (modeling_rope_utils)
+        assert scaling.get("rope_type", scaling.get("type")) == "llama3", scaling
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+        inv_freq = torch.where(medium, smoothed, scaled)
     freqs = torch.arange(s).float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()

@@ -6,7 +6,8 @@
 
 namespace dtrain::kernels {
 
-void rope_table(double theta, std::int64_t seq, std::int64_t head_dim, float* cos, float* sin) {
+void rope_table(double theta, std::int64_t seq, std::int64_t head_dim, float* cos, float* sin,
+                const RopeScaling& scaling) {
   if (head_dim <= 0 || head_dim % 2 != 0) {
     throw input_error("rope: head_dim = " + std::to_string(head_dim) + " must be positive and even");
   }
@@ -14,7 +15,8 @@ void rope_table(double theta, std::int64_t seq, std::int64_t head_dim, float* co
   if (!(theta > 0.0)) throw input_error("rope: theta = " + std::to_string(theta) + " must be positive");
   const std::int64_t half = head_dim / 2;
   for (std::int64_t i = 0; i < half; ++i) {
-    const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    const double inv_freq =
+        scaling.scaled(std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim)));
     for (std::int64_t p = 0; p < seq; ++p) {
       const double angle = static_cast<double>(p) * inv_freq;
       cos[p * half + i] = static_cast<float>(std::cos(angle));

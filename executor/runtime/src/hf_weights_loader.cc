@@ -27,9 +27,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // Buffers HF checkpoints carry that are not parameters: GPT-2's causal-mask biases of older saves.
-bool ignorable(const std::string& name) {
-  return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
-}
+bool ignorable(const std::string& name) { return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias"); }
 
 float element(const model::SafeTensorInfo& t, const std::byte* data, std::int64_t i) {
   if (t.dtype == "F32") {
@@ -95,7 +93,8 @@ class HfWeights final : public WeightLoader {
       wanted.insert(t.name);
       auto it = found.find(t.name);
       if (it == found.end())
-        throw input_error(fmt::format("--init-from {}: no tensor \"{}\" ({} needs it)", dir_, t.name, map.architecture));
+        throw input_error(
+            fmt::format("--init-from {}: no tensor \"{}\" ({} needs it)", dir_, t.name, map.architecture));
       const model::SafeTensorInfo& info = *it->second.second;
       if (info.shape != t.shape) {
         throw input_error(fmt::format("{}: tensor \"{}\" is {}, the model needs {}", it->second.first->path(), t.name,
@@ -138,8 +137,8 @@ class HfWeights final : public WeightLoader {
         }
       }
       if (copied != t.block_elements()) {
-        throw internal_error(fmt::format("--init-from {}: {} of the {} elements of {} found", dir_, copied,
-                                         t.block_elements(), t.name));
+        throw internal_error(
+            fmt::format("--init-from {}: {} of the {} elements of {} found", dir_, copied, t.block_elements(), t.name));
       }
     }
     executor.write(Executor::State::kParams, params);

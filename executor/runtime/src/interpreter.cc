@@ -61,7 +61,7 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
   if constexpr (!std::is_same_v<A, float>) weights = Tensor(be, params.size());
   if (m.position == model::PositionKind::kRope) {
     std::vector<float> cos(static_cast<std::size_t>(m.seq_len * d / 2)), sin(cos.size());
-    k::rope_table(m.rope_theta, m.seq_len, d, cos.data(), sin.data());
+    k::rope_table(m.rope_theta, m.seq_len, d, cos.data(), sin.data(), m.rope_scaling);
     rope_cos = upload(cos);
     rope_sin = upload(sin);
   }

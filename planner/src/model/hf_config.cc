@@ -85,7 +85,8 @@ struct Line {
 };
 
 std::string render(const std::string& path, const std::string& architecture, const std::vector<Line>& model,
-                   const std::vector<Line>& moe, const std::vector<Line>& training) {
+                   const std::vector<Line>& rope_scaling, const std::vector<Line>& moe,
+                   const std::vector<Line>& training) {
   std::string out = fmt::format(
       "# Imported by dtrain from a HuggingFace config.json ({}, {}); each key's comment names the field it came "
       "from.\nformat = 1\n\n[model]\n",
@@ -99,6 +100,10 @@ std::string render(const std::string& path, const std::string& architecture, con
     }
   };
   lines(model);
+  if (!rope_scaling.empty()) {
+    out += "\n[model.rope_scaling]\n";
+    lines(rope_scaling);
+  }
   if (!moe.empty()) {
     out += "\n[model.moe]\n";
     lines(moe);
@@ -188,7 +193,7 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
     c.refuse("num_experts", fmt::format("{} has no experts (Qwen2MoeForCausalLM has)", architecture));
   }
 
-  std::vector<Line> m;
+  std::vector<Line> m, rope_scaling_lines;
   auto put = [&](const std::string& key, const std::string& value, const std::string& source) {
     m.push_back({key, value, source});
   };
@@ -218,7 +223,28 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
       c.fail("hidden_act", fmt::format("\"{}\" is not supported: a Llama's MLP is SwiGLU (silu)", act));
     c.refuse("attention_bias", "dtrain's Llama layers have no biases");
     c.refuse("mlp_bias", "dtrain's Llama layers have no biases");
-    c.refuse("rope_scaling", "dtrain's rotary embedding has no frequency scaling");
+    // rope_scaling: Llama 3.1's "llama3" frequency scaling only (rope_type, or type in older configs).
+    std::vector<Line> rope;
+    if (c.has("rope_scaling")) {
+      const json& r = c.at("rope_scaling");
+      if (!r.is_object()) c.fail("rope_scaling", fmt::format("expected an object, found {}", r.dump()));
+      const std::string type = r.value("rope_type", r.value("type", std::string()));
+      if (type != "llama3") {
+        c.fail("rope_scaling", fmt::format("rope_type \"{}\" is not supported: dtrain's rotary embedding scales "
+                                           "frequencies as Llama 3.1 does (\"llama3\") or not at all",
+                                           type));
+      }
+      for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+        if (!r.contains(key) || !r.at(key).is_number() || !(r.at(key).get<double>() > 0)) {
+          c.fail("rope_scaling", fmt::format("\"{}\": expected a positive number", key));
+        }
+      }
+      rope.push_back({"type", "\"llama3\"", "rope_scaling.rope_type"});
+      for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+        rope.push_back({key, number_text(r.at(key).get<double>()), std::string("rope_scaling.") + key});
+      }
+    }
+    rope_scaling_lines = rope;
     // Qwen2 names a window it does not use unless use_sliding_window says so.
     if (c.boolean("use_sliding_window", true)) {
       c.refuse("sliding_window", "dtrain's attention is causal over the whole sequence (no sliding window)");
@@ -320,7 +346,7 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
                defaults.dtype ? "--dtype" : "not in config.json: dtrain's default"});
   t.push_back({"optimizer", "\"adamw\"", "not in config.json: dtrain's default"});
   t.push_back({"lr", "3e-4", "not in config.json: dtrain's default"});
-  return render(path, architecture, m, moe, t);
+  return render(path, architecture, m, rope_scaling_lines, moe, t);
 }
 
 ModelDescription load_hf_config(const std::string& path, const HfDefaults& defaults) {

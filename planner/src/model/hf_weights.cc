@@ -182,6 +182,14 @@ std::string hf_config_json(const ModelSpec& m, const HfModelMap& map, const std:
     j["hidden_act"] = "silu";
     j["rms_norm_eps"] = m.norm_eps;
     j["rope_theta"] = m.rope_theta;
+    if (m.rope_scaling.enabled()) {
+      const RopeScaling& r = m.rope_scaling;
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", r.factor},
+                           {"low_freq_factor", r.low_freq_factor},
+                           {"high_freq_factor", r.high_freq_factor},
+                           {"original_max_position_embeddings", r.original_context}};
+    }
     j["tie_word_embeddings"] = m.tied_embeddings;
     j["attention_dropout"] = 0.0;
     if (map.model_type == "qwen2" || map.model_type == "qwen2_moe") j["use_sliding_window"] = false;

@@ -154,6 +154,38 @@ void parse_moe(TableReader& t, ModelSpec& spec) {
   t.reject_unknown();
 }
 
+// [model.rope_scaling]: type = "llama3" (the only kind: HuggingFace's rope_type "llama3"), factor,
+// low_freq_factor, high_freq_factor, original_max_position_embeddings.
+void parse_rope_scaling(TableReader& t, ModelSpec& spec) {
+  const std::string type = t.get_string("type").value_or("");
+  if (type != "llama3") t.fail("type", fmt::format("\"{}\": the only rope scaling is \"llama3\"", type));
+  RopeScaling& r = spec.rope_scaling;
+  auto need = [&](const char* key) {
+    auto v = t.get_positive_number(key);
+    if (!v) t.fail(key, "required key is missing");
+    return *v;
+  };
+  r.factor = need("factor");
+  r.low_freq_factor = need("low_freq_factor");
+  r.high_freq_factor = need("high_freq_factor");
+  r.original_context = need("original_max_position_embeddings");
+  if (r.factor < 1) t.fail("factor", fmt::format("{} is less than 1 (the scaling lowers frequencies)", r.factor));
+  if (r.high_freq_factor <= r.low_freq_factor) {
+    t.fail("high_freq_factor",
+           fmt::format("{} is not above low_freq_factor = {}", r.high_freq_factor, r.low_freq_factor));
+  }
+  if (spec.position != PositionKind::kRope) t.fail("type", "rope scaling needs position = \"rope\"");
+  t.reject_unknown();
+}
+
+// The table's lines (after a "[...rope_scaling]" header, or with a key prefix).
+std::string rope_scaling_lines(const RopeScaling& r, const std::string& prefix) {
+  return fmt::format(
+      "{0}type = \"llama3\"\n{0}factor = {1}\n{0}low_freq_factor = {2}\n{0}high_freq_factor = {3}\n"
+      "{0}original_max_position_embeddings = {4}\n",
+      prefix, r.factor, r.low_freq_factor, r.high_freq_factor, r.original_context);
+}
+
 }  // namespace
 
 ModelDescription parse_model(const TomlDocument& doc) { return parse_model_tables(doc.root()); }
@@ -231,6 +263,7 @@ ModelDescription parse_model_tables(TableReader root) {
     fail_pair(m, "position", fmt::format("rope needs an even head dimension, hidden/heads = {}", spec.head_dim()));
   }
   if (auto moe_table = m.table("moe")) parse_moe(*moe_table, spec);
+  if (auto rope_table = m.table("rope_scaling")) parse_rope_scaling(*rope_table, spec);
   m.reject_unknown();
 
   TableReader& t = *training_table;
@@ -348,6 +381,9 @@ std::string model_toml(const ModelDescription& d, const std::string& prefix) {
   s += fmt::format("position = \"{}\"\nlinear_bias = {}\n", to_string(m.position), m.linear_bias);
   if (m.qkv_bias && !m.linear_bias) s += "qkv_bias = true\n";
   s += fmt::format("dropout = {}\nnorm_eps = {}\nrope_theta = {}\n\n", m.dropout, m.norm_eps, m.rope_theta);
+  if (m.rope_scaling.enabled()) {
+    s += fmt::format("[{}model.rope_scaling]\n{}\n", p, rope_scaling_lines(m.rope_scaling, ""));
+  }
   if (m.moe.enabled()) s += fmt::format("[{}model.moe]\n{}\n", p, moe_lines(m.moe, ""));
   s += fmt::format("[{}training]\n", p);
   s += fmt::format("global_batch = {}\ndtype = \"{}\"\noptimizer = \"{}\"\nattention = \"{}\"\n", t.global_batch,
@@ -378,6 +414,8 @@ std::string canonical_text(const ModelDescription& d) {
   if (m.qkv_bias && !m.linear_bias) s += "model.qkv_bias = true\n";
   s += fmt::format("model.dropout = {}\nmodel.norm_eps = {}\nmodel.rope_theta = {}\n", m.dropout, m.norm_eps,
                    m.rope_theta);
+  // Only where set, so that the digests of every model without it stay what they were.
+  if (m.rope_scaling.enabled()) s += rope_scaling_lines(m.rope_scaling, "model.rope_scaling.");
   if (m.moe.enabled()) s += moe_lines(m.moe, "model.moe.");
   s += fmt::format("training.global_batch = {}\ntraining.dtype = {}\ntraining.optimizer = {}\n", t.global_batch,
                    to_string(t.dtype), to_string(t.optimizer));

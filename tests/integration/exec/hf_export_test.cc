@@ -57,7 +57,7 @@ struct Case {
 class HfExport : public ::testing::TestWithParam<Case> {};
 
 // Trains 4 steps (a checkpoint after step 3), exports step 3 in fp32 and in bf16, and has the HF side compute the
-// loss of step 4's batch: dtrain's step 4 loss within 1e-5 (fp32) and 1e-2 (bf16 weights).
+// loss of step 4's batch: dtrain's step 4 loss within 1e-6 (fp32) and 1e-2 (bf16 weights).
 TEST_P(HfExport, TheExportedModelsLossIsDtrainsLoss) {
   if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
   const Case& c = GetParam();
@@ -104,7 +104,9 @@ TEST_P(HfExport, TheExportedModelsLossIsDtrainsLoss) {
 
   const double dtrain = metrics_loss(metrics, 4);
   const double exported = hf_loss(dir.path("hf32"), tokens, 3, c.global_batch, dir);
-  EXPECT_NEAR(exported, dtrain, 1e-5 * dtrain) << c.model;
+  // 1e-6: the float32 sums of the two implementations differ by about 1e-7 here; leaving out tiny-llama31's rope
+  // scaling moves its loss by 3e-6.
+  EXPECT_NEAR(exported, dtrain, 1e-6 * dtrain) << c.model;
 
   // --init-from the fp32 export, on two ranks in another layout: step 1's loss is the HF model's on batch 0.
   JobOptions init;
@@ -114,7 +116,7 @@ TEST_P(HfExport, TheExportedModelsLossIsDtrainsLoss) {
       dir.path("hf32"), "--metrics", dir.path("mi.jsonl"), "--threads", "1",    "--fix",   c.init_fix};
   for (const auto& ri : run_dtexec_job(init)) ASSERT_EQ(ri.exit_code, 0) << ri.log;
   const double imported = metrics_loss(dir.path("mi.jsonl"), 1);
-  EXPECT_NEAR(imported, hf_loss(dir.path("hf32"), tokens, 0, c.global_batch, dir), 1e-5 * imported) << c.model;
+  EXPECT_NEAR(imported, hf_loss(dir.path("hf32"), tokens, 0, c.global_batch, dir), 1e-6 * imported) << c.model;
 
   // bf16 (the default) of the newest checkpoint (--checkpoint names the directory of steps): one file, bfloat16.
   JobOptions bf16;
@@ -137,10 +139,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tests/data/models/tiny-qwen2.toml", "Qwen2ForCausalLM", 1, "", "tp=2", 8},
                       Case{"tests/data/models/tiny-mixtral.toml", "MixtralForCausalLM", 2, "ep=2", "tp=2", 8},
                       Case{"tests/data/models/tiny-qwen2-moe.toml", "Qwen2MoeForCausalLM", 1, "", "ep=2", 8},
-                      Case{"examples/models/tiny-gpt2.toml", "GPT2LMHeadModel", 2, "pp=2", "tp=2", 8}),
-    [](const auto& test) {
-      const std::string& name = test.param.architecture;  // "LlamaForCausalLM" -> "Llama", "GPT2LMHeadModel" -> "GPT2"
-      return name.substr(0, std::min(name.find("For"), name.find("LM")));
+                      Case{"examples/models/tiny-gpt2.toml", "GPT2LMHeadModel", 2, "pp=2", "tp=2", 8},
+                      Case{"tests/data/models/tiny-llama31.toml", "LlamaForCausalLM", 1, "", "tp=2", 8}),
+    [](const auto& test) {  // the model file's stem: "tiny-qwen2-moe" -> "tiny_qwen2_moe"
+      std::string name = std::filesystem::path(test.param.model).stem().string();
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
     });
 
 // What export refuses, each with its exit code and a message naming the input; nothing is left behind.

@@ -6,8 +6,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <numbers>
 
 #include "dtrain/common/error.h"
 #include "dtrain/model/model_spec.h"
@@ -16,6 +19,11 @@ namespace dtrain::model {
 namespace {
 
 using ::testing::HasSubstr;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
 
 std::string hf(const std::string& name) {
   return std::string(DTRAIN_SOURCE_DIR) + "/tests/data/hf/" + name + "/config.json";
@@ -133,11 +141,38 @@ TEST(HfConfig, MistralAndGpt2Import) {
   EXPECT_EQ(gpt2.model.total_params(), 124439808);  // GPT-2 small: 124,439,808 parameters
 }
 
+// Llama 3.1's rope_scaling imports as [model.rope_scaling]; another kind of scaling is refused naming it.
+TEST(HfConfig, Llama31RopeScalingImports) {
+  const ModelDescription d = load_model(hf("llama-3.1-8b"));
+  const RopeScaling& r = d.model.rope_scaling;
+  EXPECT_TRUE(r.enabled());
+  EXPECT_DOUBLE_EQ(r.factor, 8.0);
+  EXPECT_DOUBLE_EQ(r.low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(r.high_freq_factor, 4.0);
+  EXPECT_DOUBLE_EQ(r.original_context, 8192.0);
+  EXPECT_EQ(d.model.seq_len, 131072);
+  EXPECT_NE(d.digest, load_model(hf("llama3-8b")).digest);
+  // The frequencies as Meta's apply_scaling gives them: the highest kept, the lowest divided by the factor, one in
+  // between smoothed.
+  const double hi = 1.0, lo = std::pow(500000.0, -126.0 / 128.0);
+  EXPECT_DOUBLE_EQ(r.scaled(hi), hi);
+  EXPECT_DOUBLE_EQ(r.scaled(lo), lo / 8.0);
+  const double mid = 2 * std::numbers::pi / 4096;  // wavelength 4096: between 8192 / 4 and 8192 / 1
+  const double s = (8192.0 / 4096.0 - 1.0) / (4.0 - 1.0);
+  EXPECT_DOUBLE_EQ(r.scaled(mid), (1 - s) * mid / 8.0 + s * mid);
+
+  const std::string dir = ::testing::TempDir() + "/hf-rope-scaling";
+  std::filesystem::create_directories(dir);
+  std::string text = read_text(hf("llama-3.1-8b"));
+  text.replace(text.find("\"llama3\""), 8, "\"yarn\"");
+  { std::ofstream(dir + "/config.json") << text; }
+  EXPECT_THAT(input_error_of([&] { load_model(dir + "/config.json"); }),
+              HasSubstr("\"rope_scaling\": rope_type \"yarn\" is not supported"));
+}
+
 TEST(HfConfig, WhatChangesTheMathIsRefusedNamingTheField) {
   EXPECT_THAT(input_error_of([] { load_model(hf("mistral-7b-v0.1")); }),
               HasSubstr("mistral-7b-v0.1/config.json: \"sliding_window\": 4096 is not supported"));
-  EXPECT_THAT(input_error_of([] { load_model(hf("llama-3.1-8b")); }),
-              HasSubstr("llama-3.1-8b/config.json: \"rope_scaling\": "));
   EXPECT_THAT(input_error_of([] { load_model(hf("deepseek-v3")); }),
               HasSubstr("\"architectures\": DeepseekV3ForCausalLM: not an architecture dtrain models"));
 }

@@ -143,6 +143,8 @@ TEST(HfWeights, ExportedConfigsImportToTheSameModel) {
     if (m.position == PositionKind::kRope) {
       EXPECT_EQ(back.rope_theta, m.rope_theta);
     }
+    EXPECT_EQ(back.rope_scaling.factor, m.rope_scaling.factor);
+    EXPECT_EQ(back.rope_scaling.original_context, m.rope_scaling.original_context);
     EXPECT_EQ(back.moe.experts, m.moe.experts);
     EXPECT_EQ(back.moe.top_k, m.moe.top_k);
     EXPECT_EQ(back.moe.ffn_hidden, m.moe.ffn_hidden);
