@@ -186,6 +186,18 @@ PreparedRun prepare_run(const TrainOptions& o, HostCollectives& world) {
         ErrorCategory::kInput, ExitCode::kPlanMismatch,
         fmt::format("the plan is for {} ranks, but WORLD_SIZE is {}", run.plan.config.world_size(), world.size()));
   }
+  // A plan file placed its tensor- and pipeline-parallel groups for its nodes: the same ranks on nodes of another
+  // size put groups planned inside a node across nodes (or the other way round), silently slower or wrong-bound.
+  if (o.plan != "auto" && o.ranks_per_node > 0 && run.plan.inputs.gpus_per_node != o.ranks_per_node) {
+    throw Error(
+        ErrorCategory::kInput, ExitCode::kPlanMismatch,
+        fmt::format("{} was made for {} node{} of {} ranks, but this job runs {} node{} of {} ranks "
+                    "(WORLD_SIZE {}, LOCAL_WORLD_SIZE {}): the plan's node-local groups would not be node-local; "
+                    "plan for this shape (dtplan plan --nodes {} --ranks-per-node {}, or --plan auto)",
+                    o.plan, run.plan.inputs.nodes, run.plan.inputs.nodes == 1 ? "" : "s", run.plan.inputs.gpus_per_node,
+                    world.size() / o.ranks_per_node, world.size() / o.ranks_per_node == 1 ? "" : "s", o.ranks_per_node,
+                    world.size(), o.ranks_per_node, world.size() / o.ranks_per_node, o.ranks_per_node));
+  }
   check_plan_digests(world, run.plan.digest);
   if (world.rank() == 0 && o.on_plan) o.on_plan(run.plan);
   run.faults = TestFaults::from_environment(world.rank());

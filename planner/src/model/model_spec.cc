@@ -24,8 +24,6 @@ std::string_view to_string(Optimizer opt) {
       return "adam";
     case Optimizer::kAdamW:
       return "adamw";
-    case Optimizer::kSgd:
-      return "sgd";
   }
   return "?";
 }
@@ -273,11 +271,15 @@ ModelDescription parse_model_tables(TableReader root) {
   tr.global_batch = *gb;
   auto dtype = t.get_choice("dtype", {"bf16", "fp16", "fp8", "fp32"});
   tr.dtype = dtype ? *parse_dtype(*dtype) : DType::kBf16;
-  auto opt = t.get_choice("optimizer", {"adam", "adamw", "sgd"});
-  tr.optimizer = !opt ? Optimizer::kAdam
-                      : (*opt == "adam"    ? Optimizer::kAdam
-                         : *opt == "adamw" ? Optimizer::kAdamW
-                                           : Optimizer::kSgd);
+  // SGD was once accepted here while the executor trained every model with Adam: a file saying sgd trained with
+  // something else. dtrain trains with Adam alone, so sgd is refused rather than silently replaced.
+  if (t.has("optimizer") && t.get_string("optimizer") == "sgd") {
+    t.fail("optimizer",
+           "\"sgd\" is not supported: dtrain trains with Adam (\"adam\", or \"adamw\" with decoupled "
+           "weight decay)");
+  }
+  auto opt = t.get_choice("optimizer", {"adam", "adamw"});
+  tr.optimizer = opt && *opt == "adamw" ? Optimizer::kAdamW : Optimizer::kAdam;
   auto attention = t.get_choice("attention", {"flash", "materialized"});
   tr.attention = attention && *attention == "materialized" ? AttentionImpl::kMaterialized : AttentionImpl::kFlash;
   auto grad_dtype = t.get_choice("grad_reduce_dtype", {"fp32", "dtype"});

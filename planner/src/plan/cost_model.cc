@@ -28,11 +28,10 @@ double grad_bytes_per_param(const model::TrainingSpec& t) {
 
 // Optimizer state per parameter: mixed-precision Adam keeps an fp32 master copy and two fp32 moments (12 bytes;
 // Korthikanti et al. count 18 bytes with the 2-byte weight and 4-byte gradient); pure fp32 training needs no master
-// copy. SGD with momentum keeps one moment.
+// copy. Adam keeps two moments (the only optimizer dtrain trains with).
 double optimizer_bytes_per_param(const model::TrainingSpec& t) {
-  double master = t.dtype == DType::kFp32 ? 0.0 : 4.0;
-  double moments = t.optimizer == model::Optimizer::kSgd ? 4.0 : 8.0;
-  return master + moments;
+  const double master = t.dtype == DType::kFp32 ? 0.0 : 4.0;
+  return master + 8.0;
 }
 
 // Saved activation bytes per token of a layer's ops for one micro-batch (full recomputation aside); `selective`

@@ -225,6 +225,25 @@ TEST(DtexecProcesses, PlanForAnotherModelIsRefused) {
   EXPECT_THAT(ranks[0].log, HasSubstr("was made for model 'megatron-1.7b'"));
 }
 
+// A plan made for 2 nodes of 2 ranks run as 1 node of 4: the same world size, but tensor-parallel pairs planned
+// inside a node would straddle the plan's nodes. Every rank stops before training, naming both shapes.
+TEST(DtexecProcesses, APlanForNodesOfAnotherSizeIsRefused) {
+  TempDir dir;
+  std::string plan = dir.path("two-nodes.toml");
+  std::string cmd =
+      std::string(DTRAIN_BINARY_DIR) + "/bin/dtplan plan --model " + kTiny + " --cluster " + DTRAIN_SOURCE_DIR +
+      "/examples/clusters/local-cpu.toml --nodes 2 --ranks-per-node 2 --fix tp=2 -o " + plan + " > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  JobOptions o;
+  o.world = 4;  // LOCAL_WORLD_SIZE 4: one node
+  o.args = {"train", "--model", kTiny, "--plan", plan, "--steps", "1", "--metrics", dir.path("m.jsonl")};
+  for (const auto& r : run_dtexec_job(o)) {
+    EXPECT_EQ(r.exit_code, 5) << r.log;
+    EXPECT_THAT(r.log, HasSubstr("was made for 2 nodes of 2 ranks, but this job runs 1 node of 4 ranks"));
+  }
+  EXPECT_FALSE(fs::exists(dir.path("m.jsonl")));
+}
+
 // Mixed precision over Gloo: bf16 activations cross the process boundary (tensor-parallel all-gathers and
 // reduce-scatters, pipeline sends), and the curve stays within bf16 tolerance of the single rank's bf16 curve.
 TEST(DtexecProcesses, Bf16LayoutsOverGlooFollowTheSingleRank) {

@@ -144,5 +144,43 @@ TEST(ModelSpec, MoeKeysAreCheckedNamingTheKey) {
               ::testing::HasSubstr("unknown key (did you mean 'experts'?)"));
 }
 
+// dtrain trains with Adam alone: "sgd" is refused naming the file, line and key rather than trained with Adam.
+TEST(ModelSpec, SgdIsRefusedNamingTheKey) {
+  const std::string dense =
+      "[model]\nname = \"m\"\narch = \"llama\"\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 256\nseq_len = 8\n"
+      "ffn_hidden = 128\n[training]\nglobal_batch = 4\noptimizer = \"";
+  EXPECT_THAT(
+      error_of(dense + "sgd\"\n"),
+      HasSubstr("moe.toml:12: [training] optimizer = \"sgd\": \"sgd\" is not supported: dtrain trains with Adam"));
+  EXPECT_EQ(parse_model(TomlDocument::parse_string(dense + "adamw\"\n", "m.toml")).training.optimizer,
+            Optimizer::kAdamW);
+  EXPECT_EQ(parse_model(TomlDocument::parse_string(dense + "adam\"\n", "m.toml")).training.optimizer, Optimizer::kAdam);
+}
+
+// [model.rope_scaling]: Llama 3.1's, checked key by key, and in the digest only when present.
+TEST(ModelSpec, RopeScalingIsCheckedAndDigested) {
+  const std::string head =
+      "[model]\nname = \"m\"\narch = \"llama\"\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 256\nseq_len = 8\n"
+      "ffn_hidden = 128\n";
+  const std::string tail = "[training]\nglobal_batch = 4\n";
+  const std::string scaling =
+      "[model.rope_scaling]\ntype = \"llama3\"\nfactor = 8.0\nlow_freq_factor = 1.0\nhigh_freq_factor = 4.0\n"
+      "original_max_position_embeddings = 8192\n";
+  const ModelDescription plain = parse_model(TomlDocument::parse_string(head + tail, "m.toml"));
+  const ModelDescription scaled = parse_model(TomlDocument::parse_string(head + scaling + tail, "m.toml"));
+  EXPECT_FALSE(plain.model.rope_scaling.enabled());
+  EXPECT_DOUBLE_EQ(scaled.model.rope_scaling.factor, 8.0);
+  EXPECT_NE(plain.digest, scaled.digest);
+  // Written into plan files and read back the same.
+  const ModelDescription back = parse_model(TomlDocument::parse_string(model_toml(scaled, ""), "plan.toml"));
+  EXPECT_EQ(back.digest, scaled.digest);
+  std::string yarn = scaling;
+  yarn.replace(yarn.find("llama3"), 6, "yarn");
+  EXPECT_THAT(error_of(head + yarn + tail), HasSubstr("the only rope scaling is \"llama3\""));
+  std::string low = scaling;
+  low.replace(low.find("high_freq_factor = 4.0"), 22, "high_freq_factor = 0.5");
+  EXPECT_THAT(error_of(head + low + tail), HasSubstr("high_freq_factor = 0.5: 0.5 is not above low_freq_factor"));
+}
+
 }  // namespace
 }  // namespace dtrain::model

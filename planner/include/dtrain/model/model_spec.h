@@ -140,7 +140,7 @@ struct ModelSpec {
   double model_flops(double tokens) const;
 };
 
-enum class Optimizer { kAdam, kAdamW, kSgd };
+enum class Optimizer { kAdam, kAdamW };
 std::string_view to_string(Optimizer opt);
 
 struct TrainingSpec {
