@@ -5,7 +5,6 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -26,10 +25,6 @@ namespace dtrain::tools {
 namespace {
 
 namespace fs = std::filesystem;
-
-Error checkpoint_error(const std::string& message) {
-  return Error(ErrorCategory::kIo, ExitCode::kCheckpointMismatch, message);
-}
 
 struct ExportOptions {
   std::string model_path;
@@ -67,35 +62,23 @@ std::uint64_t parse_size(const std::string& text) {
 }
 
 // The checkpoint step directory --checkpoint names: a step directory (with metadata.json), or a checkpoint root
-// whose newest complete checkpoint is taken. Either way it must have been written for this model.
+// whose newest complete checkpoint is taken. Either way it must have been written for this model, and its shards
+// match their checksums (exec::checkpoint_at, exec::find_checkpoint).
 exec::CheckpointChoice checkpoint_of(const std::string& path, const model::ModelDescription& desc) {
-  if (fs::exists(fs::path(path) / "metadata.json")) {
-    exec::CheckpointChoice c;
-    c.directory = path;
-    std::ifstream in(fs::path(path) / "metadata.json");
-    try {
-      c.metadata = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw checkpoint_error(fmt::format("{}/metadata.json: {}", path, e.what()));
-    }
-    c.step = c.metadata.value("step", std::int64_t{0});
-    const std::string digest = c.metadata.value("model_digest", std::string());
-    if (digest != desc.digest) {
-      throw checkpoint_error(fmt::format("{}: written for another model (digest {}), not {} (digest {})", path, digest,
-                                         desc.source, desc.digest));
-    }
-    return c;
-  }
-  if (!fs::is_directory(path)) throw input_error(fmt::format("--checkpoint {}: no such directory", path));
+  const bool step_directory = fs::exists(fs::path(path) / "metadata.json");
+  if (!step_directory && !fs::is_directory(path))
+    throw input_error(fmt::format("--checkpoint {}: no such directory", path));
   std::optional<exec::CheckpointChoice> choice;
   try {
-    choice = exec::find_checkpoint(path, desc.digest);
+    choice = step_directory ? exec::checkpoint_at(path, desc.digest) : exec::find_checkpoint(path, desc.digest);
   } catch (const Error& e) {
-    if (e.exit_code() != ExitCode::kCheckpointMismatch) throw;
-    throw checkpoint_error(fmt::format("{}: its newest checkpoint was written for another model, not {} (digest {})",
-                                       path, desc.source, desc.digest));
+    // Their message for another model's checkpoint (category input) speaks of a training run's --checkpoint-dir.
+    if (e.exit_code() != ExitCode::kCheckpointMismatch || e.category() != ErrorCategory::kInput) throw;
+    throw exec::checkpoint_error(fmt::format("{}: {} written for another model, not {} (digest {})", path,
+                                             step_directory ? "the checkpoint was" : "its newest checkpoint was",
+                                             desc.source, desc.digest));
   }
-  if (!choice) throw checkpoint_error(fmt::format("{}: no complete checkpoint", path));
+  if (!choice) throw exec::checkpoint_error(fmt::format("{}: no complete checkpoint", path));
   return *choice;
 }
 
@@ -125,15 +108,15 @@ int run_export(const ExportOptions& o) {
   for (const model::HfTensorMap& t : map.tensors) {
     const auto shape = reader.full_shape(t.source, "param");
     if (!shape) {
-      throw checkpoint_error(
+      throw exec::checkpoint_error(
           fmt::format("{}: no parameter \"{}\" (for {}) in the checkpoint", choice.directory, t.source, t.name));
     }
     std::int64_t n = 1;
     for (std::int64_t d : t.shape) n *= d;
     if (t.row_begin + t.rows > shape->first || t.rows * shape->second != n) {
-      throw checkpoint_error(fmt::format("{}: \"{}\" is {}x{}; {} needs rows [{}, {}) making {} elements",
-                                         choice.directory, t.source, shape->first, shape->second, t.name, t.row_begin,
-                                         t.row_begin + t.rows, n));
+      throw exec::checkpoint_error(fmt::format("{}: \"{}\" is {}x{}; {} needs rows [{}, {}) making {} elements",
+                                               choice.directory, t.source, shape->first, shape->second, t.name,
+                                               t.row_begin, t.row_begin + t.rows, n));
     }
   }
 

@@ -19,10 +19,6 @@ namespace {
 
 constexpr char kMagic[8] = {'D', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
 
-Error checkpoint_error(const std::string& message) {
-  return Error(ErrorCategory::kIo, ExitCode::kCheckpointMismatch, message);
-}
-
 void put_u32(std::string& s, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
@@ -109,6 +105,49 @@ void commit_checkpoint(const std::string& root, std::int64_t step, nlohmann::jso
   }
 }
 
+Error checkpoint_error(const std::string& message) {
+  return Error(ErrorCategory::kIo, ExitCode::kCheckpointMismatch, message);
+}
+
+namespace {
+
+// Why the step directory `dir` cannot be used ("" when it can), with its metadata in `meta`: unreadable metadata or
+// a shard whose SHA-256 differs from the one recorded. Throws dtrain::Error (exit 7, category input: the caller gave
+// the wrong directory) when it was written for another model than `expected_model_digest`.
+std::string check_step_directory(const fs::path& dir, const std::string& expected_model_digest, nlohmann::json& meta) {
+  try {
+    std::ifstream in(dir / "metadata.json");
+    meta = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    return fmt::format("{}: unreadable metadata ({})", dir.string(), e.what());
+  }
+  std::string digest = meta.value("model_digest", "");
+  if (digest != expected_model_digest) {
+    throw Error(
+        ErrorCategory::kInput, ExitCode::kCheckpointMismatch,
+        fmt::format(
+            "{}: the checkpoint was made for model '{}' (digest {}), but this run trains digest {}; use another "
+            "--checkpoint-dir (nothing was overwritten)",
+            dir.string(), meta.value("model", "?"), digest, expected_model_digest));
+  }
+  for (const auto& s : meta["shards"]) {
+    fs::path file = dir / s["file"].get<std::string>();
+    std::string actual;
+    try {
+      actual = sha256_file_hex(file.string());
+    } catch (const Error&) {
+      actual = "(unreadable)";
+    }
+    if (actual != s["sha256"].get<std::string>()) {
+      return fmt::format("{}: checksum mismatch (expected {}, found {}): the checkpoint of step {} is corrupt",
+                         file.string(), s["sha256"].get<std::string>(), actual, meta.value("step", std::int64_t{0}));
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 std::optional<CheckpointChoice> find_checkpoint(const std::string& root, const std::string& expected_model_digest) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return std::nullopt;
@@ -126,41 +165,18 @@ std::optional<CheckpointChoice> find_checkpoint(const std::string& root, const s
   std::sort(candidates.rbegin(), candidates.rend());
   for (const auto& [step, dir] : candidates) {
     nlohmann::json meta;
-    try {
-      std::ifstream in(dir / "metadata.json");
-      meta = nlohmann::json::parse(in);
-    } catch (const std::exception& e) {
-      log::warn("ckpt", "{}: unreadable metadata ({}); trying an older checkpoint", dir.string(), e.what());
-      continue;
-    }
-    std::string digest = meta.value("model_digest", "");
-    if (digest != expected_model_digest) {
-      throw checkpoint_error(fmt::format(
-          "{}: the checkpoint was made for model '{}' (digest {}), but this run trains digest {}; use another "
-          "--checkpoint-dir (nothing was overwritten)",
-          dir.string(), meta.value("model", "?"), digest, expected_model_digest));
-    }
-    bool ok = true;
-    for (const auto& s : meta["shards"]) {
-      fs::path file = dir / s["file"].get<std::string>();
-      std::string actual;
-      try {
-        actual = sha256_file_hex(file.string());
-      } catch (const Error&) {
-        actual = "(unreadable)";
-      }
-      if (actual != s["sha256"].get<std::string>()) {
-        log::warn("ckpt",
-                  "{}: checksum mismatch (expected {}, found {}): the checkpoint of step {} is corrupt; "
-                  "using an older one",
-                  file.string(), s["sha256"].get<std::string>(), actual, step);
-        ok = false;
-        break;
-      }
-    }
-    if (ok) return CheckpointChoice{dir.string(), step, meta};
+    const std::string why = check_step_directory(dir, expected_model_digest, meta);
+    if (why.empty()) return CheckpointChoice{dir.string(), step, meta};
+    log::warn("ckpt", "{}; trying an older checkpoint", why);
   }
   return std::nullopt;
+}
+
+CheckpointChoice checkpoint_at(const std::string& directory, const std::string& expected_model_digest) {
+  nlohmann::json meta;
+  const std::string why = check_step_directory(directory, expected_model_digest, meta);
+  if (!why.empty()) throw checkpoint_error(why);
+  return CheckpointChoice{directory, meta.value("step", std::int64_t{0}), meta};
 }
 
 CheckpointReader::CheckpointReader(const std::string& directory) : directory_(directory) {

@@ -26,9 +26,8 @@ class CheckpointWeights final : public WeightLoader {
       auto need = [&](const std::string& kind, float* dst) {
         std::int64_t found = reader.fill(t, kind, dst + t.offset);
         if (found != t.block_elements()) {
-          throw Error(ErrorCategory::kIo, ExitCode::kCheckpointMismatch,
-                      fmt::format("{}: holds {} of the {} elements of {} ({}) this rank needs", dir_, found,
-                                  t.block_elements(), t.name, kind));
+          throw checkpoint_error(fmt::format("{}: holds {} of the {} elements of {} ({}) this rank needs", dir_, found,
+                                             t.block_elements(), t.name, kind));
         }
       };
       need("param", params.data());

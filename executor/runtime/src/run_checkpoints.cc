@@ -86,8 +86,7 @@ std::int64_t resume(const CheckpointContext& ctx, Executor& executor, DataSource
   ctx.world.broadcast(shared, 2, DType::kInt64, 0);
   start = {shared[0], shared[1]};
   if (start.step < 0) {
-    throw Error(ErrorCategory::kIo, ExitCode::kCheckpointMismatch,
-                error.empty() ? "checkpoint directory refused on rank 0 (see its message)" : error);
+    throw checkpoint_error(error.empty() ? "checkpoint directory refused on rank 0 (see its message)" : error);
   }
   if (start.step == 0) {
     if (o.resume && ctx.world.rank() == 0)

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/common/error.h"
 #include "dtrain/exec/params.h"
 
 namespace dtrain::exec {
@@ -60,10 +61,18 @@ struct CheckpointChoice {
 };
 
 // The newest complete checkpoint under root whose shards all match their checksums, skipping (with a warning) the
-// corrupt ones. nullopt when there is none. Throws dtrain::Error (exit 7) when the newest complete checkpoint was
-// made for another model (expected_model_digest), naming both digests — a directory of another job is never
-// overwritten or used.
+// corrupt ones. nullopt when there is none. Throws dtrain::Error (exit 7, category input) when the newest complete
+// checkpoint was made for another model (expected_model_digest), naming both digests — a directory of another job is
+// never overwritten or used.
 std::optional<CheckpointChoice> find_checkpoint(const std::string& root, const std::string& expected_model_digest);
+
+// The step directory `directory` itself, checked as find_checkpoint checks each candidate (this model's, every shard
+// matching its checksum). Throws dtrain::Error (exit 7) naming the directory, or the shard, otherwise (category input
+// for another model's, as find_checkpoint).
+CheckpointChoice checkpoint_at(const std::string& directory, const std::string& expected_model_digest);
+
+// An unreadable, corrupt or foreign checkpoint: dtrain::Error with exit code 7 (kCheckpointMismatch).
+Error checkpoint_error(const std::string& message);
 
 // Reads the blocks of a checkpoint and fills local tensors from them, whatever layout wrote them.
 class CheckpointReader {
