@@ -45,6 +45,19 @@ double hf_loss(const std::string& hf_dir, const std::string& tokens, int batch, 
   return nlohmann::json::parse(read_file(out))["loss"].get<double>();
 }
 
+// One dtexec process (world 1) with `args`.
+RankOutcome dtexec(std::vector<std::string> args) {
+  JobOptions o;
+  o.args = std::move(args);
+  return run_dtexec_job(o)[0];
+}
+
+// A checkpoint of `model` after one step on synthetic data, in `ckpt`.
+void train_one_step(const std::string& model, const std::string& ckpt) {
+  auto r = dtexec({"train", "--model", model, "--data", "synthetic", "--steps", "1", "--checkpoint-dir", ckpt});
+  ASSERT_EQ(r.exit_code, 0) << r.log;
+}
+
 struct Case {
   std::string model;  // relative to the source directory
   std::string architecture;
@@ -151,40 +164,43 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(HfExportErrors, BadInputsAreNamedAndLeaveNothing) {
   TempDir dir;
   const std::string ckpt = dir.path("ckpt"), tiny = source("examples/models/tiny.toml");
-  JobOptions train;
-  train.args = {"train", "--model", tiny, "--data", "synthetic", "--steps", "1", "--checkpoint-dir", ckpt};
-  ASSERT_EQ(run_dtexec_job(train)[0].exit_code, 0);
-  auto run = [&](std::vector<std::string> args) {
-    JobOptions o;
-    o.args = std::move(args);
-    return run_dtexec_job(o)[0];
-  };
+  ASSERT_NO_FATAL_FAILURE(train_one_step(tiny, ckpt));
   // A checkpoint of another model: exit 7 naming both.
-  auto r = run(
+  auto r = dtexec(
       {"export", "--model", source("tests/data/models/tiny-qwen2.toml"), "--checkpoint", ckpt, "-o", dir.path("out")});
   EXPECT_EQ(r.exit_code, 7) << r.log;
   EXPECT_NE(r.log.find("another model"), std::string::npos) << r.log;
-  r = run({"export", "--model", source("tests/data/models/tiny-qwen2.toml"), "--checkpoint", ckpt + "/step-00000001",
-           "-o", dir.path("out")});
+  r = dtexec({"export", "--model", source("tests/data/models/tiny-qwen2.toml"), "--checkpoint", ckpt + "/step-00000001",
+              "-o", dir.path("out")});
   EXPECT_EQ(r.exit_code, 7) << r.log;
   // No checkpoint there.
-  r = run({"export", "--model", tiny, "--checkpoint", dir.path("nothing"), "-o", dir.path("out")});
+  r = dtexec({"export", "--model", tiny, "--checkpoint", dir.path("nothing"), "-o", dir.path("out")});
   EXPECT_EQ(r.exit_code, 2) << r.log;
   EXPECT_NE(r.log.find("nothing"), std::string::npos) << r.log;
   // An output that exists is never overwritten.
   fs::create_directories(dir.path("taken"));
-  r = run({"export", "--model", tiny, "--checkpoint", ckpt, "-o", dir.path("taken")});
+  r = dtexec({"export", "--model", tiny, "--checkpoint", ckpt, "-o", dir.path("taken")});
   EXPECT_EQ(r.exit_code, 2) << r.log;
   EXPECT_NE(r.log.find("exists"), std::string::npos) << r.log;
   // A size that is not one.
-  r = run({"export", "--model", tiny, "--checkpoint", ckpt, "-o", dir.path("out"), "--max-shard-size", "big"});
+  r = dtexec({"export", "--model", tiny, "--checkpoint", ckpt, "-o", dir.path("out"), "--max-shard-size", "big"});
   EXPECT_EQ(r.exit_code, 2) << r.log;
   EXPECT_NE(r.log.find("--max-shard-size big"), std::string::npos) << r.log;
+  // A step whose shard no longer matches its checksum is refused, named, as training refuses it.
+  {
+    std::fstream shard(ckpt + "/step-00000001/rank-00000.bin", std::ios::in | std::ios::out | std::ios::binary);
+    shard.seekg(-1, std::ios::end);
+    const char last = static_cast<char>(shard.get());
+    shard.seekp(-1, std::ios::end);
+    shard.put(static_cast<char>(~last));
+  }
+  r = dtexec({"export", "--model", tiny, "--checkpoint", ckpt + "/step-00000001", "-o", dir.path("out")});
+  EXPECT_EQ(r.exit_code, 7) << r.log;
+  EXPECT_NE(r.log.find("checksum mismatch"), std::string::npos) << r.log;
   // A model no HF class describes (shared experts without Qwen2-MoE's gate and biases, capacity-limited experts).
   const std::string shared = source("tests/data/models/tiny-moe-shared.toml");
-  train.args = {"train", "--model", shared, "--data", "synthetic", "--steps", "1", "--checkpoint-dir", dir.path("c2")};
-  ASSERT_EQ(run_dtexec_job(train)[0].exit_code, 0);
-  r = run({"export", "--model", shared, "--checkpoint", dir.path("c2"), "-o", dir.path("out")});
+  ASSERT_NO_FATAL_FAILURE(train_one_step(shared, dir.path("c2")));
+  r = dtexec({"export", "--model", shared, "--checkpoint", dir.path("c2"), "-o", dir.path("out")});
   EXPECT_EQ(r.exit_code, 2) << r.log;
   EXPECT_NE(r.log.find("no HuggingFace class describes it"), std::string::npos) << r.log;
   EXPECT_FALSE(fs::exists(dir.path("out")));
@@ -195,15 +211,12 @@ TEST(HfExportErrors, BadInputsAreNamedAndLeaveNothing) {
 TEST(HfExportErrors, InitFromNamesWhatDoesNotFit) {
   TempDir dir;
   const std::string ckpt = dir.path("ckpt"), tiny = source("examples/models/tiny.toml");
-  JobOptions o;
-  o.args = {"train", "--model", tiny, "--data", "synthetic", "--steps", "1", "--checkpoint-dir", ckpt};
-  ASSERT_EQ(run_dtexec_job(o)[0].exit_code, 0);
-  o.args = {"export", "--model", tiny, "--checkpoint", ckpt, "-o", dir.path("hf"), "--max-shard-size", "100KB"};
-  ASSERT_EQ(run_dtexec_job(o)[0].exit_code, 0);
+  ASSERT_NO_FATAL_FAILURE(train_one_step(tiny, ckpt));
+  ASSERT_EQ(dtexec({"export", "--model", tiny, "--checkpoint", ckpt, "-o", dir.path("hf"), "--max-shard-size", "100KB"})
+                .exit_code,
+            0);
   auto train = [&](const std::string& model, const std::string& from) {
-    JobOptions t;
-    t.args = {"train", "--model", model, "--data", "synthetic", "--steps", "1", "--init-from", from};
-    return run_dtexec_job(t)[0];
+    return dtexec({"train", "--model", model, "--data", "synthetic", "--steps", "1", "--init-from", from});
   };
   auto r = train(tiny, dir.path("ckpt"));  // a dtrain checkpoint directory, not an HF one
   EXPECT_EQ(r.exit_code, 2) << r.log;
