@@ -249,41 +249,43 @@ struct Rope {
   const float* cos;
   const float* sin;
   __nv_bfloat16* x;
-  __device__ void operator()(std::int64_t i) const {
+  // Pair i: the first element of its pair in x (the second is half further) and its offset in the cos/sin tables.
+  struct Place {
+    __nv_bfloat16* first;
+    std::int64_t table;
+  };
+  __device__ Place place(std::int64_t i) const {
     const std::int64_t pair = i % half;
     const std::int64_t rest = i / half;
     const std::int64_t head = rest % n_heads;
     const std::int64_t token = rest / n_heads;
-    const std::int64_t pos = token % seq;
-    __nv_bfloat16* h = x + token * row_stride + head * 2 * half;
-    const float x1 = __bfloat162float(h[pair]);
-    const float x2 = __bfloat162float(h[pair + half]);
-    const float c = cos[pos * half + pair];
-    const float s = direction * sin[pos * half + pair];
-    h[pair] = __float2bfloat16(x1 * c - x2 * s);
-    h[pair + half] = __float2bfloat16(x2 * c + x1 * s);
+    return {x + token * row_stride + head * 2 * half + pair, (token % seq) * half + pair};
+  }
+  __device__ void operator()(std::int64_t i) const {
+    const Place p = place(i);
+    const float x1 = __bfloat162float(p.first[0]);
+    const float x2 = __bfloat162float(p.first[half]);
+    const float c = cos[p.table];
+    const float s = direction * sin[p.table];
+    p.first[0] = __float2bfloat16(x1 * c - x2 * s);
+    p.first[half] = __float2bfloat16(x2 * c + x1 * s);
   }
   // Pairs [i, i + 8) (half % 8 == 0: one head's, in place; the 8 first halves and the 8 second ones).
   __device__ void vec(std::int64_t i) const {
-    const std::int64_t pair = i % half;
-    const std::int64_t rest = i / half;
-    const std::int64_t head = rest % n_heads;
-    const std::int64_t token = rest / n_heads;
-    const std::int64_t pos = token % seq;
-    __nv_bfloat16* h = x + token * row_stride + head * 2 * half;
+    const Place p = place(i);
     float x1[kVec], x2[kVec], c[kVec], s[kVec], y1[kVec], y2[kVec];
-    load8(h + pair, x1);
-    load8(h + pair + half, x2);
-    load8(cos + pos * half + pair, c);
-    load8(sin + pos * half + pair, s);
+    load8(p.first, x1);
+    load8(p.first + half, x2);
+    load8(cos + p.table, c);
+    load8(sin + p.table, s);
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       const float sk = direction * s[k];
       y1[k] = x1[k] * c[k] - x2[k] * sk;
       y2[k] = x2[k] * c[k] + x1[k] * sk;
     }
-    store8(h + pair, y1);
-    store8(h + pair + half, y2);
+    store8(p.first, y1);
+    store8(p.first + half, y2);
   }
 };
 

@@ -98,15 +98,19 @@ __global__ void __launch_bounds__(kThreads)
   const float inv_h = 1.0f / static_cast<float>(hidden);
   const float mu = mean != nullptr ? mean[row] : 0.0f;
   const float r = rstd[row];
+  // Elements [j0, j0 + 8) of the row's x and dy and of gamma.
+  auto load_group = [&](std::int64_t j0, float(&xv)[kVec], float(&dv)[kVec], float(&gv)[kVec]) {
+    load8(xr + j0, xv);
+    load8(dyr + j0, dv);
+    load8(gamma + j0, gv);
+  };
   float sum_g = 0.0f;
   float sum_gx = 0.0f;
   over_row(
       hidden, vec,
       [&](std::int64_t j0) {
         float xv[kVec], dv[kVec], gv[kVec];
-        load8(xr + j0, xv);
-        load8(dyr + j0, dv);
-        load8(gamma + j0, gv);
+        load_group(j0, xv, dv, gv);
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
           const float g = dv[k] * gv[k];
@@ -131,9 +135,7 @@ __global__ void __launch_bounds__(kThreads)
       hidden, vec,
       [&](std::int64_t j0) {
         float xv[kVec], dv[kVec], gv[kVec];
-        load8(xr + j0, xv);
-        load8(dyr + j0, dv);
-        load8(gamma + j0, gv);
+        load_group(j0, xv, dv, gv);
 #pragma unroll
         for (int k = 0; k < kVec; ++k) xv[k] = grad(xv[k], dv[k], gv[k]);
         store8(dxr + j0, xv);
