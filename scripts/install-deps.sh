@@ -7,7 +7,7 @@ packages=(
   # toolchain
   build-essential cmake ninja-build pkg-config git ccache clang libclang-rt-dev
   # formatting and static analysis checks of the test suite (scripts/check-format.sh, scripts/clang-tidy.sh)
-  clang-format clang-tidy
+  clang-format clang-tidy-22
   # libraries
   libtomlplusplus-dev libhwloc-dev hwloc libboost-dev libgloo-dev libopenblas-dev
   libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev libssl-dev

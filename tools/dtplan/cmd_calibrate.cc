@@ -93,7 +93,7 @@ void run_calibrate(const CalibrateCommand& o) {
   {
     const auto t0 = std::chrono::steady_clock::now();
     const InterruptGuard interrupts;
-    const auto progress = [&](const std::string& line) { std::cerr << "dtplan calibrate: " << line << std::endl; };
+    const auto progress = [&](const std::string& line) { std::cerr << "dtplan calibrate: " << line << '\n'; };
     const auto stop = [] { return g_interrupted.load(); };
     r = gpu ? calibrate::calibrate_cuda(co, progress, stop) : calibrate::calibrate_cpu(co, progress, stop);
     if (!base) base = calibrate::default_cuda_base(r);

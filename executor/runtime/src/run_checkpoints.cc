@@ -210,7 +210,7 @@ void dump_gradients(const CheckpointContext& ctx, const Executor& executor, std:
     if (!st.blocks.empty()) stored.push_back(std::move(st));
   }
   std::string file = fmt::format("rank-{:05d}.bin", ctx.world.rank());
-  std::string sha = write_shard((fs::path(dir) / file).string(), stored);
+  write_shard((fs::path(dir) / file).string(), stored);
   ctx.world.barrier();
   if (ctx.world.rank() == 0) {
     nlohmann::json shards = nlohmann::json::array();
