@@ -5,11 +5,14 @@ modeling_mixtral, modeling_qwen2_moe and modeling_gpt2; transformers itself is n
 check `dtexec export --format hf`: the exported model's loss must be the loss dtrain reported for the same weights.
 
   hf_model.py HF_DIR TOKENS STEP GLOBAL_BATCH SEQ_LEN
+  hf_model.py HF_DIR --sequences FILE.jsonl
 
 Reads config.json and model.safetensors (or model.safetensors.index.json and its shards) with json, struct and numpy
 (BF16 widened to float32), takes global batch STEP of the token file (sample g: tokens [g*S, g*S+S), targets shifted
 by one), prints {"loss": ...} (the mean cross entropy; MoE auxiliary losses are not added, as HF adds them only with
-output_router_logits).
+output_router_logits). With --sequences: each line of FILE.jsonl (a JSON array of token ids; blank lines skipped) is
+run alone, unpadded, and scored on its n - 1 predictions; prints one {"loss": ...} line per sequence (what `dtexec
+eval --json` reports).
 """
 import json
 import math
@@ -164,7 +167,26 @@ def gpt2_logits(c, w, ids):
     return F.linear(x, w["transformer.wte.weight"])
 
 
+def logits_of(c, w, ids):
+    return gpt2_logits(c, w, ids) if c["model_type"] == "gpt2" else llama_logits(c, w, ids)
+
+
+def sequences(directory, path):
+    c, w = read_model(directory)
+    for line in open(path):
+        if not line.strip():
+            continue
+        ids = torch.tensor([json.loads(line)])
+        with torch.no_grad():
+            logits = logits_of(c, w, ids[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        print(json.dumps({"loss": float(loss)}))
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[2] == "--sequences":
+        sequences(sys.argv[1], sys.argv[3])
+        return
     directory, tokens_path, step, global_batch, seq = sys.argv[1:]
     step, global_batch, seq = int(step), int(global_batch), int(seq)
     c, w = read_model(directory)
@@ -173,7 +195,7 @@ def main():
     ids = torch.tensor(np.array([tokens[g * seq:g * seq + seq] for g in range(g0, g0 + global_batch)]))
     tgt = torch.tensor(np.array([tokens[g * seq + 1:g * seq + seq + 1] for g in range(g0, g0 + global_batch)]))
     with torch.no_grad():
-        logits = gpt2_logits(c, w, ids) if c["model_type"] == "gpt2" else llama_logits(c, w, ids)
+        logits = logits_of(c, w, ids)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
     print(json.dumps({"loss": float(loss), "architecture": c["architectures"][0], "tensors": len(w)}))
 

@@ -61,27 +61,6 @@ std::uint64_t parse_size(const std::string& text) {
   return static_cast<std::uint64_t>(value * scale);
 }
 
-// The checkpoint step directory --checkpoint names: a step directory (with metadata.json), or a checkpoint root
-// whose newest complete checkpoint is taken. Either way it must have been written for this model, and its shards
-// match their checksums (exec::checkpoint_at, exec::find_checkpoint).
-exec::CheckpointChoice checkpoint_of(const std::string& path, const model::ModelDescription& desc) {
-  const bool step_directory = fs::exists(fs::path(path) / "metadata.json");
-  if (!step_directory && !fs::is_directory(path))
-    throw input_error(fmt::format("--checkpoint {}: no such directory", path));
-  std::optional<exec::CheckpointChoice> choice;
-  try {
-    choice = step_directory ? exec::checkpoint_at(path, desc.digest) : exec::find_checkpoint(path, desc.digest);
-  } catch (const Error& e) {
-    // Their message for another model's checkpoint (category input) speaks of a training run's --checkpoint-dir.
-    if (e.exit_code() != ExitCode::kCheckpointMismatch || e.category() != ErrorCategory::kInput) throw;
-    throw exec::checkpoint_error(fmt::format("{}: {} written for another model, not {} (digest {})", path,
-                                             step_directory ? "the checkpoint was" : "its newest checkpoint was",
-                                             desc.source, desc.digest));
-  }
-  if (!choice) throw exec::checkpoint_error(fmt::format("{}: no complete checkpoint", path));
-  return *choice;
-}
-
 // One HF tensor's values from the checkpoint, in HF's layout (GPT-2's Conv1D weights transposed).
 std::vector<float> hf_values(const exec::CheckpointReader& reader, const model::HfTensorMap& t) {
   std::vector<float> v = reader.rows(t.source, "param", t.row_begin, t.rows);
@@ -101,7 +80,7 @@ int run_export(const ExportOptions& o) {
   const model::ModelDescription desc = model::load_model(o.model_path);
   const model::ModelSpec& m = desc.model;
   const model::HfModelMap map = model::hf_model_map(m);
-  const exec::CheckpointChoice choice = checkpoint_of(o.checkpoint, desc);
+  const exec::CheckpointChoice choice = exec::checkpoint_named(o.checkpoint, desc, "--checkpoint");
   const exec::CheckpointReader reader(choice.directory);
 
   // Every tensor's shape against the checkpoint before anything is written.

@@ -31,33 +31,21 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <thread>
 
 #include "data_commands.h"
-#include "dtrain/comm/gloo.h"
-#include "dtrain/comm/inproc.h"
 #include "dtrain/common/cli_count.h"
 #include "dtrain/common/cli_main.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
-#include "dtrain/common/strings.h"
 #include "dtrain/common/version.h"
-#include "dtrain/exec/cuda_backend.h"
 #include "dtrain/exec/data.h"
 #include "dtrain/exec/trainer.h"
 #include "dtrain/kernels/threads.h"
 #include "dtrain/model/model_spec.h"
 #include "dtrain/plan/plan_file.h"
-#include "dtrain/store/client.h"
-#include "dtrain/store/gloo_store.h"
-#include "dtrain/store/server.h"
+#include "eval_command.h"
 #include "export_command.h"
-
-#ifdef DTRAIN_HAVE_CUDA
-#include <gloo/rendezvous/hash_store.h>
-
-#include "dtrain/comm/nccl.h"
-#endif
+#include "world.h"
 
 namespace {
 
@@ -84,31 +72,6 @@ void run_data_program(int argc, char** argv) {
   ::execv(program.c_str(), argv);  // returns only on failure: then run here
 }
 
-// An index (RANK, LOCAL_RANK) or a number of restarts: 0 is a value like any other.
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  auto parsed = parse_int(v);
-  if (!parsed || *parsed < 0 || *parsed > (1 << 24)) {
-    throw input_error(fmt::format("{}={}: expected a non-negative integer", name, v));
-  }
-  return static_cast<int>(*parsed);
-}
-
-// A count of ranks (WORLD_SIZE, LOCAL_WORLD_SIZE): at least 1 (dtrain/common/count.h); nullopt when unset or empty.
-std::optional<int> env_count(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  auto parsed = parse_int(v);
-  if (!parsed || *parsed > (1 << 24)) throw input_error(fmt::format("{}={}: expected a number of ranks", name, v));
-  return static_cast<int>(require_count(name, *parsed));
-}
-
-std::string env_string(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v == nullptr || *v == '\0' ? fallback : std::string(v);
-}
-
 void on_signal(int) { exec::set_stop_requested(); }
 
 // Every step frees and allocates the same activation and gradient buffers. By default glibc serves blocks above a
@@ -120,99 +83,22 @@ void keep_freed_memory() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
-// The world communicator over NCCL, one GPU per rank (LOCAL_RANK's). A single rank meets itself through an
-// in-process store; several meet through the launcher's store (the same keys as Gloo's rendezvous).
-std::unique_ptr<comm::Communicator> connect_cuda_world(gloo::rendezvous::Store* store, int rank, int world, int device,
-                                                       std::chrono::milliseconds timeout, const std::string& run) {
-#ifdef DTRAIN_HAVE_CUDA
-  comm::NcclOptions no;
-  no.timeout = timeout;
-  no.store_prefix = "dtrain/" + run + "/nccl";
-  if (store != nullptr) return comm::connect_nccl(*store, rank, world, device, no);
-  gloo::rendezvous::HashStore own;
-  return comm::connect_nccl(own, rank, world, device, no);
-#else
-  (void)store, (void)rank, (void)world, (void)device, (void)timeout, (void)run;
-  throw input_error("--device cuda: " + exec::cuda_backend_unavailable_reason(device));
-#endif
-}
-
 int run_train(exec::TrainOptions options, const std::string& device, double timeout_s, std::optional<int> threads) {
-  if (const char* plugin_error = std::getenv("DTRAIN_PLUGIN_ERROR"); plugin_error != nullptr && *plugin_error) {
-    throw input_error(fmt::format("the dtrain Slurm plugin could not prepare this task: {}", plugin_error));
-  }
-  int rank = env_int("RANK", 0);
-  int world = env_count("WORLD_SIZE").value_or(1);
-  std::optional<int> local_world = env_count("LOCAL_WORLD_SIZE");
-  int local_rank = env_int("LOCAL_RANK", 0);
-  if (rank >= world) throw input_error(fmt::format("RANK={} is outside WORLD_SIZE={}", rank, world));
-  options.ranks_per_node = local_world.value_or(0);  // TrainOptions: 0 is "not given"
-  options.job_id = env_string("DTRAIN_JOB_ID", "");
-  options.restart = env_int("DTRAIN_RESTART", 0);
-  log::set_rank(rank);
   keep_freed_memory();
-  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  kernels::cpu::set_num_threads(threads ? *threads : std::max(1, static_cast<int>(cores) / local_world.value_or(1)));
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
-  auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
-
-  // --device cuda: this rank's GPU is LOCAL_RANK (one GPU per rank, as NCCL requires); checked before anything
-  // connects, so a machine without one fails at once with the reason.
-  std::unique_ptr<exec::Backend> gpu;
-  if (device == "cuda") {
-    gpu = exec::make_cuda_backend(local_rank);
-    options.backend = gpu.get();
-  }
-  std::string run = env_string("DTRAIN_RUN_ID", "run");
-  std::unique_ptr<comm::Communicator> comm;
-  std::shared_ptr<store::Client> client;
-  std::unique_ptr<store::GlooStore> gloo_store;
-  std::unique_ptr<comm::InprocWorld> single;
-  std::unique_ptr<store::Server> hosted;
-  if (world == 1 && gpu) {
-    comm = connect_cuda_world(nullptr, rank, world, local_rank, timeout, run);
-  } else if (world == 1) {
-    comm::InprocOptions io;
-    io.timeout = timeout;
-    single = std::make_unique<comm::InprocWorld>(1, io);
-    comm = single->communicator(0);
-  } else {
-    if (std::getenv(store::kAddressEnv) == nullptr) {
-      throw input_error(
-          fmt::format("WORLD_SIZE={} but DTRAIN_STORE is not set: start ranks with dtlaunch (or under "
-                      "Slurm with the dtrain plugin), which provides the rendezvous store",
-                      world));
-    }
-    if (env_string("DTRAIN_STORE_HOST", "0") == "1") {
-      if (rank != 0)
-        throw input_error(fmt::format("DTRAIN_STORE_HOST=1 on rank {}: only rank 0 hosts the store", rank));
-      store::ServerOptions so;
-      so.port = store::Endpoint::from_environment().port;
-      hosted = std::make_unique<store::Server>(store::Secret::from_environment(), so);
-      log::info("rdzv", "hosting the rendezvous store on port {}", hosted->port());
-    }
-    store::ClientOptions co;
-    co.timeout = timeout;
-    client = store::Client::from_environment(co);
-    gloo_store = std::make_unique<store::GlooStore>(client, "dtrain/" + run + "/gloo/");
-    if (gpu) {
-      comm = connect_cuda_world(gloo_store.get(), rank, world, local_rank, timeout, run);
-    } else {
-      comm::GlooOptions go;
-      go.hostname = env_string("DTRAIN_COMM_HOST", "127.0.0.1");
-      go.timeout = timeout;
-      go.store_prefix = "dtrain/" + run + "/comm";
-      comm = comm::connect_gloo(*gloo_store, rank, world, go);
-    }
-    // Every rank's connections complete before any rank can end: a rank whose own side is connected could
-    // otherwise fail at once (a plan no layout fits) and reset a slower peer's connect, which then reports a peer
-    // failure instead of the reason.
-    comm->barrier();
-  }
-  if (client) {
+  tools::JoinOptions jo;
+  jo.device = device;
+  jo.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+  jo.threads = threads;
+  std::unique_ptr<tools::World> world = tools::join_world(jo);
+  options.ranks_per_node = world->local_size.value_or(0);  // TrainOptions: 0 is "not given"
+  options.job_id = tools::env_string("DTRAIN_JOB_ID", "");
+  options.restart = tools::env_int("DTRAIN_RESTART", 0);
+  options.backend = world->backend();
+  if (world->client) {
     // dtlaunch's hang report lowers every rank's program from the plan the ranks agreed on (docs/launcher.md).
-    options.on_plan = [client, run](const plan::Plan& p) {
+    options.on_plan = [client = world->client, run = world->run](const plan::Plan& p) {
       try {
         client->set(fmt::format("dtrain/{}/plan", run), plan::render_plan(p));
       } catch (const Error& e) {
@@ -221,18 +107,18 @@ int run_train(exec::TrainOptions options, const std::string& device, double time
     };
   }
   try {
-    exec::TrainResult r = exec::train(options, *comm);
+    exec::TrainResult r = exec::train(options, *world->comm);
     return static_cast<int>(r.exit_code);
   } catch (...) {
-    comm->abort();  // peers blocked on this rank fail at once instead of at their timeout
+    world->comm->abort();  // peers blocked on this rank fail at once instead of at their timeout
     throw;
   }
 }
 
 // --write-plan: the plan train() would run (exec::make_plan), written to `path`; nothing else starts.
 int write_plan(exec::TrainOptions options, const std::string& path) {
-  int world = env_count("WORLD_SIZE").value_or(1);
-  options.ranks_per_node = env_count("LOCAL_WORLD_SIZE").value_or(0);  // TrainOptions: 0 is "not given"
+  int world = tools::env_count("WORLD_SIZE").value_or(1);
+  options.ranks_per_node = tools::env_count("LOCAL_WORLD_SIZE").value_or(0);  // TrainOptions: 0 is "not given"
   plan::Plan p = exec::make_plan(options, model::load_model(options.model_path), world);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << plan::render_plan(p);
@@ -325,6 +211,7 @@ int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
                     "split");
   const auto run_data_command = tools::add_data_commands(app, exec::tokenize_bytes);
   const auto run_export_command = tools::add_export_command(app);
+  const auto run_eval_command = tools::add_eval_command(app);
   return run_main(
       app,
       [&] {
@@ -332,6 +219,7 @@ int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
         app.parse(argc, argv);
         if (const int code = run_data_command(); code >= 0) return code;
         if (const int code = run_export_command(); code >= 0) return code;
+        if (const int code = run_eval_command(); code >= 0) return code;
         if (!dtype.empty()) {
           o.activations = parse_dtype(dtype);
           if (!o.activations || (*o.activations != DType::kFp32 && *o.activations != DType::kBf16)) {
@@ -341,7 +229,7 @@ int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
         if (o.deterministic) threads = 1;
         if (plan_option->count() == 0) {
           // DTRAIN_PLAN is also the Slurm plugin's input twin (auto, off, tp=..): only a plan file is taken from it.
-          std::string env_plan = env_string("DTRAIN_PLAN", "");
+          std::string env_plan = tools::env_string("DTRAIN_PLAN", "");
           if (!env_plan.empty() && env_plan != "auto" && env_plan != "off" && env_plan.find('=') == std::string::npos) {
             o.plan = env_plan;
           }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "dtrain/common/digest.h"
 #include "dtrain/common/error.h"
@@ -177,6 +178,25 @@ CheckpointChoice checkpoint_at(const std::string& directory, const std::string& 
   const std::string why = check_step_directory(directory, expected_model_digest, meta);
   if (!why.empty()) throw checkpoint_error(why);
   return CheckpointChoice{directory, meta.value("step", std::int64_t{0}), meta};
+}
+
+CheckpointChoice checkpoint_named(const std::string& path, const model::ModelDescription& model,
+                                  const std::string& option) {
+  const bool step_directory = fs::exists(fs::path(path) / "metadata.json");
+  if (!step_directory && !fs::is_directory(path))
+    throw input_error(fmt::format("{} {}: no such directory", option, path));
+  std::optional<CheckpointChoice> choice;
+  try {
+    choice = step_directory ? checkpoint_at(path, model.digest) : find_checkpoint(path, model.digest);
+  } catch (const Error& e) {
+    // Their message for another model's checkpoint (category input) speaks of a training run's --checkpoint-dir.
+    if (e.exit_code() != ExitCode::kCheckpointMismatch || e.category() != ErrorCategory::kInput) throw;
+    throw checkpoint_error(fmt::format("{}: {} written for another model, not {} (digest {})", path,
+                                       step_directory ? "the checkpoint was" : "its newest checkpoint was",
+                                       model.source, model.digest));
+  }
+  if (!choice) throw checkpoint_error(fmt::format("{}: no complete checkpoint", path));
+  return *choice;
 }
 
 CheckpointReader::CheckpointReader(const std::string& directory) : directory_(directory) {

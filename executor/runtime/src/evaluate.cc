@@ -16,12 +16,19 @@ using ir::Opcode;
 using ir::What;
 
 template <typename A>
-double Interpreter<A>::evaluate(const DataSource& source, std::int64_t batch, std::int64_t step_index) {
+double Interpreter<A>::evaluate(const DataSource& source, std::int64_t batch, std::int64_t step_index,
+                                std::span<float> token_losses) {
+  const auto batch_tokens = static_cast<std::size_t>(opt.global_batch * m.seq_len);
+  if (!token_losses.empty() && token_losses.size() != batch_tokens) {
+    throw internal_error(
+        fmt::format("evaluate: {} token losses for a batch of {} tokens", token_losses.size(), batch_tokens));
+  }
   step_ = StepState<A>{};
   step_.index = step_index;
   step_.eval = true;
   step_.source = &source;
   step_.batch = batch;
+  step_.token_losses = token_losses;
   if constexpr (!std::is_same_v<A, float>) {
     // The optimizer has updated params since the weights were rounded at the start of the step.
     kern.from_fp32(static_cast<std::int64_t>(params.size()), params.data(), weights.data());
@@ -66,7 +73,7 @@ double Interpreter<A>::evaluate(const DataSource& source, std::int64_t batch, st
   return loss;
 }
 
-template double Interpreter<float>::evaluate(const DataSource&, std::int64_t, std::int64_t);
-template double Interpreter<bf16>::evaluate(const DataSource&, std::int64_t, std::int64_t);
+template double Interpreter<float>::evaluate(const DataSource&, std::int64_t, std::int64_t, std::span<float>);
+template double Interpreter<bf16>::evaluate(const DataSource&, std::int64_t, std::int64_t, std::span<float>);
 
 }  // namespace dtrain::exec::detail

@@ -39,8 +39,9 @@ Executor::Executor(const model::ModelDescription& model, const ir::Program& prog
 Executor::~Executor() = default;
 
 StepMetrics Executor::run_step(std::int64_t step) { return impl_->interpreter->run(step); }
-double Executor::evaluate(const DataSource& source, std::int64_t batch, std::int64_t step) {
-  return impl_->interpreter->evaluate(source, batch, step - 1);
+double Executor::evaluate(const DataSource& source, std::int64_t batch, std::int64_t step,
+                          std::span<float> token_losses) {
+  return impl_->interpreter->evaluate(source, batch, step - 1, token_losses);
 }
 const ParamLayout& Executor::layout() const { return impl_->interpreter->param_layout(); }
 const std::vector<std::pair<std::int64_t, std::int64_t>>& Executor::owned() const {

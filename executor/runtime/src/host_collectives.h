@@ -9,7 +9,8 @@
 
 namespace dtrain::exec::detail {
 
-// Of the communicator's element types (bytes, integers: nothing is packed into floats). A device-memory world (NCCL)
+// Of the communicator's element types (bytes, integers: nothing is packed into floats; floats only where each element
+// comes from one rank, as all_reduce_sum's). A device-memory world (NCCL)
 // takes device buffers only: there the values travel through the backend's memory, ordered with its stream.
 class HostCollectives {
  public:
@@ -27,6 +28,12 @@ class HostCollectives {
   void broadcast(void* buffer, std::size_t count, DType dtype, int root) {
     const std::size_t bytes = count * comm::element_bytes(dtype);
     run(buffer, bytes, buffer, bytes, [&](void* in, void*) { world_.broadcast(in, count, dtype, root); });
+  }
+  // x[i] = the sum of every rank's x[i], in place. Exact where one rank holds a value and the others zero (dtexec
+  // eval's token losses); otherwise in the communicator's (fixed) order.
+  void all_reduce_sum(float* x, std::size_t count) {
+    run(x, count * sizeof(float), x, count * sizeof(float),
+        [&](void* in, void*) { world_.all_reduce(in, in, count, DType::kFp32, comm::ReduceOp::kSum); });
   }
   // Rank 0's value, on every rank.
   std::int64_t broadcast_int(std::int64_t value) {

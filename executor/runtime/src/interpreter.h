@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -52,7 +53,8 @@ class InterpreterBase {
  public:
   virtual ~InterpreterBase() = default;
   virtual StepMetrics run(std::int64_t step_index) = 0;
-  virtual double evaluate(const DataSource& source, std::int64_t batch, std::int64_t step_index) = 0;
+  virtual double evaluate(const DataSource& source, std::int64_t batch, std::int64_t step_index,
+                          std::span<float> token_losses) = 0;
   virtual const ParamLayout& param_layout() const = 0;
   virtual Backend& backend() = 0;
   // The fp32 state in backend memory (Executor::read / write).
@@ -80,7 +82,8 @@ class Interpreter final : public InterpreterBase {
               const DataSource& source, const ExecutorOptions& options, Backend& backend);
 
   StepMetrics run(std::int64_t step_index) override;
-  double evaluate(const DataSource& source, std::int64_t batch, std::int64_t step_index) override;
+  double evaluate(const DataSource& source, std::int64_t batch, std::int64_t step_index,
+                  std::span<float> token_losses) override;
   const ParamLayout& param_layout() const override { return layout; }
   Backend& backend() override { return be; }
   F32& param_buffer() override { return params; }

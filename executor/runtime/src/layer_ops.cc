@@ -165,6 +165,11 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
         if (prog.tp_rank == 0) {
           double sum = be.sum(T, loss.data());
           step_.loss_sum += sum / (static_cast<double>(opt.global_batch) * static_cast<double>(m.seq_len));
+          if (!step_.token_losses.empty()) {
+            const std::int64_t first = (sample_base(step_.mb) - step_.index * opt.global_batch) * m.seq_len;
+            be.copy_to_host(step_.token_losses.subspan(static_cast<std::size_t>(first), tokens).data(), loss.data(),
+                            tokens * sizeof(float));
+          }
         }
       }
       return;

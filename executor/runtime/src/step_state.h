@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -88,6 +89,7 @@ struct StepState {
   bool eval = false;
   const DataSource* source = nullptr;
   std::int64_t batch = 0;
+  std::span<float> token_losses;  // Executor::evaluate's, or empty
 
   // Communication (schedule.cc): reductions not yet waited for, and for each communicator the instructions that
   // issued its operations since its last synchronize (one operation each), so that an operation that never

@@ -22,6 +22,7 @@
 
 #include "dtrain/common/error.h"
 #include "dtrain/exec/params.h"
+#include "dtrain/model/model_spec.h"
 
 namespace dtrain::exec {
 
@@ -70,6 +71,14 @@ std::optional<CheckpointChoice> find_checkpoint(const std::string& root, const s
 // matching its checksum). Throws dtrain::Error (exit 7) naming the directory, or the shard, otherwise (category input
 // for another model's, as find_checkpoint).
 CheckpointChoice checkpoint_at(const std::string& directory, const std::string& expected_model_digest);
+
+// The checkpoint a command-line option (`option`, for messages: "--checkpoint", "--weights") names by `path`: a step
+// directory (with metadata.json), or a checkpoint directory whose newest complete checkpoint is taken. Either way it
+// must have been written for `model` and its shards match their checksums (checkpoint_at, find_checkpoint). Throws
+// dtrain::Error: (input) for a path that is no directory; (exit 7) for another model's checkpoint, naming the model,
+// or a directory without a complete one.
+CheckpointChoice checkpoint_named(const std::string& path, const model::ModelDescription& model,
+                                  const std::string& option);
 
 // An unreadable, corrupt or foreign checkpoint: dtrain::Error with exit code 7 (kCheckpointMismatch).
 Error checkpoint_error(const std::string& message);

@@ -45,8 +45,10 @@ class Executor {
   // A validation pass after step `step` (its count, 1-based, for position reports): the program's forward on the
   // global batch `batch` of `source` (its samples [batch B, (batch + 1) B), split over the data-parallel ranks as a
   // training step's are), without dropout, changing nothing. Returns the mean loss over the batch, the same on every
-  // rank.
-  double evaluate(const DataSource& source, std::int64_t batch, std::int64_t step);
+  // rank. With token_losses (global_batch x seq_len floats: the global batch's samples in order), the rank that
+  // computes a micro-batch's loss (the last stage's tensor-parallel rank 0) writes each of its tokens' cross entropy
+  // at the micro-batch's place there; the other elements are left as they are.
+  double evaluate(const DataSource& source, std::int64_t batch, std::int64_t step, std::span<float> token_losses = {});
 
   const ParamLayout& layout() const;
   // Element ranges of the flat parameter buffer that this rank updates (all of it without the distributed optimizer;

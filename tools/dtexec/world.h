@@ -1,0 +1,62 @@
+// How a dtexec rank joins its job (train and eval alike): rank and world from the environment, this rank's device,
+// and the world communicator, through the rendezvous store when there is more than one rank.
+//
+// Rank and world from RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (world size 1 when absent); with more than one
+// rank the Gloo (or NCCL) rendezvous goes through the launcher's store (DTRAIN_STORE, DTRAIN_STORE_TOKEN) under
+// DTRAIN_RUN_ID, listening on DTRAIN_COMM_HOST (default 127.0.0.1). With DTRAIN_STORE_HOST=1 (set by the Slurm plugin
+// for the task of global rank 0 when tasks are ranks, as PyTorch's rank 0 hosts its TCPStore at
+// MASTER_ADDR:MASTER_PORT) this rank hosts the store on DTRAIN_STORE's port itself. DTRAIN_PLUGIN_ERROR (set by the
+// plugin when it could not prepare the task) ends the rank with exit 2 before anything else.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "dtrain/comm/communicator.h"
+#include "dtrain/comm/inproc.h"
+#include "dtrain/exec/backend.h"
+#include "dtrain/store/client.h"
+#include "dtrain/store/gloo_store.h"
+#include "dtrain/store/server.h"
+
+namespace dtrain::tools {
+
+// An index (RANK, LOCAL_RANK) or a number of restarts: 0 is a value like any other. Throws dtrain::Error (input)
+// for a value that is not a non-negative integer.
+int env_int(const char* name, int fallback);
+// A count of ranks (WORLD_SIZE, LOCAL_WORLD_SIZE): at least 1; nullopt when unset or empty.
+std::optional<int> env_count(const char* name);
+std::string env_string(const char* name, const std::string& fallback);
+
+struct JoinOptions {
+  std::string device = "cpu";  // or "cuda": LOCAL_RANK's GPU
+  std::chrono::milliseconds timeout{300'000};
+  std::optional<int> threads;  // CPU kernel threads; default: cores / LOCAL_WORLD_SIZE
+};
+
+// This rank's place in the job and its connections; members are destroyed communicator last, as they were made.
+struct World {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  std::optional<int> local_size;  // LOCAL_WORLD_SIZE, when given
+  std::string run = "run";        // DTRAIN_RUN_ID: the store's key prefix
+  std::unique_ptr<exec::Backend> gpu;
+  std::unique_ptr<comm::Communicator> comm;
+  std::shared_ptr<store::Client> client;  // with more than one rank
+  std::unique_ptr<store::GlooStore> gloo_store;
+  std::unique_ptr<comm::InprocWorld> single;
+  std::unique_ptr<store::Server> hosted;  // DTRAIN_STORE_HOST=1
+
+  // The backend the executor should use: the GPU's, or nullptr (the CPU's).
+  exec::Backend* backend() const { return gpu.get(); }
+};
+
+// Reads the environment, sets the CPU kernel threads, opens the device and connects the world (every rank's
+// connections complete before this returns). Throws dtrain::Error: (input) for a malformed variable, a world without
+// a store, a device that is missing; what connecting throws.
+std::unique_ptr<World> join_world(const JoinOptions& options);
+
+}  // namespace dtrain::tools
