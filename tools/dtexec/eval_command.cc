@@ -35,12 +35,8 @@ void print(const exec::EvalResult& r, bool json) {
     for (const exec::SequenceLoss& s : r.sequences) {
       std::printf("%s\n", nlohmann::json{{"line", s.line}, {"tokens", s.tokens}, {"loss", s.loss}}.dump().c_str());
     }
-    nlohmann::json summary{{"sequences", r.sequences.size()},
-                           {"tokens", r.tokens},
-                           {"loss", r.loss},
-                           {"perplexity", r.perplexity},
-                           {"weights", r.weights},
-                           {"plan", r.plan_digest}};
+    nlohmann::json summary{{"sequences", r.sequences.size()}, {"tokens", r.tokens},   {"loss", r.loss},
+                           {"perplexity", r.perplexity},      {"weights", r.weights}, {"plan", r.plan_digest}};
     std::printf("%s\n", nlohmann::json{{"summary", summary}}.dump().c_str());
   } else {
     for (const exec::SequenceLoss& s : r.sequences) {
@@ -102,7 +98,8 @@ std::function<int()> add_eval_command(CLI::App& app) {
   cmd->add_flag("--json", c->json, "One JSON line per sequence (line, tokens, loss), then one with the summary");
   cmd->add_option("--plan", o.job.plan, "A plan file, or 'auto' to plan on the spot for WORLD_SIZE ranks")
       ->capture_default_str();
-  cmd->add_option("--cluster", o.job.cluster_path, "Cluster description for --plan auto (default: this machine's CPUs)");
+  cmd->add_option("--cluster", o.job.cluster_path,
+                  "Cluster description for --plan auto (default: this machine's CPUs)");
   cmd->add_option("--fix", o.job.fixed, "Pinned dimensions for --plan auto, as in dtplan --fix");
   cmd->add_option("--device", c->device, "cpu, or cuda (one GPU per rank: LOCAL_RANK's)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -112,7 +109,8 @@ std::function<int()> add_eval_command(CLI::App& app) {
   cmd->add_option("--timeout-s", c->timeout_s, "Give up on a silent peer after this long");
   return [cmd, c, tokens, data]() -> int {
     if (!cmd->parsed()) return -1;
-    if (tokens->count() == 0 && data->count() == 0) throw input_error("eval: give --tokens FILE or --data SPEC --samples N");
+    if (tokens->count() == 0 && data->count() == 0)
+      throw input_error("eval: give --tokens FILE or --data SPEC --samples N");
     return run_eval(*c);
   };
 }

@@ -6,17 +6,15 @@
 //                [--deterministic] [--cluster C.toml] [--fix K=V,...] [--epochs E] [--threads T] [--timeout-s S]
 //                [--dtype fp32|bf16] [--device cpu|cuda]
 //   dtexec train --model M.toml --plan (auto|plan.toml) [--cluster C.toml] [--fix K=V,...] --write-plan FILE
+//   dtexec eval --model M.toml --weights (HF_DIR|CHECKPOINT) (--tokens FILE.jsonl | --data SPEC --samples N) [--json]
+//   dtexec export --model M.toml --checkpoint DIR[/step-N] --format hf -o OUT [--dtype bf16|fp32] [--max-shard-size S]
 //   dtexec tokenize --input FILE... --tokenizer PATH --output-prefix P [--json-key K] [--append-eod] [--workers N]
 //   dtexec tokenize --input FILE.txt --output FILE.tokens            (byte token file, vocabulary 256)
 //   dtexec data inspect --data SPEC --seq-len N [--samples K] [--seed S] [--json] [--decode TOKENIZER]
 //
-// Rank and world from RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (world size 1 when absent); with more than one
-// rank the Gloo rendezvous goes through the launcher's store (DTRAIN_STORE, DTRAIN_STORE_TOKEN) under DTRAIN_RUN_ID,
-// listening on DTRAIN_COMM_HOST (default 127.0.0.1). With DTRAIN_STORE_HOST=1 (set by the Slurm plugin for the task
-// of global rank 0 when tasks are ranks, as PyTorch's rank 0 hosts its TCPStore at MASTER_ADDR:MASTER_PORT) this
-// rank hosts the store on DTRAIN_STORE's port itself. Without --plan, a plan file named by DTRAIN_PLAN (what the
-// Slurm plugin sets in every task) is used, else auto. DTRAIN_PLUGIN_ERROR (set by the plugin when it could not
-// prepare the task) is reported and ends the rank with exit 2 before anything else. With --plan auto and --cluster,
+// How a rank finds its job (dtlaunch, the Slurm plugin, torchrun's or a plain srun step's environment): world.h.
+// Without --plan, a plan file named by DTRAIN_PLAN (what the Slurm plugin sets in every task) is used, else auto.
+// With --plan auto and --cluster,
 // the plan is for WORLD_SIZE / LOCAL_WORLD_SIZE nodes of LOCAL_WORLD_SIZE ranks (exec::make_plan). --write-plan writes
 // the plan this rank would train with and exits: no rendezvous, no step (the plan dtplan plan and the Slurm plugin
 // make for the same shape, byte for byte). Under dtlaunch, DTRAIN_JOB_ID and DTRAIN_RESTART say which job this is and
@@ -41,6 +39,7 @@
 #include "dtrain/exec/data.h"
 #include "dtrain/exec/trainer.h"
 #include "dtrain/kernels/threads.h"
+#include "dtrain/launch/rank_join.h"
 #include "dtrain/model/model_spec.h"
 #include "dtrain/plan/plan_file.h"
 #include "eval_command.h"
@@ -117,8 +116,9 @@ int run_train(exec::TrainOptions options, const std::string& device, double time
 
 // --write-plan: the plan train() would run (exec::make_plan), written to `path`; nothing else starts.
 int write_plan(exec::TrainOptions options, const std::string& path) {
-  int world = tools::env_count("WORLD_SIZE").value_or(1);
-  options.ranks_per_node = tools::env_count("LOCAL_WORLD_SIZE").value_or(0);  // TrainOptions: 0 is "not given"
+  const launch::RankJoin join = launch::resolve_rank_join(launch::current_environment());
+  const int world = join.world_size;
+  options.ranks_per_node = join.local_world_size.value_or(0);  // TrainOptions: 0 is "not given"
   plan::Plan p = exec::make_plan(options, model::load_model(options.model_path), world);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << plan::render_plan(p);

@@ -1,18 +1,19 @@
 #include "world.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <thread>
 
 #include "dtrain/comm/gloo.h"
-#include "dtrain/common/count.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/exec/cuda_backend.h"
 #include "dtrain/kernels/threads.h"
+#include "dtrain/launch/rank_join.h"
 
 #ifdef DTRAIN_HAVE_CUDA
 #include <gloo/rendezvous/hash_store.h>
@@ -41,6 +42,13 @@ std::unique_ptr<comm::Communicator> connect_cuda_world(gloo::rendezvous::Store* 
 #endif
 }
 
+// This machine's name, where Gloo listens when the job spans machines and nothing names an address.
+std::string this_host() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) throw io_error("gethostname failed: set DTRAIN_COMM_HOST");
+  return name;
+}
+
 }  // namespace
 
 int env_int(const char* name, int fallback) {
@@ -53,14 +61,6 @@ int env_int(const char* name, int fallback) {
   return static_cast<int>(*parsed);
 }
 
-std::optional<int> env_count(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  auto parsed = parse_int(v);
-  if (!parsed || *parsed > (1 << 24)) throw input_error(fmt::format("{}={}: expected a number of ranks", name, v));
-  return static_cast<int>(require_count(name, *parsed));
-}
-
 std::string env_string(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v == nullptr || *v == '\0' ? fallback : std::string(v);
@@ -70,12 +70,14 @@ std::unique_ptr<World> join_world(const JoinOptions& options) {
   if (const char* plugin_error = std::getenv("DTRAIN_PLUGIN_ERROR"); plugin_error != nullptr && *plugin_error) {
     throw input_error(fmt::format("the dtrain Slurm plugin could not prepare this task: {}", plugin_error));
   }
+  const launch::Environment env = launch::current_environment();
+  const launch::RankJoin join = launch::resolve_rank_join(env);
   auto w = std::make_unique<World>();
-  w->rank = env_int("RANK", 0);
-  w->size = env_count("WORLD_SIZE").value_or(1);
-  w->local_size = env_count("LOCAL_WORLD_SIZE");
-  w->local_rank = env_int("LOCAL_RANK", 0);
-  if (w->rank >= w->size) throw input_error(fmt::format("RANK={} is outside WORLD_SIZE={}", w->rank, w->size));
+  w->rank = join.rank;
+  w->size = join.world_size;
+  w->local_size = join.local_world_size;
+  w->local_rank = join.local_rank;
+  w->run = env_string("DTRAIN_RUN_ID", join.run_id);
   log::set_rank(w->rank);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   kernels::cpu::set_num_threads(options.threads ? *options.threads
@@ -83,7 +85,6 @@ std::unique_ptr<World> join_world(const JoinOptions& options) {
   // --device cuda: this rank's GPU is LOCAL_RANK (one GPU per rank, as NCCL requires); checked before anything
   // connects, so a machine without one fails at once with the reason.
   if (options.device == "cuda") w->gpu = exec::make_cuda_backend(w->local_rank);
-  w->run = env_string("DTRAIN_RUN_ID", "run");
   if (w->size == 1 && w->gpu) {
     w->comm = connect_cuda_world(nullptr, w->rank, w->size, w->local_rank, options.timeout, w->run);
     return w;
@@ -95,29 +96,25 @@ std::unique_ptr<World> join_world(const JoinOptions& options) {
     w->comm = w->single->communicator(0);
     return w;
   }
-  if (std::getenv(store::kAddressEnv) == nullptr) {
-    throw input_error(
-        fmt::format("WORLD_SIZE={} but DTRAIN_STORE is not set: start ranks with dtlaunch (or under "
-                    "Slurm with the dtrain plugin), which provides the rendezvous store",
-                    w->size));
-  }
-  if (env_string("DTRAIN_STORE_HOST", "0") == "1") {
-    if (w->rank != 0)
-      throw input_error(fmt::format("DTRAIN_STORE_HOST=1 on rank {}: only rank 0 hosts the store", w->rank));
+  // dtlaunch and the plugin hand the job's secret over; a launch without them brings its own (rank_join.h).
+  const store::Secret secret =
+      join.source == launch::JoinSource::kDtrain ? store::Secret::from_environment() : launch::join_secret(env);
+  if (w->rank == 0) log::info("rdzv", "rank {} of {} from {}", w->rank, w->size, join.origin);
+  if (join.host_store) {
     store::ServerOptions so;
-    so.port = store::Endpoint::from_environment().port;
-    w->hosted = std::make_unique<store::Server>(store::Secret::from_environment(), so);
+    so.port = join.store_port;
+    w->hosted = std::make_unique<store::Server>(secret, so);
     log::info("rdzv", "hosting the rendezvous store on port {}", w->hosted->port());
   }
   store::ClientOptions co;
   co.timeout = options.timeout;
-  w->client = store::Client::from_environment(co);
+  w->client = std::make_shared<store::Client>(store::Endpoint{join.store_host, join.store_port}, secret, co);
   w->gloo_store = std::make_unique<store::GlooStore>(w->client, "dtrain/" + w->run + "/gloo/");
   if (w->gpu) {
     w->comm = connect_cuda_world(w->gloo_store.get(), w->rank, w->size, w->local_rank, options.timeout, w->run);
   } else {
     comm::GlooOptions go;
-    go.hostname = env_string("DTRAIN_COMM_HOST", "127.0.0.1");
+    go.hostname = join.comm_host.empty() ? this_host() : join.comm_host;
     go.timeout = options.timeout;
     go.store_prefix = "dtrain/" + w->run + "/comm";
     w->comm = comm::connect_gloo(*w->gloo_store, w->rank, w->size, go);

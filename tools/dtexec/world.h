@@ -1,12 +1,11 @@
 // How a dtexec rank joins its job (train and eval alike): rank and world from the environment, this rank's device,
 // and the world communicator, through the rendezvous store when there is more than one rank.
 //
-// Rank and world from RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (world size 1 when absent); with more than one
-// rank the Gloo (or NCCL) rendezvous goes through the launcher's store (DTRAIN_STORE, DTRAIN_STORE_TOKEN) under
-// DTRAIN_RUN_ID, listening on DTRAIN_COMM_HOST (default 127.0.0.1). With DTRAIN_STORE_HOST=1 (set by the Slurm plugin
-// for the task of global rank 0 when tasks are ranks, as PyTorch's rank 0 hosts its TCPStore at
-// MASTER_ADDR:MASTER_PORT) this rank hosts the store on DTRAIN_STORE's port itself. DTRAIN_PLUGIN_ERROR (set by the
-// plugin when it could not prepare the task) ends the rank with exit 2 before anything else.
+// Rank, world and store from dtlaunch's or the dtrain plugin's environment (DTRAIN_STORE), from torchrun's (RANK,
+// WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or from a plain srun step's (SLURM_*): dtrain/launch/rank_join.h says which
+// and how; one rank without any of them. With more than one rank the Gloo (or NCCL) rendezvous goes through the store
+// under DTRAIN_RUN_ID. DTRAIN_PLUGIN_ERROR (set by the plugin when it could not prepare the task) ends the rank with
+// exit 2 before anything else.
 #pragma once
 
 #include <chrono>
@@ -26,8 +25,6 @@ namespace dtrain::tools {
 // An index (RANK, LOCAL_RANK) or a number of restarts: 0 is a value like any other. Throws dtrain::Error (input)
 // for a value that is not a non-negative integer.
 int env_int(const char* name, int fallback);
-// A count of ranks (WORLD_SIZE, LOCAL_WORLD_SIZE): at least 1; nullopt when unset or empty.
-std::optional<int> env_count(const char* name);
 std::string env_string(const char* name, const std::string& fallback);
 
 struct JoinOptions {

@@ -53,9 +53,10 @@ std::vector<Sequence> read_sequence_file(const std::string& path, const model::M
                                     where(), j.size()));
     }
     if (static_cast<std::int64_t>(j.size()) > m.seq_len + 1) {
-      throw input_error(fmt::format("{}: {} ids; the model reads at most seq_len + 1 = {} (seq_len inputs and the "
-                                    "token after the last)",
-                                    where(), j.size(), m.seq_len + 1));
+      throw input_error(
+          fmt::format("{}: {} ids; the model reads at most seq_len + 1 = {} (seq_len inputs and the "
+                      "token after the last)",
+                      where(), j.size(), m.seq_len + 1));
     }
     Sequence s{line, {}};
     s.ids.reserve(j.size());
@@ -89,8 +90,8 @@ std::vector<Sequence> read_data_samples(const EvalOptions& o, const model::Model
     throw e.with_context("--data");
   }
   if (source->vocab() > m.vocab) {
-    throw input_error(fmt::format("--data {}: its vocabulary ({}) is larger than the model's ({})",
-                                  source->describe(), source->vocab(), m.vocab));
+    throw input_error(fmt::format("--data {}: its vocabulary ({}) is larger than the model's ({})", source->describe(),
+                                  source->vocab(), m.vocab));
   }
   if (source->samples() < o.samples) {
     throw Error(ErrorCategory::kInput, ExitCode::kDataExhausted,

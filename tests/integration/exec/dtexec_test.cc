@@ -77,6 +77,42 @@ TEST(DtexecProcesses, LayoutsOverGlooEqualTheSingleRankCurve) {
   }
 }
 
+// Without dtlaunch or the plugin: two processes with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT; dtrain/launch/rank_join.h) train the single-rank curve, rank 0 hosting the store; without a secret,
+// or with a secret file others may read, every rank exits 2 saying how to set one.
+TEST(DtexecProcesses, TorchrunsEnvironmentJoinsAJob) {
+  TempDir dir;
+  const std::vector<double> ref = reference(dir);
+  JobOptions o;
+  o.world = 2;
+  o.launch = JobOptions::Launch::kTorchrun;
+  o.env = {"DTRAIN_SECRET=torchrun-test-secret"};
+  o.args = train_args(dir.path("torchrun.jsonl"), 12, "dp=1,tp=2,pp=1");
+  const auto ranks = run_dtexec_job(o);
+  expect_ok(ranks);
+  EXPECT_THAT(ranks[0].log, HasSubstr("rank 0 of 2 from torchrun's environment (MASTER_ADDR=127.0.0.1"));
+  EXPECT_THAT(ranks[0].log, HasSubstr("hosting the rendezvous store on port"));
+  const std::vector<double> curve = loss_values(dir.path("torchrun.jsonl"));
+  ASSERT_EQ(curve.size(), ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(curve[i], ref[i], 1e-5 * ref[i]) << "step " << i + 1;
+
+  o.args = train_args(dir.path("none.jsonl"), 1, "");
+  o.env.clear();
+  for (const auto& r : run_dtexec_job(o)) {
+    EXPECT_EQ(r.exit_code, 2) << r.log;
+    EXPECT_THAT(r.log, HasSubstr("set DTRAIN_SECRET, or DTRAIN_SECRET_FILE to a file only you can read"));
+  }
+  const std::string secret = dir.path("secret");
+  std::ofstream(secret) << "0123456789\n";
+  fs::permissions(secret, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read);
+  o.env = {"DTRAIN_SECRET_FILE=" + secret};
+  for (const auto& r : run_dtexec_job(o)) {
+    EXPECT_EQ(r.exit_code, 2) << r.log;
+    EXPECT_THAT(r.log, HasSubstr("its mode 0640 lets group or others at it"));
+  }
+  EXPECT_FALSE(fs::exists(dir.path("none.jsonl")));
+}
+
 TEST(DtexecProcesses, MetricsCarryEveryRanksPeakBackendMemory) {
   TempDir dir;
   const std::string m = dir.path("pp2.jsonl");

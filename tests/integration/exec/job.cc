@@ -1,8 +1,11 @@
 #include "job.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +15,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include "dtrain/store/server.h"
@@ -19,6 +23,25 @@
 namespace dtrain::testing {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// A TCP port on 127.0.0.1 that nothing listens on (the system's choice, released again).
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    throw std::runtime_error("free_port: no socket");
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace
 
 TempDir::TempDir() {
   std::string templ = (fs::temp_directory_path() / "dtrain-it-XXXXXX").string();
@@ -64,6 +87,8 @@ std::vector<RankOutcome> run_dtexec_job(const JobOptions& o) {
   store::Server server(store::Secret(secret), so);
   TempDir logs;
   std::string exe = std::string(DTRAIN_BINARY_DIR) + "/bin/dtexec";
+  // torchrun's convention: a port nothing listens on now, for rank 0's store.
+  const std::uint16_t master_port = o.launch == JobOptions::Launch::kTorchrun ? free_port() : 0;
   std::vector<pid_t> pids;
   static int job_counter = 0;
   std::string run_id = fmt::format("it{}-{}", getpid(), job_counter++);
@@ -71,18 +96,22 @@ std::vector<RankOutcome> run_dtexec_job(const JobOptions& o) {
     std::vector<std::string> args = {exe};
     args.insert(args.end(), o.args.begin(), o.args.end());
     if (r < static_cast<int>(o.per_rank.size())) args.insert(args.end(), o.per_rank[r].begin(), o.per_rank[r].end());
-    std::vector<std::string> env = {fmt::format("RANK={}", r),
-                                    fmt::format("WORLD_SIZE={}", o.world),
-                                    fmt::format("LOCAL_RANK={}", r),
-                                    fmt::format("LOCAL_WORLD_SIZE={}", o.world),
-                                    fmt::format("DTRAIN_STORE=127.0.0.1:{}", server.port()),
-                                    "DTRAIN_STORE_TOKEN=" + secret,
-                                    "DTRAIN_RUN_ID=" + run_id,
-                                    "DTRAIN_COMM_HOST=127.0.0.1",
+    std::vector<std::string> env = {fmt::format("RANK={}", r), fmt::format("WORLD_SIZE={}", o.world),
+                                    fmt::format("LOCAL_RANK={}", r), fmt::format("LOCAL_WORLD_SIZE={}", o.world),
                                     "DTRAIN_LOG=info"};
+    if (o.launch == JobOptions::Launch::kStore) {
+      env.insert(env.end(), {fmt::format("DTRAIN_STORE=127.0.0.1:{}", server.port()), "DTRAIN_STORE_TOKEN=" + secret,
+                             "DTRAIN_RUN_ID=" + run_id, "DTRAIN_COMM_HOST=127.0.0.1"});
+    } else {
+      env.insert(env.end(), {"MASTER_ADDR=127.0.0.1", fmt::format("MASTER_PORT={}", master_port)});
+    }
+    env.insert(env.end(), o.env.begin(), o.env.end());
     for (char** e = environ; *e != nullptr; ++e) {
       std::string kv(*e);
-      if (kv.rfind("RANK=", 0) == 0 || kv.rfind("WORLD_SIZE=", 0) == 0 || kv.rfind("DTRAIN_", 0) == 0) continue;
+      if (kv.rfind("RANK=", 0) == 0 || kv.rfind("WORLD_SIZE=", 0) == 0 || kv.rfind("DTRAIN_", 0) == 0 ||
+          kv.rfind("MASTER_", 0) == 0 || kv.rfind("SLURM_", 0) == 0) {
+        continue;
+      }
       env.push_back(kv);
     }
     std::string log = logs.path(fmt::format("rank{}.log", r));

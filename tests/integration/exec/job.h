@@ -17,6 +17,11 @@ struct JobOptions {
   std::vector<std::string> args;                   // after "dtexec"
   std::vector<std::vector<std::string>> per_rank;  // extra args per rank (optional)
   int timeout_s = 120;
+  // How the ranks find each other: through a store the test hosts (DTRAIN_STORE, as dtlaunch starts them), or by
+  // torchrun's convention (RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT a free port; rank 0 hosts the store,
+  // dtrain/launch/rank_join.h) with `env` holding the secret.
+  enum class Launch { kStore, kTorchrun } launch = Launch::kStore;
+  std::vector<std::string> env;  // more NAME=VALUE for every rank
 };
 
 // Runs the job; every rank is killed when the timeout passes.
