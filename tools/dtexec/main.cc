@@ -116,7 +116,7 @@ int run_train(exec::TrainOptions options, const std::string& device, double time
 
 // --write-plan: the plan train() would run (exec::make_plan), written to `path`; nothing else starts.
 int write_plan(exec::TrainOptions options, const std::string& path) {
-  const launch::RankJoin join = launch::resolve_rank_join(launch::current_environment());
+  const launch::RankJoin join = launch::resolve_rank_join(launch::current_environment(), /*store=*/false);
   const int world = join.world_size;
   options.ranks_per_node = join.local_world_size.value_or(0);  // TrainOptions: 0 is "not given"
   plan::Plan p = exec::make_plan(options, model::load_model(options.model_path), world);

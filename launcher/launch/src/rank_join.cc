@@ -7,6 +7,7 @@
 #include <sstream>
 #include <vector>
 
+#include "dtrain/common/count.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/hostlist.h"
 #include "dtrain/common/strings.h"
@@ -22,15 +23,17 @@ std::optional<std::string> value_of(const Environment& env, std::string_view nam
   return it->second;
 }
 
-// An integer variable within [min_value, 2^24]; `fallback` when unset.
+// An integer variable of at least min_value (a count: 1, under the rule of dtrain/common/count.h; an index: 0) and
+// at most 2^24; `fallback` when unset.
 std::optional<int> int_of(const Environment& env, std::string_view name, int min_value, std::optional<int> fallback) {
   auto text = value_of(env, name);
   if (!text) return fallback;
   auto v = parse_int(trim(*text));
-  if (!v || *v < min_value || *v > (1 << 24)) {
-    throw input_error(fmt::format("{}={}: expected an integer of at least {}", name, *text, min_value));
+  if (!v || *v > (1 << 24)) {
+    throw input_error(fmt::format("{}={}: expected {}", name, *text,
+                                  min_value >= 1 ? "a count (an integer of at least 1)" : "a non-negative integer"));
   }
-  return static_cast<int>(*v);
+  return static_cast<int>(require_count(name, *v, min_value));
 }
 
 int required_int(const Environment& env, std::string_view name, int min_value, std::string_view why) {
@@ -45,9 +48,7 @@ std::uint16_t port_of(const Environment& env, std::string_view name) {
   return static_cast<std::uint16_t>(port);
 }
 
-bool loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-}
+bool loopback(const std::string& host) { return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0; }
 
 // Ranks on node `node` of Slurm's tasks-per-node list: "2(x3),1" is 2, 2, 2, 1.
 int tasks_on_node(const std::string& name, const std::string& list, int node) {
@@ -88,18 +89,18 @@ RankJoin dtrain_join(const Environment& env) {
   return j;
 }
 
-RankJoin torchrun_join(const Environment& env) {
+RankJoin torchrun_join(const Environment& env, bool store) {
   RankJoin j;
   j.source = JoinSource::kTorchrun;
   j.rank = *int_of(env, "RANK", 0, 0);
   j.world_size = *int_of(env, "WORLD_SIZE", 1, 1);
   j.local_rank = *int_of(env, "LOCAL_RANK", 0, 0);
   j.local_world_size = int_of(env, "LOCAL_WORLD_SIZE", 1, std::nullopt);
-  if (j.world_size == 1) return j;
-  const std::string why =
-      fmt::format("RANK and WORLD_SIZE={} follow torchrun's convention, whose rank 0 hosts the store at "
-                  "MASTER_ADDR:MASTER_PORT (or start the ranks with dtlaunch, or srun with the dtrain plugin)",
-                  j.world_size);
+  if (j.world_size == 1 || !store) return j;
+  const std::string why = fmt::format(
+      "RANK and WORLD_SIZE={} follow torchrun's convention, whose rank 0 hosts the store at "
+      "MASTER_ADDR:MASTER_PORT (or start the ranks with dtlaunch, or srun with the dtrain plugin)",
+      j.world_size);
   auto addr = value_of(env, "MASTER_ADDR");
   if (!addr) throw input_error("MASTER_ADDR is not set: " + why);
   j.store_host = *addr;
@@ -107,7 +108,8 @@ RankJoin torchrun_join(const Environment& env) {
   if (j.store_port == 0) throw input_error("MASTER_PORT is not set: " + why);
   std::string note;
   if (value_of(env, "TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
-    if (j.store_port == 65535) throw input_error("MASTER_PORT=65535: under torchrun dtrain's store takes the next port");
+    if (j.store_port == 65535)
+      throw input_error("MASTER_PORT=65535: under torchrun dtrain's store takes the next port");
     ++j.store_port;
     note = ", + 1: torchrun's agent holds MASTER_PORT";
   }
@@ -118,7 +120,7 @@ RankJoin torchrun_join(const Environment& env) {
   return j;
 }
 
-RankJoin slurm_join(const Environment& env) {
+RankJoin slurm_join(const Environment& env, bool store) {
   RankJoin j;
   j.source = JoinSource::kSlurm;
   const std::string job = value_of(env, "SLURM_JOB_ID").value_or("0");
@@ -130,10 +132,9 @@ RankJoin slurm_join(const Environment& env) {
     throw input_error(fmt::format("SLURM_PROCID={} is outside the step's {} tasks", j.rank, j.world_size));
   }
   if (auto per_node = value_of(env, "SLURM_STEP_TASKS_PER_NODE")) {
-    j.local_world_size =
-        tasks_on_node("SLURM_STEP_TASKS_PER_NODE", *per_node, *int_of(env, "SLURM_NODEID", 0, 0));
+    j.local_world_size = tasks_on_node("SLURM_STEP_TASKS_PER_NODE", *per_node, *int_of(env, "SLURM_NODEID", 0, 0));
   }
-  if (j.world_size == 1) return j;
+  if (j.world_size == 1 || !store) return j;
   std::string host_origin = "MASTER_ADDR";
   if (auto addr = value_of(env, "MASTER_ADDR")) {
     j.store_host = *addr;
@@ -157,19 +158,19 @@ RankJoin slurm_join(const Environment& env) {
 
 }  // namespace
 
-RankJoin resolve_rank_join(const Environment& env) {
+RankJoin resolve_rank_join(const Environment& env, bool store) {
   if (value_of(env, store::kAddressEnv)) return dtrain_join(env);
   if (value_of(env, "RANK") || value_of(env, "WORLD_SIZE")) {
-    if (!value_of(env, "RANK") && int_of(env, "WORLD_SIZE", 1, 1) > 1) {
+    if (store && !value_of(env, "RANK") && int_of(env, "WORLD_SIZE", 1, 1) > 1) {
       throw input_error("WORLD_SIZE is set but RANK is not: set both (torchrun's convention), or neither");
     }
-    RankJoin j = torchrun_join(env);
+    RankJoin j = torchrun_join(env, store);
     if (j.rank >= j.world_size) {
       throw input_error(fmt::format("RANK={} is outside WORLD_SIZE={}", j.rank, j.world_size));
     }
     return j;
   }
-  if (value_of(env, "SLURM_STEP_ID") && value_of(env, "SLURM_PROCID")) return slurm_join(env);
+  if (value_of(env, "SLURM_STEP_ID") && value_of(env, "SLURM_PROCID")) return slurm_join(env, store);
   return {};
 }
 

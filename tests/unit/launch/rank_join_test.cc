@@ -47,8 +47,12 @@ TEST(RankJoin, NothingIsOneRank) {
 
 TEST(RankJoin, DtlaunchAndThePluginGoFirst) {
   Environment env = slurm_task(1, 1, 0);
-  env.insert({{"DTRAIN_STORE", "10.0.0.1:12345"}, {"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"},
-              {"MASTER_ADDR", "10.9.9.9"}, {"MASTER_PORT", "29500"}});
+  env.insert({{"DTRAIN_STORE", "10.0.0.1:12345"},
+              {"RANK", "3"},
+              {"WORLD_SIZE", "4"},
+              {"LOCAL_WORLD_SIZE", "2"},
+              {"MASTER_ADDR", "10.9.9.9"},
+              {"MASTER_PORT", "29500"}});
   const RankJoin j = resolve_rank_join(env);
   EXPECT_EQ(j.source, JoinSource::kDtrain);
   EXPECT_EQ(j.rank, 3);
@@ -63,8 +67,12 @@ TEST(RankJoin, DtlaunchAndThePluginGoFirst) {
 }
 
 TEST(RankJoin, TorchrunsEnvironment) {
-  Environment env{{"RANK", "0"},           {"WORLD_SIZE", "4"},        {"LOCAL_RANK", "0"},
-                  {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29500"}};
+  Environment env{{"RANK", "0"},
+                  {"WORLD_SIZE", "4"},
+                  {"LOCAL_RANK", "0"},
+                  {"LOCAL_WORLD_SIZE", "2"},
+                  {"MASTER_ADDR", "10.1.2.3"},
+                  {"MASTER_PORT", "29500"}};
   RankJoin j = resolve_rank_join(env);
   EXPECT_EQ(j.source, JoinSource::kTorchrun);
   EXPECT_EQ(j.world_size, 4);
@@ -88,14 +96,20 @@ TEST(RankJoin, TorchrunsEnvironment) {
 }
 
 TEST(RankJoin, TorchrunsMistakesAreNamed) {
-  EXPECT_THAT(error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}), HasSubstr("MASTER_ADDR is not set"));
-  EXPECT_THAT(error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}), HasSubstr("MASTER_PORT is not set"));
+  EXPECT_THAT(error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}),
+              HasSubstr("MASTER_ADDR is not set"));
+  EXPECT_THAT(error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}),
+              HasSubstr("MASTER_PORT is not set"));
   EXPECT_THAT(error_of({{"WORLD_SIZE", "2"}}), HasSubstr("WORLD_SIZE is set but RANK is not"));
   EXPECT_THAT(error_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}),
               HasSubstr("RANK=2 is outside WORLD_SIZE=2"));
-  EXPECT_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "0"}}), HasSubstr("WORLD_SIZE=0: expected an integer of at least 1"));
+  EXPECT_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "0"}}), HasSubstr("WORLD_SIZE: must be at least 1, not 0"));
   EXPECT_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}),
               HasSubstr("MASTER_PORT=70000"));
+  // --write-plan meets no one: the world alone (RANK may be left out).
+  EXPECT_EQ(resolve_rank_join({{"RANK", "1"}, {"WORLD_SIZE", "2"}}, /*store=*/false).world_size, 2);
+  EXPECT_EQ(resolve_rank_join({{"WORLD_SIZE", "6"}, {"LOCAL_WORLD_SIZE", "4"}}, /*store=*/false).local_world_size, 4);
+  EXPECT_THAT(error_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}}), HasSubstr("RANK=x: expected a non-negative integer"));
   // One rank needs no store.
   EXPECT_EQ(resolve_rank_join({{"RANK", "0"}, {"WORLD_SIZE", "1"}}).world_size, 1);
 }

@@ -47,8 +47,9 @@ struct RankJoin {
 };
 
 // Throws dtrain::Error (input) naming the variable for a malformed or inconsistent value, and for a world of
-// several ranks no convention above describes.
-RankJoin resolve_rank_join(const Environment& env);
+// several ranks no convention above describes. Without `store` only the rank's place is resolved (dtexec
+// --write-plan, which meets no one): a missing MASTER_ADDR or node list is then no error.
+RankJoin resolve_rank_join(const Environment& env, bool store = true);
 
 // The secret of a torchrun or slurm join: DTRAIN_SECRET, else the contents of DTRAIN_SECRET_FILE (a trailing newline
 // dropped), which must be a regular file that neither group nor others may read or write. Throws dtrain::Error
