@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the tests of concurrent code with ThreadSanitizer (build-tsan/) and AddressSanitizer + UBSan (build-asan/)
 # and runs them. Which test programs: tests/sanitizer-targets.txt (one CMake target per line, "# comments" allowed);
-# which tests inside them: the ctest label "concurrent".
+# which tests inside them: the ctest labels "concurrent" and "sanitized" (a fuzz test of a file reader).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mapfile -t targets < <(grep -v '^\s*#' tests/sanitizer-targets.txt | sed 's/\s//g' | grep -v '^$' || true)
@@ -24,5 +24,5 @@ for san in thread "address;undefined"; do
   # same threads and communicators, and 20 steps of every layout under TSan took 15 of CI's minutes.
   DTRAIN_TEST_SHORT_CURVES=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
   ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
-    ctest --test-dir "$dir" -L concurrent --output-on-failure -j "$jobs" --timeout 900 --no-tests=error
+    ctest --test-dir "$dir" -L 'concurrent|sanitized' --output-on-failure -j "$jobs" --timeout 900 --no-tests=error
 done

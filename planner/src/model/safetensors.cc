@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -104,9 +105,21 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       const int width = safetensors_dtype_bytes(t.dtype);
       if (width == 0) throw bad(fmt::format("unknown dtype \"{}\"", t.dtype));
       if (!v["shape"].is_array()) throw bad("\"shape\" is not an array");
+      // Elements counted with overflow in view: a shape whose bytes exceed the data is refused before any product
+      // could wrap.
+      std::uint64_t count = 1;
+      bool empty = false;
       for (const auto& d : v["shape"]) {
-        if (!d.is_number_unsigned()) throw bad(fmt::format("shape entry {} is not a non-negative integer", d.dump()));
-        t.shape.push_back(d.get<std::int64_t>());
+        if (!d.is_number_unsigned() ||
+            d.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+          throw bad(fmt::format("shape entry {} is not a non-negative integer", d.dump()));
+        const auto dim = d.get<std::uint64_t>();
+        t.shape.push_back(static_cast<std::int64_t>(dim));
+        if (dim == 0) empty = true;
+        if (!empty && count > data_size / dim + 1)
+          throw bad(fmt::format("shape {} holds more elements than the file's {} bytes of data", v["shape"].dump(),
+                                data_size));
+        if (!empty) count *= dim;
       }
       const auto& off = v["data_offsets"];
       if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
@@ -115,17 +128,31 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       t.end = off[1].get<std::uint64_t>();
       if (t.end < t.begin || t.end > data_size)
         throw bad(fmt::format("data_offsets [{}, {}] outside the {} bytes of data", t.begin, t.end, data_size));
-      const auto expected = static_cast<std::uint64_t>(t.elements()) * static_cast<std::uint64_t>(width);
+      if (!empty && count > data_size / static_cast<std::uint64_t>(width) + 1)
+        throw bad(
+            fmt::format("shape {} holds more bytes than the file's {} bytes of data", v["shape"].dump(), data_size));
+      const std::uint64_t expected = empty ? 0 : count * static_cast<std::uint64_t>(width);
       if (t.end - t.begin != expected)
         throw bad(fmt::format("{} bytes for a {} tensor of {} elements ({} bytes)", t.end - t.begin, t.dtype,
                               t.elements(), expected));
       tensors_.push_back(std::move(t));
     }
-    std::sort(tensors_.begin(), tensors_.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
-    for (std::size_t i = 1; i < tensors_.size(); ++i) {
-      if (tensors_[i].begin < tensors_[i - 1].end)
+    // The data is the tensors, back to back: no overlap, no gap, nothing after the last (as the reference
+    // implementation requires).
+    std::sort(tensors_.begin(), tensors_.end(),
+              [](const auto& a, const auto& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
+    std::uint64_t at = 0;
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      if (tensors_[i].begin < at)
         throw fail(fmt::format("tensors \"{}\" and \"{}\" overlap", tensors_[i - 1].name, tensors_[i].name));
+      if (tensors_[i].begin > at) {
+        throw fail(fmt::format("bytes [{}, {}) of the data belong to no tensor (before tensor \"{}\")", at,
+                               tensors_[i].begin, tensors_[i].name));
+      }
+      at = tensors_[i].end;
     }
+    if (at != data_size)
+      throw fail(fmt::format("the data holds {} bytes but its tensors end at byte {}", data_size, at));
     for (std::size_t i = 0; i < tensors_.size(); ++i) by_name_[tensors_[i].name] = i;
   } catch (...) {
     ::munmap(const_cast<std::byte*>(map_), size_);
@@ -144,6 +171,16 @@ const SafeTensorInfo* SafetensorsFile::find(const std::string& name) const {
 
 std::span<const std::byte> SafetensorsFile::bytes(const SafeTensorInfo& tensor) const {
   return {map_ + data_start_ + tensor.begin, static_cast<std::size_t>(tensor.end - tensor.begin)};
+}
+
+void SafetensorsFile::release(const SafeTensorInfo& tensor, std::uint64_t begin, std::uint64_t end) const {
+  // Whole pages inside [begin, end) of the tensor's bytes only: a page shared with a neighbour stays.
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<std::uintptr_t>(map_ + data_start_ + tensor.begin + begin);
+  const auto last =
+      reinterpret_cast<std::uintptr_t>(map_ + data_start_ + tensor.begin + std::min(end, tensor.end - tensor.begin));
+  const std::uintptr_t a = (first + page - 1) / page * page, b = last / page * page;
+  if (a < b) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);  // advice: a failure changes nothing read
 }
 
 std::uint64_t safetensors_bytes(const std::string& dtype, const std::vector<std::int64_t>& shape) {

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -110,10 +111,104 @@ TEST(Safetensors, MalformedFilesAreRefusedNamingFileAndTensor) {
   EXPECT_THAT(refusal(p), HasSubstr("overlap"));
   write_raw(p, R"({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", 4);
   EXPECT_THAT(refusal(p), HasSubstr("not a non-negative integer"));
+  // No gaps: every byte of the data belongs to a tensor, and nothing follows the last.
+  write_raw(p,
+            R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+            12);
+  EXPECT_THAT(refusal(p), HasSubstr("bytes [4, 8) of the data belong to no tensor (before tensor \"b\")"));
+  write_raw(p, R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", 8);
+  EXPECT_THAT(refusal(p), HasSubstr("bytes [0, 4) of the data belong to no tensor"));
+  write_raw(p, R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 6);
+  EXPECT_THAT(refusal(p), HasSubstr("the data holds 6 bytes but its tensors end at byte 4"));
+  // Shapes whose element count would overflow are refused before any product wraps.
+  write_raw(p, R"({"w": {"dtype": "F32", "shape": [4294967296, 4294967296, 16], "data_offsets": [0, 0]}})", 0);
+  EXPECT_THAT(refusal(p), HasSubstr("holds more elements than the file's 0 bytes"));
+  write_raw(p, R"({"w": {"dtype": "F32", "shape": [18446744073709551615], "data_offsets": [0, 4]}})", 4);
+  EXPECT_THAT(refusal(p), HasSubstr("is not a non-negative integer"));
+  write_raw(p, R"({"w": {"dtype": "F32", "shape": [0, 4294967296, 4294967296], "data_offsets": [0, 0]}})", 0);
+  EXPECT_EQ(refusal(p), "");  // no elements: a legal empty tensor
   EXPECT_THAT(refusal(scratch("missing.safetensors")), HasSubstr("cannot open"));
   // The writer refuses what it cannot lay out.
   EXPECT_THROW(write_safetensors(p, {{"w", "F32", {3}, bytes_of({1, 2})}}), Error);
   EXPECT_THROW(write_safetensors(p, {{"w", "F32", {1}, bytes_of({1})}, {"w", "F32", {1}, bytes_of({2})}}), Error);
+}
+
+// Fuzzing the reader: thousands of mutations of a valid file (bytes of the header changed, digits of its numbers
+// replaced, the file cut or extended) either open with every tensor inside the data, back to back, and every byte of
+// the data readable, or are refused with dtrain::Error (exit 2) naming the file; nothing else happens (no other
+// exception, no read outside the mapping: run under ASan by scripts/sanitizer-tests.sh as part of model_test).
+TEST(Safetensors, FuzzedFilesOpenConsistentlyOrAreRefused) {
+  const std::string good = scratch("good.safetensors"), p = scratch("fuzz.safetensors");
+  write_safetensors(good, {{"a", "F32", {2, 3}, bytes_of({1, 2, 3, 4, 5, 6})},
+                           {"b", "BF16", {2}, std::vector<std::byte>(4, std::byte{7})},
+                           {"c", "F32", {0, 5}, {}},
+                           {"d", "I64", {1}, std::vector<std::byte>(8, std::byte{1})}});
+  std::string original;
+  {
+    std::ifstream in(good, std::ios::binary);
+    original.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::uint64_t header = 0;
+  std::memcpy(&header, original.data(), 8);
+  std::uint64_t x = 0x9e3779b97f4a7c15ULL;
+  const auto next = [&x](std::uint64_t n) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x % n;
+  };
+  int opened = 0, refused = 0;
+  for (int round = 0; round < 4000; ++round) {
+    std::string f = original;
+    for (std::uint64_t k = 1 + next(3); k > 0; --k) {
+      switch (next(5)) {
+        case 0: {  // any byte of the length or the header
+          const std::size_t at = next(4) == 0 ? next(8) : 8 + next(header);
+          if (at < f.size()) f[at] = static_cast<char>(next(256));
+          break;
+        }
+        case 1: {  // a digit of the header's numbers: offsets and shapes
+          std::size_t at = 8 + next(header);
+          while (at < std::min<std::size_t>(8 + header, f.size()) && (f[at] < '0' || f[at] > '9')) ++at;
+          if (at < std::min<std::size_t>(8 + header, f.size())) f[at] = static_cast<char>('0' + next(10));
+          break;
+        }
+        case 2:  // cut the file
+          f.resize(next(f.size() + 1));
+          break;
+        case 3:  // bytes after the data
+          f.append(next(16), 'x');
+          break;
+        default:  // a long number in place of a digit
+          if (auto at = f.find_first_of("0123456789", std::min<std::size_t>(8 + next(header), f.size()));
+              at != std::string::npos && at < 8 + header)
+            f.replace(at, 1, std::to_string(next(~0ULL)));
+          break;
+      }
+    }
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << f;
+    try {
+      SafetensorsFile file(p);
+      ++opened;
+      std::uint64_t at = 0, sum = 0;
+      for (const SafeTensorInfo& t : file.tensors()) {
+        ASSERT_EQ(t.begin, at) << f;
+        at = t.end;
+        for (std::byte b : file.bytes(t)) sum += static_cast<std::uint64_t>(b);  // every byte readable
+      }
+      std::uint64_t length = 0;  // the mutated file's own header length
+      std::memcpy(&length, f.data(), 8);
+      EXPECT_EQ(8 + length + at, f.size());  // nothing after the last tensor
+      EXPECT_GE(sum, 0U);
+    } catch (const Error& e) {
+      ++refused;
+      EXPECT_EQ(e.exit_code(), ExitCode::kBadInput);
+      EXPECT_THAT(e.what(), HasSubstr(p));
+    }
+  }
+  EXPECT_GT(opened, 0);  // some mutations keep a valid file (a digit replaced by itself, a name changed)
+  EXPECT_GT(refused, 3000);
 }
 
 // Every model the export tests train: its config.json imports back to the same model.

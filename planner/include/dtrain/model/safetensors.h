@@ -47,6 +47,10 @@ class SafetensorsFile {
   const SafeTensorInfo* find(const std::string& name) const;
   // The tensor's bytes (end - begin of them), in the mapped file.
   std::span<const std::byte> bytes(const SafeTensorInfo& tensor) const;
+  // Drops the mapped pages of bytes [begin, end) of the tensor from this process's resident memory (they stay in the
+  // page cache; reading them again maps them again): a loader that is done with a piece keeps its footprint to the
+  // piece it reads.
+  void release(const SafeTensorInfo& tensor, std::uint64_t begin, std::uint64_t end) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
