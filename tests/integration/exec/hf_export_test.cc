@@ -295,6 +295,30 @@ TEST(HfExportErrors, BadInputsAreNamedAndLeaveNothing) {
 }
 
 // What --init-from refuses before the first step (exit 2, naming the directory, file or tensor).
+// --init-from in another layout is the same run: tp2 pp2 from an HF directory follows one rank step for step.
+TEST(HfInit, TensorAndPipelineParallelFollowOneRank) {
+  TempDir dir;
+  const std::string tiny = source("examples/models/tiny.toml");
+  ASSERT_NO_FATAL_FAILURE(train_one_step(tiny, dir.path("ckpt")));
+  auto r =
+      dtexec({"export", "--model", tiny, "--checkpoint", dir.path("ckpt"), "-o", dir.path("hf"), "--dtype", "fp32"});
+  ASSERT_EQ(r.exit_code, 0) << r.log;
+  std::vector<std::vector<double>> curves;
+  for (const auto& [world, fix] :
+       {std::pair{1, std::string("tp=1,pp=1,dp=1")}, std::pair{4, std::string("tp=2,pp=2")}}) {
+    JobOptions o;
+    o.world = world;
+    const std::string metrics = dir.path("m" + std::to_string(world) + ".jsonl");
+    o.args = {"train",       "--model",      tiny,        "--data", "synthetic", "--steps", "5",     "--seed", "9",
+              "--init-from", dir.path("hf"), "--metrics", metrics,  "--threads", "1",       "--fix", fix};
+    for (const auto& rank : run_dtexec_job(o)) ASSERT_EQ(rank.exit_code, 0) << rank.log;
+    curves.push_back(loss_values(metrics));
+  }
+  ASSERT_EQ(curves[0].size(), 5U);
+  ASSERT_EQ(curves[1].size(), 5U);
+  for (std::size_t i = 0; i < 5; ++i) EXPECT_NEAR(curves[1][i], curves[0][i], 1e-5 * curves[0][i]) << "step " << i + 1;
+}
+
 // dtexec eval's inputs: each refusal with its exit code, naming the file and line, the option or the checkpoint;
 // and --data's samples, each scored on seq_len predictions.
 TEST(EvalInputs, RefusalsAreNamedAndDataSamplesAreScored) {
