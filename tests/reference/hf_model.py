@@ -115,8 +115,41 @@ def llama_logits(c, w, ids):
     eps = c["rms_norm_eps"]
     inv_freq = 1.0 / (c.get("rope_theta", 10000.0) ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     scaling = c.get("rope_scaling")
-    if scaling is not None:  # _compute_llama3_parameters (modeling_rope_utils)
-        assert scaling.get("rope_type", scaling.get("type")) == "llama3", scaling
+    kind = scaling.get("rope_type", scaling.get("type")) if scaling is not None else None
+    attention_scaling = 1.0
+    if kind == "linear":  # _compute_linear_scaling_rope_parameters
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "yarn":  # _compute_yarn_parameters, with "factor" as given (see docs/formats.md)
+        base, factor = c.get("rope_theta", 10000.0), scaling["factor"]
+        old = scaling.get("original_max_position_embeddings") or c["max_position_embeddings"]
+
+        def get_mscale(scale, mscale=1):
+            return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+        attention_scaling = scaling.get("attention_factor")
+        if attention_scaling is None:
+            mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            if mscale and mscale_all_dim:
+                attention_scaling = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+            else:
+                attention_scaling = get_mscale(factor)
+        beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+        def correction_dim(rotations):
+            return (d * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+        low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, d - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+        pos_freqs = base ** (torch.arange(0, d, 2).float() / d)
+        extrapolation = 1 - ramp
+        inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    elif kind is not None:  # _compute_llama3_parameters (modeling_rope_utils)
+        assert kind == "llama3", scaling
         factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         old = scaling["original_max_position_embeddings"]
         wavelen = 2 * math.pi / inv_freq
@@ -127,7 +160,7 @@ def llama_logits(c, w, ids):
         inv_freq = torch.where(medium, smoothed, scaled)
     freqs = torch.arange(s).float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
+    cos, sin = emb.cos() * attention_scaling, emb.sin() * attention_scaling
     mixtral = c["model_type"] == "mixtral"
     x = w["model.embed_tokens.weight"][ids]
     for i in range(c["num_hidden_layers"]):

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -223,25 +224,64 @@ std::string hf_config_to_toml(const std::string& path, const HfDefaults& default
       c.fail("hidden_act", fmt::format("\"{}\" is not supported: a Llama's MLP is SwiGLU (silu)", act));
     c.refuse("attention_bias", "dtrain's Llama layers have no biases");
     c.refuse("mlp_bias", "dtrain's Llama layers have no biases");
-    // rope_scaling: Llama 3.1's "llama3" frequency scaling only (rope_type, or type in older configs).
+    // rope_scaling (rope_type, or type in older configs): Llama 3.1's "llama3", "linear" and "yarn" (Qwen2's long
+    // context), as transformers' modeling_rope_utils computes them; any other kind is refused, naming it.
     std::vector<Line> rope;
-    if (c.has("rope_scaling")) {
+    if (c.has("rope_scaling") && !c.at("rope_scaling").is_null()) {
       const json& r = c.at("rope_scaling");
       if (!r.is_object()) c.fail("rope_scaling", fmt::format("expected an object, found {}", r.dump()));
       const std::string type = r.value("rope_type", r.value("type", std::string()));
-      if (type != "llama3") {
+      std::vector<const char*> required, optional;
+      if (type == "llama3") {
+        required = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+      } else if (type == "linear") {
+        required = {"factor"};
+      } else if (type == "yarn") {
+        required = {"factor"};
+        optional = {"original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor"};
+      } else {
         c.fail("rope_scaling", fmt::format("rope_type \"{}\" is not supported: dtrain's rotary embedding scales "
-                                           "frequencies as Llama 3.1 does (\"llama3\") or not at all",
+                                           "frequencies as \"llama3\" (Llama 3.1), \"linear\" or \"yarn\" do, or "
+                                           "not at all",
                                            type));
       }
-      for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
-        if (!r.contains(key) || !r.at(key).is_number() || !(r.at(key).get<double>() > 0)) {
+      const auto positive = [&](const char* key) {
+        if (!r.at(key).is_number() || !(r.at(key).get<double>() > 0)) {
           c.fail("rope_scaling", fmt::format("\"{}\": expected a positive number", key));
         }
+        return r.at(key).get<double>();
+      };
+      rope.push_back({"type", fmt::format("\"{}\"", type), "rope_scaling.rope_type"});
+      for (const char* key : required) {
+        if (!r.contains(key)) c.fail("rope_scaling", fmt::format("\"{}\": required for rope_type \"{}\"", key, type));
+        rope.push_back({key, number_text(positive(key)), std::string("rope_scaling.") + key});
       }
-      rope.push_back({"type", "\"llama3\"", "rope_scaling.rope_type"});
-      for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
-        rope.push_back({key, number_text(r.at(key).get<double>()), std::string("rope_scaling.") + key});
+      if (type == "yarn") {
+        // YaRN's original context defaults to the model's (as in transformers); its attention factor from mscale
+        // and mscale_all_dim when both are given (DeepSeek's), as transformers computes it.
+        if (!r.contains("original_max_position_embeddings")) {
+          rope.push_back({"original_max_position_embeddings", std::to_string(c.integer("max_position_embeddings")),
+                          "max_position_embeddings"});
+        }
+        for (const char* key : optional) {
+          if (r.contains(key) && !r.at(key).is_null()) {
+            rope.push_back({key, number_text(positive(key)), std::string("rope_scaling.") + key});
+          }
+        }
+        const double factor = r.at("factor").get<double>();
+        const auto mscale = [factor](double scale) { return factor <= 1 ? 1.0 : 0.1 * scale * std::log(factor) + 1.0; };
+        if (!r.contains("attention_factor") && r.contains("mscale") && r.contains("mscale_all_dim") &&
+            r.at("mscale").is_number() && r.at("mscale_all_dim").is_number() && r.at("mscale").get<double>() != 0 &&
+            r.at("mscale_all_dim").get<double>() != 0) {
+          rope.push_back(
+              {"attention_factor",
+               number_text(mscale(r.at("mscale").get<double>()) / mscale(r.at("mscale_all_dim").get<double>())),
+               "rope_scaling.mscale, mscale_all_dim"});
+        }
+        if (r.contains("truncate")) {
+          if (!r.at("truncate").is_boolean()) c.fail("rope_scaling", "\"truncate\": expected true or false");
+          rope.push_back({"truncate", r.at("truncate").get<bool>() ? "true" : "false", "rope_scaling.truncate"});
+        }
       }
     }
     rope_scaling_lines = rope;

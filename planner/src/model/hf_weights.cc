@@ -182,13 +182,23 @@ std::string hf_config_json(const ModelSpec& m, const HfModelMap& map, const std:
     j["hidden_act"] = "silu";
     j["rms_norm_eps"] = m.norm_eps;
     j["rope_theta"] = m.rope_theta;
-    if (m.rope_scaling.enabled()) {
-      const RopeScaling& r = m.rope_scaling;
+    const RopeScaling& r = m.rope_scaling;
+    if (r.type == RopeScalingType::kLlama3) {
       j["rope_scaling"] = {{"rope_type", "llama3"},
                            {"factor", r.factor},
                            {"low_freq_factor", r.low_freq_factor},
                            {"high_freq_factor", r.high_freq_factor},
                            {"original_max_position_embeddings", r.original_context}};
+    } else if (r.type == RopeScalingType::kLinear) {
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", r.factor}};
+    } else if (r.type == RopeScalingType::kYarn) {
+      j["rope_scaling"] = {{"rope_type", "yarn"},
+                           {"factor", r.factor},
+                           {"original_max_position_embeddings", r.original_context},
+                           {"beta_fast", r.beta_fast},
+                           {"beta_slow", r.beta_slow},
+                           {"truncate", r.truncate}};
+      if (r.attention_factor > 0) j["rope_scaling"]["attention_factor"] = r.attention_factor;
     }
     j["tie_word_embeddings"] = m.tied_embeddings;
     j["attention_dropout"] = 0.0;

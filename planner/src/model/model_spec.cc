@@ -152,36 +152,68 @@ void parse_moe(TableReader& t, ModelSpec& spec) {
   t.reject_unknown();
 }
 
-// [model.rope_scaling]: type = "llama3" (the only kind: HuggingFace's rope_type "llama3"), factor,
-// low_freq_factor, high_freq_factor, original_max_position_embeddings.
+// [model.rope_scaling] (dtrain/common/rope_scaling.h): type = "llama3" with factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings; "linear" with factor; "yarn" with factor,
+// original_max_position_embeddings and optionally beta_fast (32), beta_slow (1), attention_factor (0.1 ln(factor) + 1)
+// and truncate (true). A key of another kind is unknown.
 void parse_rope_scaling(TableReader& t, ModelSpec& spec) {
-  const std::string type = t.get_string("type").value_or("");
-  if (type != "llama3") t.fail("type", fmt::format("\"{}\": the only rope scaling is \"llama3\"", type));
   RopeScaling& r = spec.rope_scaling;
+  const std::string type = t.get_choice("type", {"llama3", "linear", "yarn"}).value_or("");
+  if (type.empty()) t.fail("type", "required key is missing (\"llama3\", \"linear\" or \"yarn\")");
+  r.type = type == "llama3"   ? RopeScalingType::kLlama3
+           : type == "linear" ? RopeScalingType::kLinear
+                              : RopeScalingType::kYarn;
   auto need = [&](const char* key) {
     auto v = t.get_positive_number(key);
     if (!v) t.fail(key, "required key is missing");
     return *v;
   };
   r.factor = need("factor");
-  r.low_freq_factor = need("low_freq_factor");
-  r.high_freq_factor = need("high_freq_factor");
-  r.original_context = need("original_max_position_embeddings");
   if (r.factor < 1) t.fail("factor", fmt::format("{} is less than 1 (the scaling lowers frequencies)", r.factor));
-  if (r.high_freq_factor <= r.low_freq_factor) {
-    t.fail("high_freq_factor",
-           fmt::format("{} is not above low_freq_factor = {}", r.high_freq_factor, r.low_freq_factor));
+  if (r.type == RopeScalingType::kLlama3) {
+    r.low_freq_factor = need("low_freq_factor");
+    r.high_freq_factor = need("high_freq_factor");
+    if (r.high_freq_factor <= r.low_freq_factor) {
+      t.fail("high_freq_factor",
+             fmt::format("{} is not above low_freq_factor = {}", r.high_freq_factor, r.low_freq_factor));
+    }
+  }
+  if (r.type != RopeScalingType::kLinear) r.original_context = need("original_max_position_embeddings");
+  if (r.type == RopeScalingType::kYarn) {
+    r.beta_fast = t.get_positive_number("beta_fast").value_or(32);
+    r.beta_slow = t.get_positive_number("beta_slow").value_or(1);
+    r.attention_factor = t.get_positive_number("attention_factor").value_or(0);
+    r.truncate = t.get_bool("truncate").value_or(true);
+    if (r.beta_fast <= r.beta_slow) {
+      t.fail("beta_fast", fmt::format("{} is not above beta_slow = {}", r.beta_fast, r.beta_slow));
+    }
   }
   if (spec.position != PositionKind::kRope) t.fail("type", "rope scaling needs position = \"rope\"");
   t.reject_unknown();
 }
 
-// The table's lines (after a "[...rope_scaling]" header, or with a key prefix).
+// The table's lines (after a "[...rope_scaling]" header, or with a key prefix); a llama3 table's as they always were
+// (the model digest covers them).
 std::string rope_scaling_lines(const RopeScaling& r, const std::string& prefix) {
-  return fmt::format(
-      "{0}type = \"llama3\"\n{0}factor = {1}\n{0}low_freq_factor = {2}\n{0}high_freq_factor = {3}\n"
-      "{0}original_max_position_embeddings = {4}\n",
-      prefix, r.factor, r.low_freq_factor, r.high_freq_factor, r.original_context);
+  switch (r.type) {
+    case RopeScalingType::kLlama3:
+      return fmt::format(
+          "{0}type = \"llama3\"\n{0}factor = {1}\n{0}low_freq_factor = {2}\n{0}high_freq_factor = {3}\n"
+          "{0}original_max_position_embeddings = {4}\n",
+          prefix, r.factor, r.low_freq_factor, r.high_freq_factor, r.original_context);
+    case RopeScalingType::kLinear:
+      return fmt::format("{0}type = \"linear\"\n{0}factor = {1}\n", prefix, r.factor);
+    case RopeScalingType::kYarn:
+      return fmt::format(
+          "{0}type = \"yarn\"\n{0}factor = {1}\n{0}original_max_position_embeddings = {2}\n{0}beta_fast = {3}\n"
+          "{0}beta_slow = {4}\n{5}{0}truncate = {6}\n",
+          prefix, r.factor, r.original_context, r.beta_fast, r.beta_slow,
+          r.attention_factor > 0 ? fmt::format("{}attention_factor = {}\n", prefix, r.attention_factor) : "",
+          r.truncate);
+    case RopeScalingType::kNone:
+      break;
+  }
+  return "";
 }
 
 }  // namespace

@@ -240,7 +240,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tests/data/models/tiny-mixtral.toml", "MixtralForCausalLM", 8, "tp=2,pp=2,ep=2", "ep=2", 8},
                       Case{"tests/data/models/tiny-qwen2-moe.toml", "Qwen2MoeForCausalLM", 1, "", "ep=2", 8},
                       Case{"examples/models/tiny-gpt2.toml", "GPT2LMHeadModel", 2, "tp=2", "pp=2", 8},
-                      Case{"tests/data/models/tiny-llama31.toml", "LlamaForCausalLM", 1, "", "tp=2", 8}),
+                      Case{"tests/data/models/tiny-llama31.toml", "LlamaForCausalLM", 1, "", "tp=2", 8},
+                      Case{"tests/data/models/tiny-qwen2-yarn.toml", "Qwen2ForCausalLM", 2, "tp=2", "pp=2", 8},
+                      Case{"tests/data/models/tiny-llama-linear.toml", "LlamaForCausalLM", 1, "", "tp=2", 8}),
     [](const auto& test) {  // the model file's stem: "tiny-qwen2-moe" -> "tiny_qwen2_moe"
       std::string name = std::filesystem::path(test.param.model).stem().string();
       std::replace(name.begin(), name.end(), '-', '_');

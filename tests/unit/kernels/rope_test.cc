@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "dtrain/common/error.h"
 #include "reference.h"
 
@@ -66,6 +68,42 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RopeTest,
                                            RopeCase{2, 256, 8, 8, 64, 10000.0},     // larger, MHA
                                            RopeCase{1, 4096, 1, 1, 128, 500000.0},  // Llama 3 theta, long sequence
                                            RopeCase{3, 5, 3, 1, 2, 10000.0}));      // odd counts, d = 2
+
+// Scaled tables: cos and sin of each pair's scaled frequency, times yarn's attention factor. The yarn frequencies
+// here were computed with transformers' _compute_yarn_parameters formulas in float64 (head 16, theta 1e6, factor 4,
+// original context 16, beta_fast 0.01, beta_slow 0.001, not truncated: the ramp runs over dimensions 3.21 to 4.54).
+TEST(RopeTest, ScaledTablesFollowHuggingFacesFormulas) {
+  RopeScaling yarn;
+  yarn.type = RopeScalingType::kYarn;
+  yarn.factor = 4;
+  yarn.original_context = 16;
+  yarn.beta_fast = 0.01;
+  yarn.beta_slow = 0.001;
+  yarn.truncate = false;
+  const double expected[8] = {1.0,
+                              0.17782794100389226,
+                              0.03162277660168379,
+                              0.005623413251903491,
+                              0.0005544550857233576,
+                              4.445698525097307e-05,
+                              7.905694150420949e-06,
+                              1.4058533129758728e-06};
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(yarn.frequency(i, 16, 1e6), expected[i], 1e-15 * (1 + expected[i])) << i;
+  EXPECT_NEAR(yarn.attention_scale(), 1.138629436111989, 1e-15);
+  FVec cos(64 * 8), sin(64 * 8);
+  rope_table(1e6, 64, 16, cos.data(), sin.data(), yarn);
+  for (int p : {0, 1, 37, 63}) {
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_FLOAT_EQ(cos[p * 8 + i], static_cast<float>(1.138629436111989 * std::cos(p * expected[i])));
+      EXPECT_FLOAT_EQ(sin[p * 8 + i], static_cast<float>(1.138629436111989 * std::sin(p * expected[i])));
+    }
+  }
+  RopeScaling linear;
+  linear.type = RopeScalingType::kLinear;
+  linear.factor = 4;
+  rope_table(1e6, 64, 16, cos.data(), sin.data(), linear);
+  EXPECT_FLOAT_EQ(cos[37 * 8 + 1], static_cast<float>(std::cos(37 * 0.17782794100389226 / 4)));
+}
 
 TEST(RopeTest, TableRejectsOddHeadDim) {
   float c[4], s[4];

@@ -141,7 +141,7 @@ TEST(HfConfig, MistralAndGpt2Import) {
   EXPECT_EQ(gpt2.model.total_params(), 124439808);  // GPT-2 small: 124,439,808 parameters
 }
 
-// Llama 3.1's rope_scaling imports as [model.rope_scaling]; another kind of scaling is refused naming it.
+// Llama 3.1's rope_scaling imports as [model.rope_scaling]; a kind dtrain does not compute is refused naming it.
 TEST(HfConfig, Llama31RopeScalingImports) {
   const ModelDescription d = load_model(hf("llama-3.1-8b"));
   const RopeScaling& r = d.model.rope_scaling;
@@ -164,10 +164,59 @@ TEST(HfConfig, Llama31RopeScalingImports) {
   const std::string dir = ::testing::TempDir() + "/hf-rope-scaling";
   std::filesystem::create_directories(dir);
   std::string text = read_text(hf("llama-3.1-8b"));
-  text.replace(text.find("\"llama3\""), 8, "\"yarn\"");
+  text.replace(text.find("\"llama3\""), 8, "\"dynamic\"");
   { std::ofstream(dir + "/config.json") << text; }
   EXPECT_THAT(input_error_of([&] { load_model(dir + "/config.json"); }),
-              HasSubstr("\"rope_scaling\": rope_type \"yarn\" is not supported"));
+              HasSubstr("\"rope_scaling\": rope_type \"dynamic\" is not supported"));
+}
+
+// YaRN (Qwen2's long context) and linear scaling import as [model.rope_scaling] of their kind, with HF's defaults
+// (original context: max_position_embeddings; attention factor from mscale and mscale_all_dim when both are given);
+// their tables follow HF's formulas.
+TEST(HfConfig, YarnAndLinearRopeScalingImport) {
+  const std::string dir = ::testing::TempDir() + "/hf-rope-yarn";
+  std::filesystem::create_directories(dir);
+  std::string text = read_text(hf("qwen2-7b"));
+  const auto with = [&](const std::string& scaling) {
+    std::string t = text;
+    t.replace(t.rfind('}'), 1, ", \"rope_scaling\": " + scaling + "}");
+    std::ofstream(dir + "/config.json") << t;
+    return dir + "/config.json";
+  };
+  ModelDescription d =
+      load_model(with(R"({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})"));
+  RopeScaling r = d.model.rope_scaling;
+  EXPECT_EQ(r.type, RopeScalingType::kYarn);
+  EXPECT_DOUBLE_EQ(r.factor, 4.0);
+  EXPECT_DOUBLE_EQ(r.original_context, 32768);
+  EXPECT_DOUBLE_EQ(r.beta_fast, 32);
+  EXPECT_DOUBLE_EQ(r.beta_slow, 1);
+  EXPECT_TRUE(r.truncate);
+  EXPECT_DOUBLE_EQ(r.attention_scale(), 0.1 * std::log(4.0) + 1.0);
+  // Head 128, theta 1e6, original context 32768: the correction range is [floor(23.60), ceil(39.65)] = [23, 40]
+  // (HF's find_correction_range): pairs up to 23 keep their frequency, pairs from 40 on are divided by the factor,
+  // 33 is on the ramp.
+  const double theta = d.model.rope_theta;
+  const auto f = [&](int i) { return std::pow(theta, -2.0 * i / 128.0); };
+  EXPECT_DOUBLE_EQ(r.frequency(23, 128, theta), f(23));
+  EXPECT_DOUBLE_EQ(r.frequency(40, 128, theta), f(40) / 4);
+  const double ramp = (33.0 - 23.0) / (40.0 - 23.0);
+  EXPECT_DOUBLE_EQ(r.frequency(33, 128, theta), f(33) / 4 * ramp + f(33) * (1 - ramp));
+  d = load_model(with(R"({"rope_type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 0.5,
+                          "beta_fast": 16, "truncate": false})"));
+  r = d.model.rope_scaling;
+  EXPECT_DOUBLE_EQ(r.original_context, 131072);  // the config's max_position_embeddings
+  EXPECT_DOUBLE_EQ(r.beta_fast, 16);
+  EXPECT_FALSE(r.truncate);
+  EXPECT_NEAR(r.attention_scale(), (0.1 * std::log(40.0) + 1) / (0.05 * std::log(40.0) + 1), 1e-12);
+  d = load_model(with(R"({"type": "linear", "factor": 2.0})"));
+  EXPECT_EQ(d.model.rope_scaling.type, RopeScalingType::kLinear);
+  EXPECT_DOUBLE_EQ(d.model.rope_scaling.frequency(5, 128, theta), f(5) / 2);
+  EXPECT_DOUBLE_EQ(d.model.rope_scaling.attention_scale(), 1.0);
+  EXPECT_THAT(input_error_of([&] { load_model(with(R"({"type": "yarn"})")); }),
+              HasSubstr("\"rope_scaling\": \"factor\": required for rope_type \"yarn\""));
+  EXPECT_THAT(input_error_of([&] { load_model(with(R"({"type": "linear", "factor": "two"})")); }),
+              HasSubstr("\"factor\": expected a positive number"));
 }
 
 TEST(HfConfig, WhatChangesTheMathIsRefusedNamingTheField) {

@@ -216,7 +216,8 @@ TEST(HfWeights, ExportedConfigsImportToTheSameModel) {
   for (const char* file :
        {"examples/models/tiny.toml", "tests/data/models/tiny-qwen2.toml", "tests/data/models/tiny-mixtral.toml",
         "tests/data/models/tiny-qwen2-moe.toml", "examples/models/tiny-gpt2.toml", "examples/models/llama3-8b.toml",
-        "examples/models/mixtral-8x7b.toml"}) {
+        "examples/models/mixtral-8x7b.toml", "tests/data/models/tiny-llama31.toml",
+        "tests/data/models/tiny-qwen2-yarn.toml", "tests/data/models/tiny-llama-linear.toml"}) {
     SCOPED_TRACE(file);
     const ModelDescription d = load_model(std::string(DTRAIN_SOURCE_DIR) + "/" + file);
     const ModelSpec& m = d.model;
@@ -238,8 +239,15 @@ TEST(HfWeights, ExportedConfigsImportToTheSameModel) {
     if (m.position == PositionKind::kRope) {
       EXPECT_EQ(back.rope_theta, m.rope_theta);
     }
+    EXPECT_EQ(back.rope_scaling.type, m.rope_scaling.type);
     EXPECT_EQ(back.rope_scaling.factor, m.rope_scaling.factor);
-    EXPECT_EQ(back.rope_scaling.original_context, m.rope_scaling.original_context);
+    if (m.rope_scaling.type != RopeScalingType::kLinear) {
+      EXPECT_EQ(back.rope_scaling.original_context, m.rope_scaling.original_context);
+    }
+    EXPECT_EQ(back.rope_scaling.beta_fast, m.rope_scaling.beta_fast);
+    EXPECT_EQ(back.rope_scaling.beta_slow, m.rope_scaling.beta_slow);
+    EXPECT_EQ(back.rope_scaling.truncate, m.rope_scaling.truncate);
+    EXPECT_EQ(back.rope_scaling.attention_scale(), m.rope_scaling.attention_scale());
     EXPECT_EQ(back.moe.experts, m.moe.experts);
     EXPECT_EQ(back.moe.top_k, m.moe.top_k);
     EXPECT_EQ(back.moe.ffn_hidden, m.moe.ffn_hidden);

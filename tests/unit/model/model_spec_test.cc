@@ -157,7 +157,7 @@ TEST(ModelSpec, SgdIsRefusedNamingTheKey) {
   EXPECT_EQ(parse_model(TomlDocument::parse_string(dense + "adam\"\n", "m.toml")).training.optimizer, Optimizer::kAdam);
 }
 
-// [model.rope_scaling]: Llama 3.1's, checked key by key, and in the digest only when present.
+// [model.rope_scaling]: Llama 3.1's, linear and yarn, checked key by key, and in the digest only when present.
 TEST(ModelSpec, RopeScalingIsCheckedAndDigested) {
   const std::string head =
       "[model]\nname = \"m\"\narch = \"llama\"\nlayers = 2\nhidden = 64\nheads = 4\nvocab = 256\nseq_len = 8\n"
@@ -174,9 +174,27 @@ TEST(ModelSpec, RopeScalingIsCheckedAndDigested) {
   // Written into plan files and read back the same.
   const ModelDescription back = parse_model(TomlDocument::parse_string(model_toml(scaled, ""), "plan.toml"));
   EXPECT_EQ(back.digest, scaled.digest);
+  // Each kind reads its own keys: llama3's under yarn or linear are unknown; an unknown kind is named.
   std::string yarn = scaling;
   yarn.replace(yarn.find("llama3"), 6, "yarn");
-  EXPECT_THAT(error_of(head + yarn + tail), HasSubstr("the only rope scaling is \"llama3\""));
+  EXPECT_THAT(error_of(head + yarn + tail), HasSubstr("_freq_factor: unknown key"));
+  EXPECT_THAT(error_of(head + "[model.rope_scaling]\ntype = \"dynamic\"\nfactor = 2.0\n" + tail), HasSubstr("dynamic"));
+  const std::string yarn_ok =
+      "[model.rope_scaling]\ntype = \"yarn\"\nfactor = 4.0\noriginal_max_position_embeddings = 2\nbeta_fast = 8\n"
+      "truncate = false\n";
+  const ModelDescription y = parse_model(TomlDocument::parse_string(head + yarn_ok + tail, "m.toml"));
+  EXPECT_EQ(y.model.rope_scaling.type, RopeScalingType::kYarn);
+  EXPECT_DOUBLE_EQ(y.model.rope_scaling.beta_fast, 8);
+  EXPECT_DOUBLE_EQ(y.model.rope_scaling.beta_slow, 1);
+  EXPECT_FALSE(y.model.rope_scaling.truncate);
+  EXPECT_EQ(parse_model(TomlDocument::parse_string(model_toml(y, ""), "plan.toml")).digest, y.digest);
+  EXPECT_NE(y.digest, scaled.digest);
+  EXPECT_THAT(error_of(head + "[model.rope_scaling]\ntype = \"yarn\"\nfactor = 4.0\n" + tail),
+              HasSubstr("original_max_position_embeddings"));
+  const ModelDescription lin = parse_model(
+      TomlDocument::parse_string(head + "[model.rope_scaling]\ntype = \"linear\"\nfactor = 2.0\n" + tail, "m.toml"));
+  EXPECT_EQ(lin.model.rope_scaling.type, RopeScalingType::kLinear);
+  EXPECT_EQ(parse_model(TomlDocument::parse_string(model_toml(lin, ""), "plan.toml")).digest, lin.digest);
   std::string low = scaling;
   low.replace(low.find("high_freq_factor = 4.0"), 22, "high_freq_factor = 0.5");
   EXPECT_THAT(error_of(head + low + tail), HasSubstr("high_freq_factor = 0.5: 0.5 is not above low_freq_factor"));

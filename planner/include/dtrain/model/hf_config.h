@@ -7,7 +7,7 @@
 //
 // Refused, naming the field: any other architecture (Mixtral and Qwen2-MoE too: mixture-of-experts layers are not
 // modelled yet), and fields that change the math dtrain computes: sliding-window attention, rope_scaling other than
-// Llama 3.1's "llama3" (imported as [model.rope_scaling]), a head_dim
+// "llama3" (Llama 3.1), "linear" and "yarn" (imported as [model.rope_scaling]), a head_dim
 // other than hidden / heads, attention or MLP biases on a Llama, an activation other than the architecture's,
 // multi-head latent attention, different dropout probabilities where dtrain has one.
 //

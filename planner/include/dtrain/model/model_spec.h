@@ -6,8 +6,9 @@
 //              ffn_multiple_of
 //   [model.moe] experts, top_k, ffn_hidden, shared_ffn_hidden, shared_gate, interval, first_dense,
 //              normalize_top_k, aux_loss_coeff, capacity_factor (a mixture-of-experts model; absent: dense)
-//   [model.rope_scaling] type ("llama3"), factor, low_freq_factor, high_freq_factor,
-//              original_max_position_embeddings (Llama 3.1's frequency scaling; absent: none)
+//   [model.rope_scaling] type ("llama3", "linear", "yarn"), factor, low_freq_factor, high_freq_factor,
+//              original_max_position_embeddings, beta_fast, beta_slow, attention_factor, truncate (HF's rotary
+//              frequency scaling, each kind its keys: dtrain/common/rope_scaling.h; absent: none)
 //   [training] global_batch, dtype, optimizer, lr, min_lr, warmup_steps, decay_steps, weight_decay, beta1, beta2,
 //              eps, grad_clip, attention, grad_reduce_dtype, overlap_grad_reduce
 // Unknown keys are errors with the nearest valid key suggested; every error names file, line and key.
@@ -96,7 +97,7 @@ struct ModelSpec {
   double dropout = 0.0;  // hidden and attention dropout probability
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
-  RopeScaling rope_scaling;  // [model.rope_scaling]: Llama 3's frequency scaling (dtrain/common/rope_scaling.h)
+  RopeScaling rope_scaling;  // [model.rope_scaling]: HF's rotary frequency scaling (dtrain/common/rope_scaling.h)
   MoeSpec moe;
 
   // Whether layer l's MLP is a mixture of experts.

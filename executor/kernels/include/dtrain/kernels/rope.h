@@ -33,8 +33,9 @@ struct RopeShape {
 // Fills cos[p, i] and sin[p, i] for p in [0, seq), i in [0, head_dim / 2) ([seq, head_dim / 2], row-major). The
 // angle and its cosine and sine are computed in float64 and rounded once to float, so the table is exact to half an
 // ulp at every position (a float32 angle, as Hugging Face computes it, loses about p * 6e-8 radians). Throws
-// dtrain::Error (input) when head_dim is odd or not positive, seq is negative or theta <= 0. With `scaling` (Llama
-// 3.1's), each frequency theta^(-2i/head_dim) is scaled first (dtrain/common/rope_scaling.h).
+// dtrain::Error (input) when head_dim is odd or not positive, seq is negative or theta <= 0. With `scaling` (HF's
+// llama3, linear or yarn), each frequency theta^(-2i/head_dim) is scaled first and cos and sin are multiplied by its
+// attention scale (yarn's; dtrain/common/rope_scaling.h).
 void rope_table(double theta, std::int64_t seq, std::int64_t head_dim, float* cos, float* sin,
                 const RopeScaling& scaling = {});
 
