@@ -80,4 +80,15 @@ void Executor::write(State which, std::span<const float> host) {
   if (!host.empty()) impl_->interpreter->backend().copy_to_backend(b.data(), host.data(), host.size() * sizeof(float));
 }
 
+void Executor::write(State which, std::int64_t offset, std::span<const float> host) {
+  detail::F32& b = state_buffer(*impl_->interpreter, which);
+  if (offset < 0 || static_cast<std::size_t>(offset) + host.size() > b.size()) {
+    throw internal_error(fmt::format("Executor::write: floats [{}, {}) of a state of {}", offset,
+                                     static_cast<std::size_t>(offset) + host.size(), b.size()));
+  }
+  if (!host.empty()) {
+    impl_->interpreter->backend().copy_to_backend(b.data() + offset, host.data(), host.size() * sizeof(float));
+  }
+}
+
 }  // namespace dtrain::exec

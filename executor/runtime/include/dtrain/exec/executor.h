@@ -64,6 +64,9 @@ class Executor {
   // Replaces a state with `host` (the size read() returns; else dtrain::Error, internal). Weight copies of another
   // type are refreshed from the parameters at the start of the next step.
   void write(State which, std::span<const float> host);
+  // Replaces host.size() elements of a state from element `offset` on (else dtrain::Error, internal): for a loader
+  // that fills the state piece by piece instead of holding a whole copy.
+  void write(State which, std::int64_t offset, std::span<const float> host);
 
   // Slices recorded during the last step (record_trace): the same form as the simulator's.
   const std::vector<ir::Slice>& trace() const;
