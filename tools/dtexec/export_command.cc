@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -80,7 +81,11 @@ int run_export(const ExportOptions& o) {
   const model::ModelDescription desc = model::load_model(o.model_path);
   const model::ModelSpec& m = desc.model;
   const model::HfModelMap map = model::hf_model_map(m);
-  const exec::CheckpointChoice choice = exec::checkpoint_named(o.checkpoint, desc, "--checkpoint");
+  // The shards' checksums are verified on a thread of their own while the export reads and writes (they cover the
+  // Adam moments too: twice the parameters' bytes that the export itself reads), and before OUT appears.
+  const exec::CheckpointChoice choice = exec::checkpoint_named(o.checkpoint, desc, "--checkpoint", /*checksums=*/false);
+  std::future<std::string> corrupt =
+      std::async(std::launch::async, [&choice] { return exec::checkpoint_checksum_error(choice); });
   const exec::CheckpointReader reader(choice.directory);
 
   // Every tensor's shape against the checkpoint before anything is written.
@@ -157,6 +162,10 @@ int run_export(const ExportOptions& o) {
   }
   write_file_whole((fs::path(partial) / "config.json").string(),
                    model::hf_config_json(m, map, o.dtype == "bf16" ? "bfloat16" : "float32"));
+  if (const std::string why = corrupt.get(); !why.empty()) {
+    fs::remove_all(partial);
+    throw exec::checkpoint_error(why);
+  }
   fs::rename(partial, o.output);
   log::info("",
             "exported step {} of {} as {} ({} tensors, {} parameters, {}) to {}: config.json, {} safetensors file{}",

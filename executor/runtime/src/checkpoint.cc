@@ -112,25 +112,9 @@ Error checkpoint_error(const std::string& message) {
 
 namespace {
 
-// Why the step directory `dir` cannot be used ("" when it can), with its metadata in `meta`: unreadable metadata or
-// a shard whose SHA-256 differs from the one recorded. Throws dtrain::Error (exit 7, category input: the caller gave
-// the wrong directory) when it was written for another model than `expected_model_digest`.
-std::string check_step_directory(const fs::path& dir, const std::string& expected_model_digest, nlohmann::json& meta) {
-  try {
-    std::ifstream in(dir / "metadata.json");
-    meta = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    return fmt::format("{}: unreadable metadata ({})", dir.string(), e.what());
-  }
-  std::string digest = meta.value("model_digest", "");
-  if (digest != expected_model_digest) {
-    throw Error(
-        ErrorCategory::kInput, ExitCode::kCheckpointMismatch,
-        fmt::format(
-            "{}: the checkpoint was made for model '{}' (digest {}), but this run trains digest {}; use another "
-            "--checkpoint-dir (nothing was overwritten)",
-            dir.string(), meta.value("model", "?"), digest, expected_model_digest));
-  }
+// A shard of `meta` whose SHA-256 differs from the one recorded, as the reason the step directory `dir` cannot be used;
+// "" when every shard matches.
+std::string shard_checksum_error(const fs::path& dir, const nlohmann::json& meta) {
   for (const auto& s : meta["shards"]) {
     fs::path file = dir / s["file"].get<std::string>();
     std::string actual;
@@ -147,9 +131,33 @@ std::string check_step_directory(const fs::path& dir, const std::string& expecte
   return "";
 }
 
+// Why the step directory `dir` cannot be used ("" when it can), with its metadata in `meta`: unreadable metadata or,
+// with `checksums`, a shard whose SHA-256 differs from the one recorded. Throws dtrain::Error (exit 7, category
+// input: the caller gave the wrong directory) when it was written for another model than `expected_model_digest`.
+std::string check_step_directory(const fs::path& dir, const std::string& expected_model_digest, nlohmann::json& meta,
+                                 bool checksums = true) {
+  try {
+    std::ifstream in(dir / "metadata.json");
+    meta = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    return fmt::format("{}: unreadable metadata ({})", dir.string(), e.what());
+  }
+  std::string digest = meta.value("model_digest", "");
+  if (digest != expected_model_digest) {
+    throw Error(
+        ErrorCategory::kInput, ExitCode::kCheckpointMismatch,
+        fmt::format(
+            "{}: the checkpoint was made for model '{}' (digest {}), but this run trains digest {}; use another "
+            "--checkpoint-dir (nothing was overwritten)",
+            dir.string(), meta.value("model", "?"), digest, expected_model_digest));
+  }
+  return checksums ? shard_checksum_error(dir, meta) : "";
+}
+
 }  // namespace
 
-std::optional<CheckpointChoice> find_checkpoint(const std::string& root, const std::string& expected_model_digest) {
+std::optional<CheckpointChoice> find_checkpoint(const std::string& root, const std::string& expected_model_digest,
+                                                bool checksums) {
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return std::nullopt;
   std::vector<std::pair<std::int64_t, fs::path>> candidates;
@@ -166,28 +174,33 @@ std::optional<CheckpointChoice> find_checkpoint(const std::string& root, const s
   std::sort(candidates.rbegin(), candidates.rend());
   for (const auto& [step, dir] : candidates) {
     nlohmann::json meta;
-    const std::string why = check_step_directory(dir, expected_model_digest, meta);
+    const std::string why = check_step_directory(dir, expected_model_digest, meta, checksums);
     if (why.empty()) return CheckpointChoice{dir.string(), step, meta};
     log::warn("ckpt", "{}; trying an older checkpoint", why);
   }
   return std::nullopt;
 }
 
-CheckpointChoice checkpoint_at(const std::string& directory, const std::string& expected_model_digest) {
+CheckpointChoice checkpoint_at(const std::string& directory, const std::string& expected_model_digest, bool checksums) {
   nlohmann::json meta;
-  const std::string why = check_step_directory(directory, expected_model_digest, meta);
+  const std::string why = check_step_directory(directory, expected_model_digest, meta, checksums);
   if (!why.empty()) throw checkpoint_error(why);
   return CheckpointChoice{directory, meta.value("step", std::int64_t{0}), meta};
 }
 
+std::string checkpoint_checksum_error(const CheckpointChoice& choice) {
+  return shard_checksum_error(choice.directory, choice.metadata);
+}
+
 CheckpointChoice checkpoint_named(const std::string& path, const model::ModelDescription& model,
-                                  const std::string& option) {
+                                  const std::string& option, bool checksums) {
   const bool step_directory = fs::exists(fs::path(path) / "metadata.json");
   if (!step_directory && !fs::is_directory(path))
     throw input_error(fmt::format("{} {}: no such directory", option, path));
   std::optional<CheckpointChoice> choice;
   try {
-    choice = step_directory ? checkpoint_at(path, model.digest) : find_checkpoint(path, model.digest);
+    choice =
+        step_directory ? checkpoint_at(path, model.digest, checksums) : find_checkpoint(path, model.digest, checksums);
   } catch (const Error& e) {
     // Their message for another model's checkpoint (category input) speaks of a training run's --checkpoint-dir.
     if (e.exit_code() != ExitCode::kCheckpointMismatch || e.category() != ErrorCategory::kInput) throw;

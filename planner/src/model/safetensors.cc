@@ -174,13 +174,16 @@ std::span<const std::byte> SafetensorsFile::bytes(const SafeTensorInfo& tensor) 
 }
 
 void SafetensorsFile::release(const SafeTensorInfo& tensor, std::uint64_t begin, std::uint64_t end) const {
-  // Whole pages inside [begin, end) of the tensor's bytes only: a page shared with a neighbour stays.
-  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto first = reinterpret_cast<std::uintptr_t>(map_ + data_start_ + tensor.begin + begin);
-  const auto last =
-      reinterpret_cast<std::uintptr_t>(map_ + data_start_ + tensor.begin + std::min(end, tensor.end - tensor.begin));
-  const std::uintptr_t a = (first + page - 1) / page * page, b = last / page * page;
-  if (a < b) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);  // advice: a failure changes nothing read
+  // Whole pages inside [begin, end) of the tensor's bytes only: a page shared with a neighbour stays. The mapping
+  // starts on a page boundary, so offsets from it round to pages as the addresses would.
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t first = data_start_ + tensor.begin + begin;
+  const std::uint64_t last = data_start_ + tensor.begin + std::min(end, tensor.end - tensor.begin);
+  const std::uint64_t a = (first + page - 1) / page * page, b = last / page * page;
+  if (a < b) {
+    // Advice: a failure changes nothing that is read.
+    ::madvise(const_cast<std::byte*>(map_) + a, static_cast<std::size_t>(b - a), MADV_DONTNEED);
+  }
 }
 
 std::uint64_t safetensors_bytes(const std::string& dtype, const std::vector<std::int64_t>& shape) {

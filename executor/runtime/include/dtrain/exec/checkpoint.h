@@ -65,12 +65,15 @@ struct CheckpointChoice {
 // corrupt ones. nullopt when there is none. Throws dtrain::Error (exit 7, category input) when the newest complete
 // checkpoint was made for another model (expected_model_digest), naming both digests — a directory of another job is
 // never overwritten or used.
-std::optional<CheckpointChoice> find_checkpoint(const std::string& root, const std::string& expected_model_digest);
+// Without `checksums` the shards are not read (their checksums are the caller's to verify: checkpoint_checksum_error).
+std::optional<CheckpointChoice> find_checkpoint(const std::string& root, const std::string& expected_model_digest,
+                                                bool checksums = true);
 
 // The step directory `directory` itself, checked as find_checkpoint checks each candidate (this model's, every shard
 // matching its checksum). Throws dtrain::Error (exit 7) naming the directory, or the shard, otherwise (category input
 // for another model's, as find_checkpoint).
-CheckpointChoice checkpoint_at(const std::string& directory, const std::string& expected_model_digest);
+CheckpointChoice checkpoint_at(const std::string& directory, const std::string& expected_model_digest,
+                               bool checksums = true);
 
 // The checkpoint a command-line option (`option`, for messages: "--checkpoint", "--weights") names by `path`: a step
 // directory (with metadata.json), or a checkpoint directory whose newest complete checkpoint is taken. Either way it
@@ -78,7 +81,11 @@ CheckpointChoice checkpoint_at(const std::string& directory, const std::string& 
 // dtrain::Error: (input) for a path that is no directory; (exit 7) for another model's checkpoint, naming the model,
 // or a directory without a complete one.
 CheckpointChoice checkpoint_named(const std::string& path, const model::ModelDescription& model,
-                                  const std::string& option);
+                                  const std::string& option, bool checksums = true);
+
+// The first shard of `choice` whose SHA-256 differs from its metadata's, as a message naming the file; "" when all
+// match. For a caller that chose with checksums = false and verifies while it reads (dtexec export).
+std::string checkpoint_checksum_error(const CheckpointChoice& choice);
 
 // An unreadable, corrupt or foreign checkpoint: dtrain::Error with exit code 7 (kCheckpointMismatch).
 Error checkpoint_error(const std::string& message);
