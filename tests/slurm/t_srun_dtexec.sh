@@ -17,7 +17,7 @@ train_args=(train --model "$repo/examples/models/tiny.toml" --data synthetic --s
   { cat "$work/single.err" >&2; fail "single-rank run failed"; }
 
 umask 077
-openssl rand -hex 32 >"$work/secret"
+od -An -tx1 -N32 /dev/urandom | tr -d " \n" >"$work/secret"
 export MASTER_ADDR=127.0.0.1
 out=$(DTRAIN_SECRET_FILE="$work/secret" srun_t --kill-on-bad-exit=1 -N2 -w 'n[1-2]' --ntasks-per-node=2 \
   "$bin/dtexec" "${train_args[@]}" --metrics "$work/ranks.jsonl" 2>&1) || fail "srun dtexec failed: $out"

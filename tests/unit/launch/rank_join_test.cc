@@ -16,14 +16,20 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string error_of(const Environment& env) {
+// The message of the input error (exit 2) that `f` throws; "" when it throws none.
+template <typename F>
+std::string refusal(F&& f) {
   try {
-    resolve_rank_join(env);
+    f();
   } catch (const Error& e) {
     EXPECT_EQ(e.exit_code(), ExitCode::kBadInput) << e.what();
     return e.what();
   }
   return "";
+}
+
+std::string error_of(const Environment& env) {
+  return refusal([&] { resolve_rank_join(env); });
 }
 
 Environment slurm_task(int procid, int localid, int nodeid) {
@@ -160,13 +166,7 @@ struct SecretFile {
 };
 
 std::string secret_error(const Environment& env) {
-  try {
-    join_secret(env);
-  } catch (const Error& e) {
-    EXPECT_EQ(e.exit_code(), ExitCode::kBadInput) << e.what();
-    return e.what();
-  }
-  return "";
+  return refusal([&] { join_secret(env); });
 }
 
 TEST(RankJoin, TheSecretIsTheOwnersAlone) {
