@@ -9,7 +9,6 @@
 #include <string>
 
 #include "dtrain/common/cli_count.h"
-#include "dtrain/common/dtype.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
 #include "dtrain/exec/evaluation.h"
@@ -50,28 +49,16 @@ void print(const exec::EvalResult& r, bool json) {
 }
 
 int run_eval(EvalCommand c) {
-  if (!c.dtype.empty()) {
-    c.options.job.activations = parse_dtype(c.dtype);
-    if (!c.options.job.activations ||
-        (*c.options.job.activations != DType::kFp32 && *c.options.job.activations != DType::kBf16)) {
-      throw input_error(fmt::format("--dtype {}: expected fp32 or bf16", c.dtype));
-    }
-  }
-  JoinOptions jo;
-  jo.device = c.device;
-  jo.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(c.timeout_s * 1000));
-  jo.threads = c.threads;
-  std::unique_ptr<World> world = join_world(jo);
+  c.options.job.activations = activations_option(c.dtype);
+  std::unique_ptr<World> world =
+      join_world({.device = c.device,
+                  .timeout = std::chrono::milliseconds(static_cast<std::int64_t>(c.timeout_s * 1000)),
+                  .threads = c.threads});
   c.options.job.ranks_per_node = world->local_size.value_or(0);
   c.options.job.backend = world->backend();
-  try {
-    const exec::EvalResult r = exec::evaluate(c.options, *world->comm);
-    if (world->rank == 0) print(r, c.json);
-    return 0;
-  } catch (...) {
-    world->comm->abort();  // peers blocked on this rank fail at once instead of at their timeout
-    throw;
-  }
+  const exec::EvalResult r = world->guarded([&] { return exec::evaluate(c.options, *world->comm); });
+  if (world->rank == 0) print(r, c.json);
+  return 0;
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 #include "dtrain/common/cli_main.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
+#include "dtrain/common/strings.h"
 #include "dtrain/common/version.h"
 #include "dtrain/exec/data.h"
 #include "dtrain/exec/trainer.h"
@@ -71,6 +72,22 @@ void run_data_program(int argc, char** argv) {
   ::execv(program.c_str(), argv);  // returns only on failure: then run here
 }
 
+// An index (DTRAIN_RESTART): 0 is a value like any other.
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  auto parsed = parse_int(v);
+  if (!parsed || *parsed < 0 || *parsed > (1 << 24)) {
+    throw input_error(fmt::format("{}={}: expected a non-negative integer", name, v));
+  }
+  return static_cast<int>(*parsed);
+}
+
+std::string env_string(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? fallback : std::string(v);
+}
+
 void on_signal(int) { exec::set_stop_requested(); }
 
 // Every step frees and allocates the same activation and gradient buffers. By default glibc serves blocks above a
@@ -86,14 +103,13 @@ int run_train(exec::TrainOptions options, const std::string& device, double time
   keep_freed_memory();
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
-  tools::JoinOptions jo;
-  jo.device = device;
-  jo.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
-  jo.threads = threads;
-  std::unique_ptr<tools::World> world = tools::join_world(jo);
+  std::unique_ptr<tools::World> world =
+      tools::join_world({.device = device,
+                         .timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000)),
+                         .threads = threads});
   options.ranks_per_node = world->local_size.value_or(0);  // TrainOptions: 0 is "not given"
-  options.job_id = tools::env_string("DTRAIN_JOB_ID", "");
-  options.restart = tools::env_int("DTRAIN_RESTART", 0);
+  options.job_id = env_string("DTRAIN_JOB_ID", "");
+  options.restart = env_int("DTRAIN_RESTART", 0);
   options.backend = world->backend();
   if (world->client) {
     // dtlaunch's hang report lowers every rank's program from the plan the ranks agreed on (docs/launcher.md).
@@ -105,13 +121,7 @@ int run_train(exec::TrainOptions options, const std::string& device, double time
       }
     };
   }
-  try {
-    exec::TrainResult r = exec::train(options, *world->comm);
-    return static_cast<int>(r.exit_code);
-  } catch (...) {
-    world->comm->abort();  // peers blocked on this rank fail at once instead of at their timeout
-    throw;
-  }
+  return world->guarded([&] { return static_cast<int>(exec::train(options, *world->comm).exit_code); });
 }
 
 // --write-plan: the plan train() would run (exec::make_plan), written to `path`; nothing else starts.
@@ -220,16 +230,11 @@ int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
         if (const int code = run_data_command(); code >= 0) return code;
         if (const int code = run_export_command(); code >= 0) return code;
         if (const int code = run_eval_command(); code >= 0) return code;
-        if (!dtype.empty()) {
-          o.activations = parse_dtype(dtype);
-          if (!o.activations || (*o.activations != DType::kFp32 && *o.activations != DType::kBf16)) {
-            throw input_error(fmt::format("--dtype {}: expected fp32 or bf16", dtype));
-          }
-        }
+        o.activations = tools::activations_option(dtype);
         if (o.deterministic) threads = 1;
         if (plan_option->count() == 0) {
           // DTRAIN_PLAN is also the Slurm plugin's input twin (auto, off, tp=..): only a plan file is taken from it.
-          std::string env_plan = tools::env_string("DTRAIN_PLAN", "");
+          std::string env_plan = env_string("DTRAIN_PLAN", "");
           if (!env_plan.empty() && env_plan != "auto" && env_plan != "off" && env_plan.find('=') == std::string::npos) {
             o.plan = env_plan;
           }

@@ -10,7 +10,6 @@
 #include "dtrain/comm/gloo.h"
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
-#include "dtrain/common/strings.h"
 #include "dtrain/exec/cuda_backend.h"
 #include "dtrain/kernels/threads.h"
 #include "dtrain/launch/rank_join.h"
@@ -51,19 +50,13 @@ std::string this_host() {
 
 }  // namespace
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  auto parsed = parse_int(v);
-  if (!parsed || *parsed < 0 || *parsed > (1 << 24)) {
-    throw input_error(fmt::format("{}={}: expected a non-negative integer", name, v));
+std::optional<DType> activations_option(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  const std::optional<DType> t = parse_dtype(text);
+  if (!t || (*t != DType::kFp32 && *t != DType::kBf16)) {
+    throw input_error(fmt::format("--dtype {}: expected fp32 or bf16", text));
   }
-  return static_cast<int>(*parsed);
-}
-
-std::string env_string(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v == nullptr || *v == '\0' ? fallback : std::string(v);
+  return t;
 }
 
 std::unique_ptr<World> join_world(const JoinOptions& options) {
@@ -77,7 +70,7 @@ std::unique_ptr<World> join_world(const JoinOptions& options) {
   w->size = join.world_size;
   w->local_size = join.local_world_size;
   w->local_rank = join.local_rank;
-  w->run = env_string("DTRAIN_RUN_ID", join.run_id);
+  w->run = join.run_id;
   log::set_rank(w->rank);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   kernels::cpu::set_num_threads(options.threads ? *options.threads

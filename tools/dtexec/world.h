@@ -15,6 +15,7 @@
 
 #include "dtrain/comm/communicator.h"
 #include "dtrain/comm/inproc.h"
+#include "dtrain/common/dtype.h"
 #include "dtrain/exec/backend.h"
 #include "dtrain/store/client.h"
 #include "dtrain/store/gloo_store.h"
@@ -22,10 +23,9 @@
 
 namespace dtrain::tools {
 
-// An index (RANK, LOCAL_RANK) or a number of restarts: 0 is a value like any other. Throws dtrain::Error (input)
-// for a value that is not a non-negative integer.
-int env_int(const char* name, int fallback);
-std::string env_string(const char* name, const std::string& fallback);
+// The activation type of --dtype (train and eval): fp32, or bf16 with fp32 master weights; nullopt for "" (the
+// model's training.dtype). Throws dtrain::Error (input) for any other value.
+std::optional<DType> activations_option(const std::string& text);
 
 struct JoinOptions {
   std::string device = "cpu";  // or "cuda": LOCAL_RANK's GPU
@@ -49,6 +49,18 @@ struct World {
 
   // The backend the executor should use: the GPU's, or nullptr (the CPU's).
   exec::Backend* backend() const { return gpu.get(); }
+
+  // f(), whose failure aborts the world communicator first: peers blocked on this rank fail at once instead of at
+  // their timeout.
+  template <typename F>
+  auto guarded(F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (...) {
+      comm->abort();
+      throw;
+    }
+  }
 };
 
 // Reads the environment, sets the CPU kernel threads, opens the device and connects the world (every rank's
