@@ -14,17 +14,11 @@ extern char** environ;
 namespace dtrain::launch {
 namespace {
 
-std::optional<std::string> get(const Environment& env, std::string_view name) {
-  auto it = env.find(name);
-  if (it == env.end() || it->second.empty()) return std::nullopt;
-  return it->second;
-}
-
 // The first variable of `names` that is set, with its name.
 std::optional<std::pair<std::string, std::string>> first_of(const Environment& env,
                                                             std::initializer_list<const char*> names) {
   for (const char* name : names) {
-    if (auto v = get(env, name)) return std::make_pair(std::string(name), *v);
+    if (auto v = env_value(env, name)) return std::make_pair(std::string(name), *v);
   }
   return std::nullopt;
 }
@@ -45,6 +39,12 @@ void check_positive(double value, const char* flag, bool zero_allowed = false) {
 }
 
 }  // namespace
+
+std::optional<std::string> env_value(const Environment& env, std::string_view name) {
+  auto it = env.find(name);
+  if (it == env.end() || it->second.empty()) return std::nullopt;
+  return it->second;
+}
 
 Environment current_environment() {
   Environment env;
@@ -147,7 +147,7 @@ JobConfig resolve_job(const LaunchOptions& options, const Environment& env) {
   // --nnodes MIN:MAX alone under Slurm keeps Slurm's layout (its node count must be MAX).
   const bool explicit_layout =
       (options.nnodes.has_value() && !options.min_nnodes.has_value()) || options.node_rank.has_value();
-  const auto slurm_job = get(env, "SLURM_JOB_ID");
+  const auto slurm_job = env_value(env, "SLURM_JOB_ID");
   if (slurm_job && !explicit_layout) {
     job.slurm = true;
     auto nodelist = first_of(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"});

@@ -16,17 +16,10 @@
 namespace dtrain::launch {
 namespace {
 
-// A variable's value; nullopt when unset or empty.
-std::optional<std::string> value_of(const Environment& env, std::string_view name) {
-  auto it = env.find(name);
-  if (it == env.end() || it->second.empty()) return std::nullopt;
-  return it->second;
-}
-
 // An integer variable of at least min_value (a count: 1, under the rule of dtrain/common/count.h; an index: 0) and
 // at most 2^24; `fallback` when unset.
 std::optional<int> int_of(const Environment& env, std::string_view name, int min_value, std::optional<int> fallback) {
-  auto text = value_of(env, name);
+  auto text = env_value(env, name);
   if (!text) return fallback;
   auto v = parse_int(trim(*text));
   if (!v || *v > (1 << 24)) {
@@ -73,18 +66,18 @@ int tasks_on_node(const std::string& name, const std::string& list, int node) {
 RankJoin dtrain_join(const Environment& env) {
   RankJoin j;
   j.source = JoinSource::kDtrain;
-  const store::Endpoint e = store::Endpoint::parse(*value_of(env, store::kAddressEnv));
+  const store::Endpoint e = store::Endpoint::parse(*env_value(env, store::kAddressEnv));
   j.store_host = e.host;
   j.store_port = e.port;
   j.rank = *int_of(env, "RANK", 0, 0);
   j.world_size = *int_of(env, "WORLD_SIZE", 1, 1);
   j.local_rank = *int_of(env, "LOCAL_RANK", 0, 0);
   j.local_world_size = int_of(env, "LOCAL_WORLD_SIZE", 1, std::nullopt);
-  j.host_store = value_of(env, "DTRAIN_STORE_HOST").value_or("0") == "1";
+  j.host_store = env_value(env, "DTRAIN_STORE_HOST").value_or("0") == "1";
   if (j.host_store && j.rank != 0) {
     throw input_error(fmt::format("DTRAIN_STORE_HOST=1 on rank {}: only rank 0 hosts the store", j.rank));
   }
-  j.comm_host = value_of(env, "DTRAIN_COMM_HOST").value_or("127.0.0.1");
+  j.comm_host = env_value(env, "DTRAIN_COMM_HOST").value_or("127.0.0.1");
   j.origin = fmt::format("DTRAIN_STORE={}", e.to_string());
   return j;
 }
@@ -101,46 +94,46 @@ RankJoin torchrun_join(const Environment& env, bool store) {
       "RANK and WORLD_SIZE={} follow torchrun's convention, whose rank 0 hosts the store at "
       "MASTER_ADDR:MASTER_PORT (or start the ranks with dtlaunch, or srun with the dtrain plugin)",
       j.world_size);
-  auto addr = value_of(env, "MASTER_ADDR");
+  auto addr = env_value(env, "MASTER_ADDR");
   if (!addr) throw input_error("MASTER_ADDR is not set: " + why);
   j.store_host = *addr;
   j.store_port = port_of(env, "MASTER_PORT");
   if (j.store_port == 0) throw input_error("MASTER_PORT is not set: " + why);
   std::string note;
-  if (value_of(env, "TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
+  if (env_value(env, "TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
     if (j.store_port == 65535)
       throw input_error("MASTER_PORT=65535: under torchrun dtrain's store takes the next port");
     ++j.store_port;
     note = ", + 1: torchrun's agent holds MASTER_PORT";
   }
   j.host_store = j.rank == 0;
-  j.comm_host = value_of(env, "DTRAIN_COMM_HOST").value_or(loopback(j.store_host) ? "127.0.0.1" : "");
+  j.comm_host = env_value(env, "DTRAIN_COMM_HOST").value_or(loopback(j.store_host) ? "127.0.0.1" : "");
   j.origin = fmt::format("torchrun's environment (MASTER_ADDR={}, MASTER_PORT={}{})", j.store_host,
-                         *value_of(env, "MASTER_PORT"), note);
+                         *env_value(env, "MASTER_PORT"), note);
   return j;
 }
 
 RankJoin slurm_join(const Environment& env, bool store) {
   RankJoin j;
   j.source = JoinSource::kSlurm;
-  const std::string job = value_of(env, "SLURM_JOB_ID").value_or("0");
-  const std::string step = *value_of(env, "SLURM_STEP_ID");
+  const std::string job = env_value(env, "SLURM_JOB_ID").value_or("0");
+  const std::string step = *env_value(env, "SLURM_STEP_ID");
   j.rank = required_int(env, "SLURM_PROCID", 0, "srun sets it for every task");
   j.world_size = *int_of(env, "SLURM_STEP_NUM_TASKS", 1, int_of(env, "SLURM_NTASKS", 1, 1));
   j.local_rank = *int_of(env, "SLURM_LOCALID", 0, 0);
   if (j.rank >= j.world_size) {
     throw input_error(fmt::format("SLURM_PROCID={} is outside the step's {} tasks", j.rank, j.world_size));
   }
-  if (auto per_node = value_of(env, "SLURM_STEP_TASKS_PER_NODE")) {
+  if (auto per_node = env_value(env, "SLURM_STEP_TASKS_PER_NODE")) {
     j.local_world_size = tasks_on_node("SLURM_STEP_TASKS_PER_NODE", *per_node, *int_of(env, "SLURM_NODEID", 0, 0));
   }
   if (j.world_size == 1 || !store) return j;
   std::string host_origin = "MASTER_ADDR";
-  if (auto addr = value_of(env, "MASTER_ADDR")) {
+  if (auto addr = env_value(env, "MASTER_ADDR")) {
     j.store_host = *addr;
   } else {
-    auto list = value_of(env, "SLURM_STEP_NODELIST");
-    if (!list) list = value_of(env, "SLURM_JOB_NODELIST");
+    auto list = env_value(env, "SLURM_STEP_NODELIST");
+    if (!list) list = env_value(env, "SLURM_JOB_NODELIST");
     if (!list) throw input_error("SLURM_STEP_NODELIST is not set: give the store's host in MASTER_ADDR");
     j.store_host = expand_hostlist(*list).front();
     host_origin = "the step's first node";
@@ -150,18 +143,17 @@ RankJoin slurm_join(const Environment& env, bool store) {
   if (derived) j.store_port = derived_ports(job, step).front();
   j.host_store = j.rank == 0;
   j.run_id = fmt::format("slurm-{}.{}", job, step);
-  j.comm_host = value_of(env, "DTRAIN_COMM_HOST").value_or(loopback(j.store_host) ? "127.0.0.1" : "");
+  j.comm_host = env_value(env, "DTRAIN_COMM_HOST").value_or(loopback(j.store_host) ? "127.0.0.1" : "");
   j.origin = fmt::format("Slurm step {}.{} (store at {}:{}: {}, {})", job, step, j.store_host, j.store_port,
                          host_origin, derived ? "port derived from job and step id" : "MASTER_PORT");
   return j;
 }
 
-}  // namespace
-
-RankJoin resolve_rank_join(const Environment& env, bool store) {
-  if (value_of(env, store::kAddressEnv)) return dtrain_join(env);
-  if (value_of(env, "RANK") || value_of(env, "WORLD_SIZE")) {
-    if (store && !value_of(env, "RANK") && int_of(env, "WORLD_SIZE", 1, 1) > 1) {
+// The rank's place and store by the first convention that describes them (rank_join.h).
+RankJoin resolve_source(const Environment& env, bool store) {
+  if (env_value(env, store::kAddressEnv)) return dtrain_join(env);
+  if (env_value(env, "RANK") || env_value(env, "WORLD_SIZE")) {
+    if (store && !env_value(env, "RANK") && int_of(env, "WORLD_SIZE", 1, 1) > 1) {
       throw input_error("WORLD_SIZE is set but RANK is not: set both (torchrun's convention), or neither");
     }
     RankJoin j = torchrun_join(env, store);
@@ -170,13 +162,21 @@ RankJoin resolve_rank_join(const Environment& env, bool store) {
     }
     return j;
   }
-  if (value_of(env, "SLURM_STEP_ID") && value_of(env, "SLURM_PROCID")) return slurm_join(env, store);
+  if (env_value(env, "SLURM_STEP_ID") && env_value(env, "SLURM_PROCID")) return slurm_join(env, store);
   return {};
 }
 
+}  // namespace
+
+RankJoin resolve_rank_join(const Environment& env, bool store) {
+  RankJoin j = resolve_source(env, store);
+  j.run_id = env_value(env, "DTRAIN_RUN_ID").value_or(j.run_id);
+  return j;
+}
+
 store::Secret join_secret(const Environment& env) {
-  if (auto secret = value_of(env, "DTRAIN_SECRET")) return store::Secret(*secret);
-  auto path = value_of(env, "DTRAIN_SECRET_FILE");
+  if (auto secret = env_value(env, "DTRAIN_SECRET")) return store::Secret(*secret);
+  auto path = env_value(env, "DTRAIN_SECRET_FILE");
   if (!path) {
     throw input_error(
         "the ranks' store needs a secret, the same on every rank: set DTRAIN_SECRET, or DTRAIN_SECRET_FILE to a file "

@@ -21,6 +21,9 @@ using Environment = std::map<std::string, std::string, std::less<>>;
 // The process environment as a map.
 Environment current_environment();
 
+// The value of `name`; nullopt when it is unset or empty (an empty variable counts as unset).
+std::optional<std::string> env_value(const Environment& env, std::string_view name);
+
 struct LaunchOptions {
   std::optional<int> nnodes;
   // --nnodes MIN:MAX: the job may go on with as few as MIN nodes after losing some (docs/launcher.md, "Fewer

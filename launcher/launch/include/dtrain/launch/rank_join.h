@@ -39,9 +39,9 @@ struct RankJoin {
   std::optional<int> local_world_size;  // ranks on this node, where the environment says
   std::string store_host;               // every source but single
   std::uint16_t store_port = 0;
-  bool host_store = false;  // this rank hosts the store
-  std::string run_id = "run";
-  std::string comm_host;  // Gloo's listening address; empty: this host's name
+  bool host_store = false;     // this rank hosts the store
+  std::string run_id = "run";  // the store's key prefix: DTRAIN_RUN_ID, else "slurm-JOB.STEP" under plain srun
+  std::string comm_host;       // Gloo's listening address; empty: this host's name
   // Where the values came from, for the log: "torchrun's environment (MASTER_ADDR=10.0.0.1, MASTER_PORT=29500)".
   std::string origin;
 };
