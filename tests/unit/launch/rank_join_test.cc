@@ -10,26 +10,17 @@
 #include <fstream>
 
 #include "dtrain/common/error.h"
+#include "refusal.h"
 
 namespace dtrain::launch {
 namespace {
 
 using ::testing::HasSubstr;
 
-// The message of the input error (exit 2) that `f` throws; "" when it throws none.
-template <typename F>
-std::string refusal(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.exit_code(), ExitCode::kBadInput) << e.what();
-    return e.what();
-  }
-  return "";
-}
+using dtrain::testing::input_error_of;
 
 std::string error_of(const Environment& env) {
-  return refusal([&] { resolve_rank_join(env); });
+  return input_error_of([&] { resolve_rank_join(env); });
 }
 
 Environment slurm_task(int procid, int localid, int nodeid) {
@@ -131,6 +122,9 @@ TEST(RankJoin, APlainSrunStep) {
   EXPECT_EQ(j.store_port, derived_ports("4242", "3").front());
   EXPECT_FALSE(j.host_store);
   EXPECT_EQ(j.run_id, "slurm-4242.3");
+  Environment named = slurm_task(3, 1, 1);
+  named["DTRAIN_RUN_ID"] = "mine";
+  EXPECT_EQ(resolve_rank_join(named).run_id, "mine");
   EXPECT_EQ(resolve_rank_join(slurm_task(4, 0, 2)).local_world_size, 1);  // "2(x2),1": node 2 has one
   EXPECT_TRUE(resolve_rank_join(slurm_task(0, 0, 0)).host_store);
   // MASTER_ADDR and MASTER_PORT, where a batch script exports them, say where the store is.
@@ -166,7 +160,7 @@ struct SecretFile {
 };
 
 std::string secret_error(const Environment& env) {
-  return refusal([&] { join_secret(env); });
+  return input_error_of([&] { join_secret(env); });
 }
 
 TEST(RankJoin, TheSecretIsTheOwnersAlone) {

@@ -14,6 +14,7 @@
 
 #include "dtrain/common/error.h"
 #include "dtrain/model/model_spec.h"
+#include "refusal.h"
 
 namespace dtrain::model {
 namespace {
@@ -29,17 +30,7 @@ std::string hf(const std::string& name) {
   return std::string(DTRAIN_SOURCE_DIR) + "/tests/data/hf/" + name + "/config.json";
 }
 
-// The message of the input error `f` throws (exit 2), or "" when it does not throw.
-template <class F>
-std::string input_error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.exit_code(), ExitCode::kBadInput) << e.what();
-    return e.what();
-  }
-  return "";
-}
+using dtrain::testing::input_error_of;
 
 TEST(HfConfig, Llama3EightBImportsAsTheHandWrittenModel) {
   const ModelDescription imported = load_model(hf("llama3-8b"));

@@ -16,6 +16,7 @@
 #include "dtrain/model/hf_config.h"
 #include "dtrain/model/model_spec.h"
 #include "dtrain/model/safetensors.h"
+#include "refusal.h"
 
 namespace dtrain::model {
 namespace {
@@ -43,13 +44,7 @@ void write_raw(const std::string& path, const std::string& header, std::size_t d
 }
 
 std::string refusal(const std::string& path) {
-  try {
-    SafetensorsFile f(path);
-  } catch (const Error& e) {
-    EXPECT_EQ(e.exit_code(), ExitCode::kBadInput);
-    return e.what();
-  }
-  return "";
+  return dtrain::testing::input_error_of([&] { SafetensorsFile f(path); });
 }
 
 TEST(Safetensors, AWrittenFileReadsBackAsTheFormatLaysItOut) {
