@@ -22,7 +22,11 @@ struct ImportCommand {
 void run_import(ImportCommand o) {
   if (!o.dtype.empty()) {
     o.defaults.dtype = parse_dtype(o.dtype);
-    if (!o.defaults.dtype) throw input_error(fmt::format("--dtype {}: expected bf16, fp16, fp8 or fp32", o.dtype));
+    if (!o.defaults.dtype || *o.defaults.dtype == DType::kFp8) {
+      throw input_error(fmt::format(
+          "--dtype {}: expected bf16, fp16 or fp32 (FP8 GEMMs are [training] fp8 = \"hybrid\" beside dtype = \"bf16\")",
+          o.dtype));
+    }
   }
   const std::string text = model::hf_config_to_toml(o.config, o.defaults);
   // What is written must load as any model.toml does (whole or not at all).
@@ -45,7 +49,7 @@ void setup_import(CLI::App& app) {
   sub->add_option("--name", o->defaults.name, "The model's name (default: the config's directory)");
   sub->add_option("--global-batch", o->defaults.global_batch, "Sequences per optimizer step (default 512)")
       ->check(CountValidator());
-  sub->add_option("--dtype", o->dtype, "Training dtype: bf16 (default), fp16, fp8 or fp32");
+  sub->add_option("--dtype", o->dtype, "Training dtype: bf16 (default), fp16 or fp32");
   sub->add_option("--seq-len", o->defaults.seq_len, "Sequence length (default: the model's context length)")
       ->check(CountValidator());
   sub->callback([o] { run_import(*o); });

@@ -131,6 +131,7 @@ void read_calibration(TableReader& c, Calibration& cal) {
   frac("hbm_efficiency", cal.hbm_efficiency);
   frac("optimizer_hbm_efficiency", cal.optimizer_hbm_efficiency);
   frac("expert_gemm_efficiency", cal.expert_gemm_efficiency);
+  frac("fp8_gemm_efficiency", cal.fp8_gemm_efficiency);
   nonneg("step_overhead_s", cal.step_overhead_s);
   nonneg("microbatch_overhead_s", cal.microbatch_overhead_s);
   nonneg("host_op_forward_us", cal.host_op_forward_us);
@@ -409,6 +410,7 @@ std::string optional_calibration_lines(const Calibration& c) {
   if (c.optimizer_hbm_efficiency > 0) out += fmt::format("optimizer_hbm_efficiency = {}\n", c.optimizer_hbm_efficiency);
   if (c.moe_imbalance != 1.0) out += fmt::format("moe_imbalance = {}\n", c.moe_imbalance);
   if (c.expert_gemm_efficiency != 1.0) out += fmt::format("expert_gemm_efficiency = {}\n", c.expert_gemm_efficiency);
+  if (c.fp8_gemm_efficiency > 0) out += fmt::format("fp8_gemm_efficiency = {}\n", c.fp8_gemm_efficiency);
   if (c.idle_core_reclaim != 1.0) out += fmt::format("idle_core_reclaim = {}\n", c.idle_core_reclaim);
   if (c.host_op_forward_us > 0 || c.host_op_backward_us > 0) {
     out +=

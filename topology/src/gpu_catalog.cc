@@ -23,6 +23,10 @@ double Calibration::attention_efficiency_at(double seq_len, bool backward) const
                          seq_len);
 }
 
+double Calibration::fp8_gemm_efficiency_or_default() const {
+  return fp8_gemm_efficiency > 0 ? fp8_gemm_efficiency : kDefaultFp8GemmEfficiency;
+}
+
 double GpuSpec::peak_flops(DType dtype) const {
   switch (dtype) {
     case DType::kBf16:

@@ -11,10 +11,12 @@ ClusterSpec local_cpu_cluster(int ranks) {
   c.node.gpu.name = "cpu";
   c.node.gpu.tflops_fp32 = 0.05;
   c.node.gpu.tflops_bf16 = 0.05;  // bf16 GEMMs run on the fp32 kernels
+  c.node.gpu.tflops_fp8 = 0.05;   // and so do the emulated FP8 GEMMs ([training] fp8)
   c.node.gpu.memory_gib = 4;
   c.node.gpu.hbm_gbps = 10;
   c.node.gpu.calibration.gemm_efficiency_max = 0.8;
   c.node.gpu.calibration.gemm_half_gflop = 0.01;
+  c.node.gpu.calibration.fp8_gemm_efficiency = 1.0;
   c.node.gpu.calibration.attention_efficiency = 0.3;
   c.node.gpu.calibration.hbm_efficiency = 0.5;
   c.node.gpu.calibration.step_overhead_s = 0.005;

@@ -411,6 +411,7 @@ topology::ClusterSpec default_cpu_base() {
 name = "cpu"
 tflops_fp32 = 0.05
 tflops_bf16 = 0.05
+tflops_fp8 = 0.05
 memory_gib = {:.1f}
 hbm_gbps = 10
 [network]
@@ -458,6 +459,9 @@ void apply_cpu(topology::ClusterSpec& c, const CalibrationResult& r) {
   g.tflops_fp32 = r.peak_flops / 1e12;
   // The CPU backend computes bf16 GEMMs with its fp32 kernels (dtexec --dtype bf16): the same rate.
   g.tflops_bf16 = g.tflops_fp32;
+  // And FP8 GEMMs ([training] fp8) with the fp32 kernels over operands rounded to FP8: the same rate again.
+  g.tflops_fp8 = g.tflops_fp32;
+  g.calibration.fp8_gemm_efficiency = 1.0;
   g.hbm_gbps = r.memory_bytes_per_s / 1e9;
   topology::Calibration& cal = g.calibration;
   cal.gemm_efficiency_max = 1.0;
@@ -526,6 +530,7 @@ void apply_probe(topology::ClusterSpec& c, const ProbeFigures& f) {
   cal.hbm_efficiency = f.hbm_efficiency;
   c.node.gpu.tflops_fp32 *= f.compute_speedup;
   c.node.gpu.tflops_bf16 *= f.compute_speedup;
+  c.node.gpu.tflops_fp8 *= f.compute_speedup;
   cal.step_overhead_s = f.step_overhead_s;
   cal.microbatch_overhead_s = f.microbatch_overhead_s;
   if (f.nvlink_gbps) c.node.nvlink_gbps = *f.nvlink_gbps;

@@ -18,6 +18,18 @@ std::string_view to_string(NormKind norm) { return norm == NormKind::kLayerNorm 
 std::string_view to_string(ActivationKind act) { return act == ActivationKind::kGelu ? "gelu" : "swiglu"; }
 std::string_view to_string(PositionKind pos) { return pos == PositionKind::kLearned ? "learned" : "rope"; }
 std::string_view to_string(AttentionImpl impl) { return impl == AttentionImpl::kFlash ? "flash" : "materialized"; }
+std::string_view to_string(Fp8Format format) {
+  switch (format) {
+    case Fp8Format::kNone:
+      return "none";
+    case Fp8Format::kHybrid:
+      return "hybrid";
+    case Fp8Format::kE4M3:
+      return "e4m3";
+  }
+  return "?";
+}
+std::string_view to_string(Fp8Recipe recipe) { return recipe == Fp8Recipe::kDelayed ? "delayed" : "tensorwise"; }
 std::string_view to_string(Optimizer opt) {
   switch (opt) {
     case Optimizer::kAdam:
@@ -220,6 +232,26 @@ std::string rope_scaling_lines(const RopeScaling& r, const std::string& prefix) 
 
 ModelDescription parse_model(const TomlDocument& doc) { return parse_model_tables(doc.root()); }
 
+namespace {
+
+// [training] fp8 and fp8_recipe.
+void parse_fp8(TableReader& t, TrainingSpec& tr) {
+  auto fp8 = t.get_choice("fp8", {"none", "hybrid", "e4m3"});
+  tr.fp8 = !fp8 || *fp8 == "none" ? Fp8Format::kNone : *fp8 == "hybrid" ? Fp8Format::kHybrid : Fp8Format::kE4M3;
+  auto recipe = t.get_choice("fp8_recipe", {"delayed", "tensorwise"});
+  if (recipe && !tr.fp8_enabled()) {
+    t.fail("fp8_recipe", "applies to FP8 GEMMs only: set fp8 = \"hybrid\" (or \"e4m3\") too, or leave it out");
+  }
+  tr.fp8_recipe = recipe && *recipe == "tensorwise" ? Fp8Recipe::kTensorwise : Fp8Recipe::kDelayed;
+  if (tr.fp8_enabled() && tr.dtype != DType::kBf16) {
+    t.fail("fp8", fmt::format("FP8 GEMMs need dtype = \"bf16\" (the weights, activations and gradients between the "
+                              "GEMMs stay bf16), not \"{}\"",
+                              to_string(tr.dtype)));
+  }
+}
+
+}  // namespace
+
 ModelDescription parse_model_tables(TableReader root) {
   ModelDescription desc;
   desc.source = root.file();
@@ -301,8 +333,15 @@ ModelDescription parse_model_tables(TableReader root) {
   auto gb = t.get_count("global_batch");
   if (!gb) t.fail("global_batch", "required key is missing (sequences per optimizer step)");
   tr.global_batch = *gb;
-  auto dtype = t.get_choice("dtype", {"bf16", "fp16", "fp8", "fp32"});
+  // FP8 is not a format for weights and activations but one inside the GEMMs: the fp8 key below.
+  if (t.has("dtype") && t.get_string("dtype") == "fp8") {
+    t.fail("dtype",
+           "\"fp8\" is not a training dtype: train in dtype = \"bf16\" with fp8 = \"hybrid\" (FP8 GEMMs inside "
+           "the transformer layers, Transformer Engine style)");
+  }
+  auto dtype = t.get_choice("dtype", {"bf16", "fp16", "fp32"});
   tr.dtype = dtype ? *parse_dtype(*dtype) : DType::kBf16;
+  parse_fp8(t, tr);
   // SGD was once accepted here while the executor trained every model with Adam: a file saying sgd trained with
   // something else. dtrain trains with Adam alone, so sgd is refused rather than silently replaced.
   if (t.has("optimizer") && t.get_string("optimizer") == "sgd") {
@@ -341,6 +380,9 @@ ModelDescription parse_model_tables(TableReader root) {
   desc.locations["training.global_batch"] =
       fmt::format("{}: [training] global_batch = {}", t.where("global_batch"), tr.global_batch);
   desc.locations["training.dtype"] = t.where("dtype");
+  if (tr.fp8_enabled()) {
+    desc.locations["training.fp8"] = fmt::format("{}: [training] fp8 = \"{}\"", t.where("fp8"), to_string(tr.fp8));
+  }
   return desc;
 }
 
@@ -398,6 +440,13 @@ std::string moe_lines(const MoeSpec& moe, const std::string& prefix) {
   return s;
 }
 
+// The fp8 keys, each name after `prefix` and each value between `quote`s; none without FP8.
+std::string fp8_lines(const TrainingSpec& t, const std::string& prefix, const char* quote) {
+  if (!t.fp8_enabled()) return "";
+  return fmt::format("{0}fp8 = {1}{2}{1}\n{0}fp8_recipe = {1}{3}{1}\n", prefix, quote, to_string(t.fp8),
+                     to_string(t.fp8_recipe));
+}
+
 }  // namespace
 
 std::string model_toml(const ModelDescription& d, const std::string& prefix) {
@@ -426,6 +475,7 @@ std::string model_toml(const ModelDescription& d, const std::string& prefix) {
                    t.grad_reduce_fp32 ? "fp32" : "dtype", t.overlap_grad_reduce, t.lr, t.min_lr, t.warmup_steps);
   s += fmt::format("decay_steps = {}\nweight_decay = {}\nbeta1 = {}\nbeta2 = {}\neps = {}\ngrad_clip = {}\n",
                    t.decay_steps, t.weight_decay, t.beta1, t.beta2, t.eps, t.grad_clip);
+  s += fp8_lines(t, "", "\"");
   return s;
 }
 
@@ -460,6 +510,8 @@ std::string canonical_text(const ModelDescription& d) {
   s += fmt::format("training.weight_decay = {}\ntraining.beta1 = {}\ntraining.beta2 = {}\ntraining.eps = {}\n",
                    t.weight_decay, t.beta1, t.beta2, t.eps);
   s += fmt::format("training.grad_clip = {}\n", t.grad_clip);
+  // Only where on, so that the digests of every model without FP8 stay what they were.
+  s += fp8_lines(t, "training.", "");
   return s;
 }
 

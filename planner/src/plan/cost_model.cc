@@ -60,6 +60,14 @@ CostModel::CostModel(model::ModelDescription model, topology::ClusterSpec cluste
     alone.network.subgroup_sync_us = 0;
     uncontended_ = std::make_shared<const CostModel>(model_, std::move(alone));
   }
+  fp8_ = model_.training.fp8_enabled();
+  if (fp8_ && !(cluster_.node.gpu.peak_flops(DType::kFp8) > 0)) {
+    throw input_error(fmt::format(
+        "{}: the GPU {} of cluster \"{}\" has no FP8 tensor cores ([gpu] tflops_fp8 is 0 or not given): FP8 GEMMs "
+        "need Hopper (H100, H200), Ada (L40S) or newer; set fp8 = \"none\", or give the GPU's [gpu] tflops_fp8",
+        model_.located("training.fp8", fmt::format("[training] fp8 = \"{}\"", to_string(model_.training.fp8))),
+        cluster_.node.gpu.name, cluster_.name));
+  }
   // Without a rate for the training dtype every GEMM would take forever and each time would come out NaN.
   if (!(cluster_.node.gpu.peak_flops(model_.training.dtype) > 0)) {
     const std::string dtype(to_string(model_.training.dtype));
@@ -171,22 +179,9 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
   if (moe_token_parallel(c) && op.is_moe()) p = {p.tokens / p.tp, p.tokens / p.tp, 1.0};
   switch (op.kind) {
     case OpKind::kLinear: {
-      double in = static_cast<double>(op.in_features), out = static_cast<double>(op.out_features);
-      if (op.experts > 0) {
-        // One GEMM per local expert (experts / ep of them) on its share of the routed rows: the rank's tokens times
-        // top_k spread evenly over the experts, times the load imbalance of the busiest rank (ep > 1).
-        const double experts = static_cast<double>(op.experts) / c.ep;
-        const double imbalance = c.ep > 1 ? cluster_.calibration().moe_imbalance : 1.0;
-        const double rows = p.tokens * static_cast<double>(op.top_k) / experts * imbalance;
-        const double grouped = experts / cluster_.calibration().expert_gemm_efficiency;  // one grouped call
-        if (op.split == TpSplit::kRow) return grouped * gemm_seconds(rows, out, in / p.tp);
-        return grouped * gemm_seconds(rows, std::ceil(out / p.tp), in);
-      }
-      if (op.split == TpSplit::kReplicated) return gemm_seconds(p.tokens, out, in);
-      if (op.split == TpSplit::kRow) return gemm_seconds(p.tokens, out, in / p.tp);
-      // The logits: the rank's rows of the padded vocabulary.
-      if (op.split == TpSplit::kVocab) return gemm_seconds(p.tokens, vocab_shard_rows(m, c.tp), in);
-      return gemm_seconds(p.tokens, std::ceil(out / p.tp), in);  // column-parallel
+      // With FP8 the input is cast first (fp8_cast_seconds).
+      const LinearGemm g = linear_gemm(op, c);
+      return g.seconds(*this) + (g.fp8 ? g.groups * fp8_cast_seconds(g.rows * g.in) : 0.0);
     }
     case OpKind::kAttention: {
       double s = static_cast<double>(m.seq_len), hd = static_cast<double>(m.head_dim());
@@ -215,6 +210,36 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
   return 0;
 }
 
+CostModel::LinearGemm CostModel::linear_gemm(const Op& op, const ParallelConfig& c) const {
+  const auto& m = model_.model;
+  Partition p = partition(c, static_cast<double>(m.seq_len));
+  // etp = 1: the MoE MLP's ops see this rank's sequence shard, with whole experts.
+  if (moe_token_parallel(c) && op.is_moe()) p = {p.tokens / p.tp, p.tokens / p.tp, 1.0};
+  const double in = static_cast<double>(op.in_features), out = static_cast<double>(op.out_features);
+  LinearGemm g;
+  g.fp8 = fp8_gemm(op);
+  if (op.experts > 0) {
+    // One GEMM per local expert (experts / ep of them) on its share of the routed rows: the rank's tokens times
+    // top_k spread evenly over the experts, times the load imbalance of the busiest rank (ep > 1).
+    const double experts = static_cast<double>(op.experts) / c.ep;
+    const double imbalance = c.ep > 1 ? cluster_.calibration().moe_imbalance : 1.0;
+    g.rows = p.tokens * static_cast<double>(op.top_k) / experts * imbalance;
+    g.groups = experts / cluster_.calibration().expert_gemm_efficiency;  // one grouped call
+  } else {
+    g.rows = p.tokens;
+  }
+  g.in = in;
+  g.out = out;
+  if (op.split == TpSplit::kRow) {
+    g.in = in / p.tp;
+  } else if (op.split == TpSplit::kVocab) {
+    g.out = static_cast<double>(vocab_shard_rows(m, c.tp));  // the logits: the rank's rows of the padded vocabulary
+  } else if (op.split != TpSplit::kReplicated) {
+    g.out = std::ceil(out / p.tp);  // column-parallel
+  }
+  return g;
+}
+
 double CostModel::flash_attention_seconds(const Op& op, const ParallelConfig& c, bool backward) const {
   // Fused flash kernel: compute-bound at the attention kernel's efficiency (by sequence length and pass where dtplan
   // calibrate measured it), or bound by its bytes where those take longer. The rank's heads see all its tokens.
@@ -238,13 +263,18 @@ double CostModel::backward_seconds(const Op& op, const ParallelConfig& c, double
   if (op.kind == OpKind::kAttention && op.causal_fraction < 1.0) {
     return op.backward_factor * flash_attention_seconds(op, c, true);
   }
+  // FP8: the GEMMs backward_factor times, and the output gradient's cast (the input's was the forward's).
+  if (fp8_gemm(op)) {
+    const LinearGemm g = linear_gemm(op, c);
+    return op.backward_factor * g.seconds(*this) + g.groups * fp8_cast_seconds(g.rows * g.out);
+  }
   return op.backward_factor * forward_s;
 }
 
 double CostModel::op_weight_grad_seconds(const Op& op, const ParallelConfig& c) const {
   // A linear layer's backward is two GEMMs of its forward's size: input gradient and weight gradient.
   if (op.kind != OpKind::kLinear || op.params == 0) return 0;
-  return op_forward_seconds(op, c);
+  return linear_gemm(op, c).seconds(*this);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -355,7 +385,11 @@ double CostModel::layer_tp_forward_seconds(const ParallelConfig& c) const {
   double bytes = hidden_bytes(c);
   // Megatron's split: one all-reduce after each row-parallel layer (attention output, fc2); with sequence
   // parallelism an all-gather before each column-parallel layer and a reduce-scatter after each row-parallel one.
-  if (c.sequence_parallel) return 2.0 * (all_gather_seconds(bytes, g) + reduce_scatter_seconds(bytes, g));
+  // With FP8 GEMMs the all-gathered inputs travel in FP8 (Transformer Engine casts before it gathers).
+  if (c.sequence_parallel) {
+    const double gathered = fp8_ ? bytes / activation_bytes(model_.training.dtype) : bytes;
+    return 2.0 * (all_gather_seconds(gathered, g) + reduce_scatter_seconds(bytes, g)) + fp8_amax_tp_seconds(c);
+  }
   return 2.0 * all_reduce_seconds(bytes, g);
 }
 
@@ -666,7 +700,9 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   double ob = optimizer_bytes_per_param(t);
   // The routed experts' share (their optimizer state is sharded over edp, not dp).
   const double stage_experts = moe_layers * moe_layer_expert_params(c);
-  mem.weights_bytes = mem.params * wb;
+  // With FP8 GEMMs the layers' weights are held in FP8 too, row-wise and transposed (Transformer Engine's FP8
+  // weight copies, made once per step), beside the bf16 ones.
+  mem.weights_bytes = mem.params * wb + 2.0 * fp8_weight_params(c, stage);
   mem.gradients_bytes = mem.params * gb;
   mem.optimizer_bytes = optimizer_state_params(c, mem.params, stage_experts) * ob;
   mem.layer_state_bytes =
@@ -898,9 +934,7 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
   } else {
     b.dp_comm_s = dp_s;
   }
-  (void)param_stage;
-
-  b.optimizer_s = optimizer_seconds(c, max_params, max_stage_experts);
+  b.optimizer_s = optimizer_seconds(c, max_params, max_stage_experts) + fp8_step_seconds(c, param_stage);
   if (p > 1 && m.tied_embeddings) {
     // First and last stage sum the gradients of their copies of the word embeddings.
     GroupGeometry pair{2, 1, 2, false};

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "dtrain/common/strings.h"
+#include "report_fp8.h"
 
 namespace dtrain::plan {
 
@@ -278,7 +279,7 @@ std::string header(const Explanation& e) {
       "on {} x {} ({} nodes x {}, cluster '{}'), global batch {} sequences ({} tokens)\n",
       m.model.name, m.model.total_params() / 1e9, m.model.layers, m.model.hidden, m.model.heads,
       m.model.kv_heads != m.model.heads ? fmt::format(" ({} kv)", m.model.kv_heads) : "", m.model.seq_len,
-      to_string(m.training.dtype), gpus, cl.node.gpu.name, (gpus + per_node - 1) / per_node, per_node, cl.name,
+      detail::precision_words(m.training), gpus, cl.node.gpu.name, (gpus + per_node - 1) / per_node, per_node, cl.name,
       e.options.global_batch, e.options.global_batch * m.model.seq_len);
 }
 
@@ -377,6 +378,7 @@ std::string explain_text(const Explanation& e) {
   std::string s = header(e);
   if (!e.plan_digest.empty()) s += fmt::format("plan digest {}\n", e.plan_digest);
   s += "\n" + layout_block(e) + "\n" + prediction_block(e.chosen, *e.model) + memory_block(e.chosen);
+  s += detail::fp8_text(e);
   const auto& provenance = e.model->cluster().provenance;
   if (!provenance.empty()) {
     s += "\nWhere the cluster figures came from (discovered topology, or measured by dtplan calibrate)\n";
@@ -473,6 +475,7 @@ nlohmann::json explain_json(const Explanation& e) {
   j["memory_bytes"] = {
       {"stages", stages}, {"peak", c.peak_memory_bytes}, {"peak_stage", c.peak_stage}, {"capacity", c.capacity_bytes}};
   j["binding_constraint"] = binding_constraint(e);
+  if (auto fp8 = detail::fp8_json(e)) j["fp8"] = std::move(*fp8);
   // CPU ranks sharing cores in a pipeline: the factor the passes' times above already include.
   if (c.breakdown.shared_core_speedup > 1) j["shared_core_speedup"] = c.breakdown.shared_core_speedup;
   if (!cl.provenance.empty()) j["provenance"] = cl.provenance;
@@ -672,7 +675,8 @@ std::string megatron_args(const CostModel& cm, const ParallelConfig& c) {
   }
   if (t.dtype == DType::kBf16) a.push_back("--bf16");
   if (t.dtype == DType::kFp16) a.push_back("--fp16");
-  if (t.dtype == DType::kFp8) a.push_back("--bf16 --fp8-format hybrid");
+  if (t.fp8_enabled())
+    a.push_back(fmt::format("--fp8-format {} --fp8-recipe {}", to_string(t.fp8), to_string(t.fp8_recipe)));
   if (t.attention == model::AttentionImpl::kFlash) a.push_back("--use-flash-attn");
   if (t.overlap_grad_reduce && c.dp > 1) a.push_back("--overlap-grad-reduce");
   std::string out = join(a, " \\\n  ");

@@ -10,7 +10,7 @@
 //              original_max_position_embeddings, beta_fast, beta_slow, attention_factor, truncate (HF's rotary
 //              frequency scaling, each kind its keys: dtrain/common/rope_scaling.h; absent: none)
 //   [training] global_batch, dtype, optimizer, lr, min_lr, warmup_steps, decay_steps, weight_decay, beta1, beta2,
-//              eps, grad_clip, attention, grad_reduce_dtype, overlap_grad_reduce
+//              eps, grad_clip, attention, grad_reduce_dtype, overlap_grad_reduce, fp8, fp8_recipe
 // Unknown keys are errors with the nearest valid key suggested; every error names file, line and key.
 #pragma once
 
@@ -144,6 +144,19 @@ struct ModelSpec {
 enum class Optimizer { kAdam, kAdamW };
 std::string_view to_string(Optimizer opt);
 
+// FP8 GEMMs ([training] fp8; Megatron's --fp8-format): the transformer layers' linear layers (attention projections,
+// MLPs, experts) multiply FP8 operands with fp32 accumulation, as Transformer Engine's Linear layers do; the output
+// layer, the router, attention's own products, norms and everything else stay in the training dtype (bf16), and so do
+// the weights, activations and gradients between the GEMMs. kHybrid: E4M3 forward (weights, activations), E5M2 for
+// the gradients; kE4M3: E4M3 for all of them.
+enum class Fp8Format { kNone, kHybrid, kE4M3 };
+// How each FP8 tensor's scale is chosen ([training] fp8_recipe; Megatron's --fp8-recipe): kDelayed from the largest
+// magnitude that tensor had in the previous step (Transformer Engine's delayed scaling with an amax history of one
+// step, Megatron's default); kTensorwise from its own largest magnitude now (current scaling).
+enum class Fp8Recipe { kDelayed, kTensorwise };
+std::string_view to_string(Fp8Format format);
+std::string_view to_string(Fp8Recipe recipe);
+
 struct TrainingSpec {
   std::int64_t global_batch = 0;  // sequences per optimizer step
   DType dtype = DType::kBf16;
@@ -162,7 +175,10 @@ struct TrainingSpec {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double grad_clip = 1.0;  // 0 disables clipping
+  double grad_clip = 1.0;            // 0 disables clipping
+  Fp8Format fp8 = Fp8Format::kNone;  // needs dtype bf16
+  Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;
+  bool fp8_enabled() const { return fp8 != Fp8Format::kNone; }
 };
 
 struct ModelDescription {

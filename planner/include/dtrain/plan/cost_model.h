@@ -35,7 +35,7 @@ struct TimeBreakdown {
   double bubble_s = 0;     // pipeline fill and drain
   double pp_comm_s = 0;    // exposed pipeline point-to-point transfers
   double dp_comm_s = 0;    // exposed data-parallel reduction (and parameter all-gather)
-  double optimizer_s = 0;  // optimizer step, gradient norm, tied-embedding reduction
+  double optimizer_s = 0;  // optimizer step, gradient norm, tied-embedding reduction, FP8 weight casts and amaxes
   double overhead_s = 0;   // fixed per-step overhead
   // CPU ranks sharing fewer cores ([node] cores): how much faster the passes run than the calibrated per-rank figures
   // say, because the ranks are not all busy at once (a pipeline's fill and drain); 1 otherwise. Applied already.
@@ -162,6 +162,28 @@ class CostModel {
   // Weight-gradient part of op_backward_seconds (GEMMs only).
   double op_weight_grad_seconds(const model::Op& op, const ParallelConfig& config) const;
 
+  // ---- FP8 GEMMs ([training] fp8; cost_model_fp8.cc, docs/cost-model.md#fp8) ----
+  // Whether op's GEMMs run in FP8: a transformer layer's linear layers (attention projections, MLP, shared and routed
+  // experts) under [training] fp8, not the router (replicated) nor the output layer (vocabulary-parallel).
+  bool fp8_gemm(const model::Op& op) const {
+    return fp8_ && op.kind == model::OpKind::kLinear && op.split != model::TpSplit::kVocab &&
+           op.split != model::TpSplit::kReplicated;
+  }
+  // An m x n x k GEMM on FP8 operands (1 byte each, the output 2): the GEMM curve's efficiency times
+  // fp8_gemm_efficiency, at the GPU's FP8 peak.
+  double fp8_gemm_seconds(double m, double n, double k) const;
+  // Casting `elements` bf16 values to FP8, row-wise and transposed (read 2 bytes, write 2) with their amax: a
+  // linear layer's input in the forward pass, its output gradient in the backward.
+  double fp8_cast_seconds(double elements) const;
+  // Once per step on the stage with the most parameters: casting its FP8 layers' weights (read 2 bytes, write 2),
+  // and with the delayed recipe the all-reduce of every FP8 tensor's amax over the data- and tensor-parallel ranks.
+  double fp8_step_seconds(const ParallelConfig& config, int stage) const;
+  // Per layer and pass, the tensorwise recipe under sequence parallelism: the all-reduces of the FP8 inputs' amaxes
+  // over the tensor-parallel group (two per pass); 0 otherwise.
+  double fp8_amax_tp_seconds(const ParallelConfig& config) const;
+  // The parameters one GPU of `stage` holds in FP8 GEMMs' weights (the FP8 copies' count; 0 without FP8).
+  double fp8_weight_params(const ParallelConfig& config, int stage) const;
+
   double all_reduce_seconds(double bytes, const GroupGeometry& g) const;
   double all_gather_seconds(double bytes, const GroupGeometry& g) const;  // bytes: the gathered (full) size
   double reduce_scatter_seconds(double bytes, const GroupGeometry& g) const;
@@ -228,6 +250,16 @@ class CostModel {
   static constexpr double kBucketBytes = 40.0 * 1024 * 1024;  // Megatron's default DDP bucket (40 MB)
 
  private:
+  // One linear op's GEMMs on this rank: `groups` GEMMs of rows x out x in (one per local expert, priced as one grouped
+  // call, or a single one), each in FP8 or not (fp8_gemm).
+  struct LinearGemm {
+    double groups = 1, rows = 0, out = 0, in = 0;
+    bool fp8 = false;
+    double seconds(const CostModel& cm) const {
+      return groups * (fp8 ? cm.fp8_gemm_seconds(rows, out, in) : cm.gemm_seconds(rows, out, in));
+    }
+  };
+  LinearGemm linear_gemm(const model::Op& op, const ParallelConfig& config) const;
   double collective_seconds(double bytes, const GroupGeometry& g, double bw_factor, int steps_factor) const;
   // op_backward_seconds with the op's forward time already known (ops_times: the search's inner loop).
   double backward_seconds(const model::Op& op, const ParallelConfig& config, double forward_s) const;
@@ -260,6 +292,7 @@ class CostModel {
   double moe_params_replicated_ = 0;    // ... and the router, replicated
   double moe_expert_params_ = 0;        // an MoE layer's routed experts (split by etp and by ep)
   double moe_shared_params_ = 0;        // its shared experts (split by etp)
+  bool fp8_ = false;                    // [training] fp8
   // CPU ranks sharing fewer cores, with [network] subgroup_sync_us: this model without it (what a pass costs while
   // no more ranks than cores are busy); nullptr otherwise.
   std::shared_ptr<const CostModel> uncontended_;

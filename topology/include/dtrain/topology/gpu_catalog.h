@@ -57,10 +57,19 @@ struct Calibration {
   // The experts' grouped GEMMs' rate against plain GEMMs of the same shapes (the curve above), which prices each
   // expert's GEMM; 1: the same. dtplan calibrate --device cuda measures it.
   double expert_gemm_efficiency = 1.0;
+  // FP8 GEMMs ([training] fp8): their efficiency against the GEMM curve above at the same FLOPs, applied to the GPU's
+  // FP8 peak (tflops_fp8). 0: not given, kDefaultFp8GemmEfficiency. On a CPU, whose FP8 GEMMs are emulated by fp32
+  // ones, 1 with tflops_fp8 = tflops_fp32.
+  double fp8_gemm_efficiency = 0;
+  double fp8_gemm_efficiency_or_default() const;
   // CPU ranks sharing fewer cores ([node] cores): the fraction of a waiting rank's share of the cores that the busy
   // ranks take up (1: all of it, as a scheduler in theory would; 0: none). dtplan calibrate fits it to a pipeline run.
   double idle_core_reclaim = 1.0;
 };
+
+// FP8 GEMMs reach a smaller share of their (twice as high) peak than bf16 GEMMs of the same shapes: cuBLASLt's FP8
+// GEMMs on an H100 run at about 1.6 times its bf16 GEMMs' rate on large shapes, not 2 (docs/cost-model.md#fp8).
+inline constexpr double kDefaultFp8GemmEfficiency = 0.8;
 
 // ys at x, log-linear in x between the points of ascending, non-empty xs; the end values beyond them.
 double log_interpolate(const std::vector<double>& xs, const std::vector<double>& ys, double x);
