@@ -18,11 +18,19 @@ namespace dtrain::kernels::cuda {
 namespace detail {
 
 // Which GEMM of linear.h, with which output type.
-enum class MatmulKind : int { kForwardBf16 = 0, kForwardFp32 = 1, kBackwardInput = 2, kBackwardWeight = 3 };
+enum class MatmulKind : int {
+  kForwardBf16 = 0,
+  kForwardFp32 = 1,
+  kBackwardInput = 2,
+  kBackwardWeight = 3,
+  kFp8Bf16 = 4,  // an FP8 GEMM with a bf16 output (linear_fp8.cc)
+  kFp8Fp32 = 5,  // ... accumulated into fp32
+};
 
 // Everything cuBLASLt's algorithm choice depends on: the operation, the sizes and the alignment of each pointer.
 struct MatmulKey {
   MatmulKind kind{};
+  int operand_types = 0;  // FP8 GEMMs: 2 * (A is E5M2) + (B is E5M2); 0 for bf16 ones
   std::int64_t m = 0, n = 0, k = 0;
   bool bias = false;
   std::uint32_t align_a = 0, align_b = 0, align_c = 0, align_bias = 0;

@@ -6,6 +6,7 @@
 
 #include "cuda/check.h"
 #include "cuda/context_impl.h"
+#include "cuda/lt_util.h"
 #include "dtrain/common/error.h"
 #include "dtrain/kernels/cuda/elementwise.h"
 
@@ -25,17 +26,14 @@ MatmulPlan::~MatmulPlan() {
 
 namespace {
 
+using detail::alignment_of;
 using detail::MatmulKey;
 using detail::MatmulKind;
 using detail::MatmulPlan;
-
-// Largest power of two (at most 256, cuBLASLt's default assumption) that divides the address.
-std::uint32_t alignment_of(const void* p) {
-  const auto address = reinterpret_cast<std::uintptr_t>(p);
-  std::uint32_t a = 256;
-  while (a > 1 && address % a != 0) a /= 2;
-  return a;
-}
+using detail::pick_algorithm;
+using detail::PreferenceHolder;
+using detail::set_desc;
+using detail::set_pref;
 
 // One GEMM D = alpha op(A) op(B) + beta C (C = D) in cuBLASLt's column-major terms, with an optional bias epilogue.
 struct Gemm {
@@ -51,23 +49,6 @@ struct Gemm {
   float beta = 0.0f;
 };
 
-template <class T>
-void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const T& value) {
-  DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)));
-}
-
-template <class T>
-void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attribute, const T& value) {
-  DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value)));
-}
-
-struct PreferenceHolder {
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~PreferenceHolder() {
-    if (pref != nullptr) (void)cublasLtMatmulPreferenceDestroy(pref);
-  }
-};
-
 const char* kind_name(MatmulKind kind) {
   switch (kind) {
     case MatmulKind::kForwardBf16:
@@ -78,26 +59,16 @@ const char* kind_name(MatmulKind kind) {
       return "linear_backward_input";
     case MatmulKind::kBackwardWeight:
       return "linear_backward_weight";
+    case MatmulKind::kFp8Bf16:
+    case MatmulKind::kFp8Fp32:
+      break;  // linear_fp8.cc's
   }
   return "linear";
 }
 
-// The best algorithm cuBLASLt's heuristic offers, or false when it offers none.
-bool pick_algorithm(Context::Impl& impl, const MatmulPlan& plan, cublasLtMatmulPreference_t pref,
-                    cublasLtMatmulAlgo_t* algo) {
-  cublasLtMatmulHeuristicResult_t result{};
-  int returned = 0;
-  const cublasStatus_t s =
-      cublasLtMatmulAlgoGetHeuristic(impl.lt, plan.desc, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &returned);
-  if (s == CUBLAS_STATUS_NOT_SUPPORTED || returned == 0) return false;
-  DTRAIN_CUBLAS_CHECK(s);
-  if (result.state != CUBLAS_STATUS_SUCCESS) return false;
-  *algo = result.algo;
-  return true;
-}
-
 MatmulPlan& plan_for(Context::Impl& impl, const Gemm& g) {
   const MatmulKey key{g.kind,
+                      0,
                       g.m,
                       g.n,
                       g.k,

@@ -22,6 +22,7 @@
 #include "dtrain/kernels/cuda/norm.h"
 #include "dtrain/kernels/cuda/optimizer.h"
 #include "dtrain/kernels/cuda/rope.h"
+#include "layer_gemms.h"
 
 namespace dtrain::exec {
 
@@ -40,6 +41,7 @@ void check(cudaError_t status, const char* what) {
 class CudaBackend final : public Backend, public Kernels<bf16> {
  public:
   explicit CudaBackend(int device) : ctx_(options(device)) {}
+  kc::Context& context() { return ctx_; }
 
   std::string_view name() const override { return "cuda"; }
   bool host_accessible() const override { return false; }
@@ -288,6 +290,13 @@ class CudaBackend final : public Backend, public Kernels<bf16> {
 };
 
 }  // namespace
+
+namespace detail {
+kernels::cuda::Context* cuda_context(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  return cuda != nullptr ? &cuda->context() : nullptr;
+}
+}  // namespace detail
 
 bool cuda_backend_built() { return true; }
 

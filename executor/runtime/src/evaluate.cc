@@ -29,6 +29,12 @@ double Interpreter<A>::evaluate(const DataSource& source, std::int64_t batch, st
   step_.source = &source;
   step_.batch = batch;
   step_.token_losses = token_losses;
+  // FP8 scales come from the training steps; evaluation passes record no amax for them.
+  struct Recording {
+    LayerGemms<A>& g;
+    ~Recording() { g.set_recording(true); }
+  } recording{gemm};
+  gemm.set_recording(false);
   if constexpr (!std::is_same_v<A, float>) {
     // The optimizer has updated params since the weights were rounded at the start of the step.
     kern.from_fp32(static_cast<std::int64_t>(params.size()), params.data(), weights.data());

@@ -40,6 +40,7 @@
 #include "dtrain/kernels/dropout.h"
 #include "dtrain/kernels/lr_schedule.h"
 #include "dtrain/model/model_spec.h"
+#include "layer_gemms.h"
 #include "step_state.h"
 
 namespace dtrain::exec::detail {
@@ -192,6 +193,12 @@ class Interpreter final : public InterpreterBase {
   // Parameters and gradients by tensor name (fp32), and the weights as the passes read them (type A).
   float* P(const std::string& name) { return params.data() + layout.at(name).offset; }
   float* G(const std::string& name) { return grads.data() + layout.at(name).offset; }
+  std::unique_ptr<LayerGemms<A>> make_layer_gemms() {
+    if (!md.training.fp8_enabled()) return plain_gemms(kern);
+    ParameterSites sites{[this](const void* w) { return static_cast<const A*>(w) - weight_base(); },
+                         [this](const float* g) { return g - grads.data(); }};
+    return fp8_gemms(be, kern, md.training, std::move(sites));
+  }
   const A* weight_base() {
     if constexpr (std::is_same_v<A, float>)
       return params.data();
@@ -301,6 +308,10 @@ class Interpreter final : public InterpreterBase {
   ExecutorOptions opt;
   Backend& be;
   Kernels<A>& kern;
+  // The transformer layers' GEMMs (layer_gemms.h): kern's, or under [training] fp8 FP8 ones. The output layer, the
+  // router and the shared experts' gate call kern.
+  std::unique_ptr<LayerGemms<A>> gemm_impl;
+  LayerGemms<A>& gemm;
   ParamLayout layout;
   F32 params, grads, m1, m2;
   // For A != float: the weights the passes read, params rounded to A at the start of every step (after the optimizer

@@ -185,8 +185,7 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
       // The weight gradient's input is ls.y1, the norm's output: without sequence parallelism, this input itself;
       // with it, the shard that the backward gathers again.
       Tensor y(be, static_cast<std::size_t>(T * qkv_cols), kUninitialized);
-      kern.linear_forward({T, h, qkv_cols}, cur.data(), W(L(l, "attn.qkv.weight")), W_opt(L(l, "attn.qkv.bias")),
-                          y.data());
+      gemm.forward({T, h, qkv_cols}, cur.data(), W(L(l, "attn.qkv.weight")), W_opt(L(l, "attn.qkv.bias")), y.data());
       cur.swap(y);
       return;
     }
@@ -211,7 +210,7 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
     }
     case BodyOp::kAttnProj: {
       Tensor y(be, static_cast<std::size_t>(T * h), kUninitialized);
-      kern.linear_forward({T, Hl * d, h}, cur.data(), W(L(l, "attn.proj.weight")), nullptr, y.data());
+      gemm.forward({T, Hl * d, h}, cur.data(), W(L(l, "attn.proj.weight")), nullptr, y.data());
       cur.swap(y);
       return;
     }
@@ -228,8 +227,7 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
     case BodyOp::kMlpFc1: {
       // The weight gradient's input is ls.y2 (as ls.y1 for the QKV projection).
       Tensor y(be, static_cast<std::size_t>(T * fc1_cols), kUninitialized);
-      kern.linear_forward({T, h, fc1_cols}, cur.data(), W(L(l, "mlp.fc1.weight")), W_opt(L(l, "mlp.fc1.bias")),
-                          y.data());
+      gemm.forward({T, h, fc1_cols}, cur.data(), W(L(l, "mlp.fc1.weight")), W_opt(L(l, "mlp.fc1.bias")), y.data());
       cur.swap(y);
       return;
     }
@@ -244,7 +242,7 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
     }
     case BodyOp::kMlpFc2: {
       Tensor y(be, static_cast<std::size_t>(T * h), kUninitialized);
-      kern.linear_forward({T, fl, h}, cur.data(), W(L(l, "mlp.fc2.weight")), nullptr, y.data());
+      gemm.forward({T, fl, h}, cur.data(), W(L(l, "mlp.fc2.weight")), nullptr, y.data());
       layer_state(st, l).g = std::move(cur);
       cur = std::move(y);
       return;
@@ -277,13 +275,21 @@ void Interpreter<A>::linear_backward(const Instr& in, LayerState<A>* ls, ChunkSt
   if (in.pass == ir::Pass::kBackwardWeight) dy = stash;
   if (weight_grad) {
     const Tensor& x = sp && !st.gathered.empty() && uses_gathered(in.body_op) ? st.gathered : saved_input;
-    kern.linear_backward_weight(shape, dy->data(), x.data(), dw, db);
+    if (ls != nullptr) {
+      gemm.backward_weight(shape, dy->data(), x.data(), dw, db);
+    } else {
+      kern.linear_backward_weight(shape, dy->data(), x.data(), dw, db);
+    }
     if (uses_gathered(in.body_op)) st.gathered.clear();
   }
   if (in.pass == ir::Pass::kBackwardInput) *stash = cur;
   if (input_grad) {
     Tensor dx(be, static_cast<std::size_t>(T * in_features), kUninitialized);
-    kern.linear_backward_input(shape, cur.data(), w, dx.data());
+    if (ls != nullptr) {
+      gemm.backward_input(shape, cur.data(), w, dx.data());
+    } else {
+      kern.linear_backward_input(shape, cur.data(), w, dx.data());
+    }
     cur.swap(dx);
   }
   if (in.pass == ir::Pass::kBackwardWeight) stash->clear();

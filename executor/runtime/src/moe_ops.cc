@@ -159,19 +159,19 @@ void Interpreter<A>::moe_experts_forward(MoeState<A>& ms, int layer) {
   sized(ms.ae, static_cast<std::size_t>(N * fc));
   sized(y, static_cast<std::size_t>(N * h));
   const auto n = static_cast<std::int64_t>(g.rows.size());
-  kern.grouped_linear_forward(n, g.rows.data(), h, fc, x.data(), g.fc1.data(), ms.ae.data());
+  gemm.grouped_forward(n, g.rows.data(), h, fc, x.data(), g.fc1.data(), ms.ae.data());
   activation_forward(N, fw, ms.ae, ms.ge);
-  kern.grouped_linear_forward(n, g.rows.data(), fw, h, ms.ge.data(), g.fc2.data(), y.data());
+  gemm.grouped_forward(n, g.rows.data(), fw, h, ms.ge.data(), g.fc2.data(), y.data());
 }
 
 template <typename A>
 void Interpreter<A>::moe_shared_forward(MoeState<A>& ms, int layer) {
   const std::int64_t fw = m.moe.shared_ffn_hidden / moe_split(), fc = m.fc1_columns(fw);
   sized(ms.sa, static_cast<std::size_t>(Tm * fc));
-  kern.linear_forward({Tm, h, fc}, ms.x.data(), W(L(layer, "moe.shared.fc1.weight")), nullptr, ms.sa.data());
+  gemm.forward({Tm, h, fc}, ms.x.data(), W(L(layer, "moe.shared.fc1.weight")), nullptr, ms.sa.data());
   activation_forward(Tm, fw, ms.sa, ms.sg);
   sized(ms.sy, static_cast<std::size_t>(Tm * h));
-  kern.linear_forward({Tm, fw, h}, ms.sg.data(), W(L(layer, "moe.shared.fc2.weight")), nullptr, ms.sy.data());
+  gemm.forward({Tm, fw, h}, ms.sg.data(), W(L(layer, "moe.shared.fc2.weight")), nullptr, ms.sy.data());
   if (m.moe.shared_gate) {
     Tensor z(be, static_cast<std::size_t>(Tm));
     kern.linear_forward({Tm, h, 1}, ms.x.data(), W(L(layer, "moe.shared.gate.weight")), nullptr, z.data());
@@ -218,12 +218,12 @@ void Interpreter<A>::moe_experts_backward(MoeState<A>& ms, int layer) {
   const std::int64_t N = g.total, fw = expert_width(), fc = expert_fc1_cols();
   const auto n = static_cast<std::int64_t>(g.rows.size());
   Tensor dg(be, static_cast<std::size_t>(N * fw));
-  kern.grouped_linear_backward_weight(n, g.rows.data(), fw, h, dy.data(), ms.ge.data(), g.dfc2.data());
-  kern.grouped_linear_backward_input(n, g.rows.data(), fw, h, dy.data(), g.fc2.data(), dg.data());
+  gemm.grouped_backward_weight(n, g.rows.data(), fw, h, dy.data(), ms.ge.data(), g.dfc2.data());
+  gemm.grouped_backward_input(n, g.rows.data(), fw, h, dy.data(), g.fc2.data(), dg.data());
   activation_backward(N, fw, ms.ae, dg);  // dg: now the fc1 output's gradient [N, fc]
   sized(dx, static_cast<std::size_t>(N * h));
-  kern.grouped_linear_backward_weight(n, g.rows.data(), h, fc, dg.data(), x.data(), g.dfc1.data());
-  kern.grouped_linear_backward_input(n, g.rows.data(), h, fc, dg.data(), g.fc1.data(), dx.data());
+  gemm.grouped_backward_weight(n, g.rows.data(), h, fc, dg.data(), x.data(), g.dfc1.data());
+  gemm.grouped_backward_input(n, g.rows.data(), h, fc, dg.data(), g.fc1.data(), dx.data());
 }
 
 // The all-to-alls of expert parallelism (moe_state.h). Counts first (once per forward, recomputation included):
@@ -324,12 +324,12 @@ template <typename A>
 void Interpreter<A>::moe_shared_backward(MoeState<A>& ms, int layer) {
   const std::int64_t fw = m.moe.shared_ffn_hidden / moe_split(), fc = m.fc1_columns(fw);
   Tensor dg(be, static_cast<std::size_t>(Tm * fw));
-  kern.linear_backward_weight({Tm, fw, h}, ms.dout.data(), ms.sg.data(), G(L(layer, "moe.shared.fc2.weight")), nullptr);
-  kern.linear_backward_input({Tm, fw, h}, ms.dout.data(), W(L(layer, "moe.shared.fc2.weight")), dg.data());
+  gemm.backward_weight({Tm, fw, h}, ms.dout.data(), ms.sg.data(), G(L(layer, "moe.shared.fc2.weight")), nullptr);
+  gemm.backward_input({Tm, fw, h}, ms.dout.data(), W(L(layer, "moe.shared.fc2.weight")), dg.data());
   activation_backward(Tm, fw, ms.sa, dg);
-  kern.linear_backward_weight({Tm, h, fc}, dg.data(), ms.x.data(), G(L(layer, "moe.shared.fc1.weight")), nullptr);
+  gemm.backward_weight({Tm, h, fc}, dg.data(), ms.x.data(), G(L(layer, "moe.shared.fc1.weight")), nullptr);
   sized(ms.dx, static_cast<std::size_t>(Tm * h));
-  kern.linear_backward_input({Tm, h, fc}, dg.data(), W(L(layer, "moe.shared.fc1.weight")), ms.dx.data());
+  gemm.backward_input({Tm, h, fc}, dg.data(), W(L(layer, "moe.shared.fc1.weight")), ms.dx.data());
   ms.dout.clear();
 }
 

@@ -30,6 +30,7 @@ StepMetrics Interpreter<A>::run(std::int64_t step_index) {
   if constexpr (!std::is_same_v<A, float>) {
     kern.from_fp32(static_cast<std::int64_t>(params.size()), params.data(), weights.data());
   }
+  gemm.begin_step();
   step_.start = Clock::now();
   for (std::size_t pc = 0; pc < prog.schedule.size();) {
     const Instr& in = prog.schedule[pc];

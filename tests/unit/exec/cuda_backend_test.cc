@@ -108,6 +108,25 @@ TEST_F(CudaBackendTest, TinyMoeModelsFollowTheCpuBf16Run) {
   }
 }
 
+// [training] fp8 on the GPU: cuBLASLt's FP8 GEMMs over the same FP8 values as the CPU's emulation (only summation
+// orders differ, as in the bf16 test above), and not the bf16 run.
+TEST_F(CudaBackendTest, Fp8GemmsFollowTheCpuEmulationAndAreNotBf16) {
+  for (const char* recipe : {"delayed", "tensorwise"}) {
+    TrainOptions o = tiny_options(20, "dp=1,tp=1,pp=1,vpp=1,micro_batch=4", DType::kBf16);
+    o.model_path = with_fp8("examples/models/tiny.toml", "hybrid", recipe);
+    std::vector<double> cpu = losses(train_threads(1, o));
+    std::vector<double> gpu = losses(train_on_gpu(o));
+    ASSERT_EQ(gpu.size(), cpu.size()) << recipe;
+    for (std::size_t i = 0; i < cpu.size(); ++i)
+      EXPECT_NEAR(gpu[i], cpu[i], 5e-3 * cpu[i]) << recipe << " step " << i + 1;
+    std::vector<double> bf16 =
+        losses(train_on_gpu(tiny_options(20, "dp=1,tp=1,pp=1,vpp=1,micro_batch=4", DType::kBf16)));
+    EXPECT_NE(gpu, bf16) << recipe;
+    std::printf("fp8 %s: step 20 loss cpu %.6f gpu %.6f (bf16 gpu %.6f)\n", recipe, cpu.back(), gpu.back(),
+                bf16.back());
+  }
+}
+
 TEST_F(CudaBackendTest, ResumeOnTheGpuIsBitwiseTheUninterruptedRun) {
   TrainOptions o = tiny_options(6, "dp=1,tp=1,pp=1,vpp=1,micro_batch=2", DType::kBf16, 3);
   std::vector<double> full = losses(train_on_gpu(o));

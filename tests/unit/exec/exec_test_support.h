@@ -1,8 +1,15 @@
 // Running training on several ranks as threads of one process (in-process communicators).
 #pragma once
 
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -52,6 +59,24 @@ inline TrainResult train_threads(int world, const TrainOptions& options) {
       },
       io);
   return out;
+}
+
+// `model` (a file under the source tree, dtype fp32) with dtype bf16 and [training] fp8 = `format`, fp8_recipe =
+// `recipe`, in a temporary file.
+inline std::string with_fp8(const std::string& model, const std::string& format, const std::string& recipe) {
+  std::ifstream in(std::string(DTRAIN_SOURCE_DIR) + "/" + model);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string from = "dtype = \"fp32\"";
+  const auto at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << model;
+  if (at != std::string::npos) {
+    text.replace(at, from.size(), fmt::format("dtype = \"bf16\"\nfp8 = \"{}\"\nfp8_recipe = \"{}\"", format, recipe));
+  }
+  const auto path = std::filesystem::temp_directory_path() / fmt::format("dtrain-fp8-{}-{}-{}-{}.toml", ::getpid(),
+                                                                         std::filesystem::path(model).stem().string(),
+                                                                         format, recipe);
+  std::ofstream(path) << text;
+  return path.string();
 }
 
 inline std::vector<double> losses(const TrainResult& r) {
