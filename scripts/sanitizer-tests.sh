@@ -15,11 +15,15 @@ tsan_skip=$(grep -v '^\s*#' tests/sanitizer-skip.txt | sed 's/^\s*//; s/\s*$//' 
 # Optimisation and debug info: GCC's instrumented -O2 -g is what makes these builds slow (ASan+UBSan: 73 s for
 # planner/src/ir/compare.cc at -O2 -g, 13 s at -Og -g1; TSan: 12 s at -O2 -g, 7 s at -O1 -g1). Line tables (-g1)
 # are all the sanitizers' reports need; -Og/-O1 still define __OPTIMIZE__, so FORTIFY stays on.
+# Unity builds (CMake's CMAKE_UNITY_BUILD: a target's sources compiled a few at a time as one file) parse the shared
+# headers once per batch: the TSan build of these targets took 3.0 min instead of 5.3 on 2 cores. The main build stays
+# file by file, for clang-tidy's compile database; sources of one target must not define the same name in an
+# anonymous namespace (shared constants live in a header).
 for san in thread "address;undefined"; do
   dir=build-tsan flags="-O1 -g1 -DNDEBUG" skip=(${tsan_skip:+-E "$tsan_skip"})
   [[ $san == thread ]] || dir=build-asan flags="-Og -g1 -DNDEBUG" skip=()
   echo "== sanitizer tests ($san) in $dir: ${targets[*]}"
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DDTRAIN_SANITIZE=$san" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$flags" -DDTRAIN_ENABLE_CUDA=OFF \
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON "-DDTRAIN_SANITIZE=$san" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$flags" -DDTRAIN_ENABLE_CUDA=OFF \
     -DDTRAIN_BUILD_BENCH=OFF -DDTRAIN_BUILD_SPANK=OFF >/dev/null
   cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
   # Loss-curve tests run 4 steps instead of 20 here (tests/unit/exec/exec_test_support.h): every step exercises the

@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr char kMagic[8] = {'D', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
+constexpr char kCheckpointMagic[8] = {'D', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
 
 void put_u32(std::string& s, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -61,7 +61,7 @@ std::string write_shard(const std::string& path, const std::vector<StoredTensor>
     }
     index.push_back({{"name", t.name}, {"kind", t.kind}, {"full", {t.full_rows, t.full_cols}}, {"blocks", blocks}});
   }
-  std::string head(kMagic, 8);
+  std::string head(kCheckpointMagic, 8);
   std::string index_text = index.dump();
   put_u32(head, 1);
   put_u32(head, 0);
@@ -220,7 +220,7 @@ CheckpointReader::CheckpointReader(const std::string& directory) : directory_(di
     std::string file = (fs::path(directory) / s["file"].get<std::string>()).string();
     std::ifstream in(file, std::ios::binary);
     char head[24];
-    if (!in.read(head, 24) || std::memcmp(head, kMagic, 8) != 0) {
+    if (!in.read(head, 24) || std::memcmp(head, kCheckpointMagic, 8) != 0) {
       throw checkpoint_error(fmt::format("{}: not a dtrain checkpoint shard", file));
     }
     std::uint64_t index_size = get_u64(head + 16);

@@ -19,7 +19,7 @@ namespace dtrain::exec {
 
 namespace {
 
-constexpr char kMagic[8] = {'D', 'T', 'R', 'A', 'I', 'N', 'T', 'K'};
+constexpr char kTokenFileMagic[8] = {'D', 'T', 'R', 'A', 'I', 'N', 'T', 'K'};
 constexpr std::size_t kHeaderBytes = 32;
 
 template <typename T>
@@ -50,7 +50,7 @@ class TokenFile final : public DataSource {
     void* m = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_, 0);
     if (m == MAP_FAILED) throw io_error(fmt::format("{}: mmap failed: {}", path, std::strerror(errno)));
     map_ = static_cast<const unsigned char*>(m);
-    if (std::memcmp(map_, kMagic, 8) != 0) {
+    if (std::memcmp(map_, kTokenFileMagic, 8) != 0) {
       throw input_error(
           fmt::format("{}: not a dtrain token file (no DTRAINTK magic); make one with `dtexec tokenize`", path));
     }
@@ -122,8 +122,8 @@ namespace detail {
 
 bool is_token_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  char magic[sizeof kMagic] = {};
-  return in.read(magic, sizeof magic) && std::memcmp(magic, kMagic, sizeof kMagic) == 0;
+  char magic[sizeof kTokenFileMagic] = {};
+  return in.read(magic, sizeof magic) && std::memcmp(magic, kTokenFileMagic, sizeof kTokenFileMagic) == 0;
 }
 
 std::unique_ptr<DataSource> open_token_file(const DataSourceOptions& options) {
@@ -140,7 +140,7 @@ void write_token_file(const std::string& path, const std::int32_t* tokens, std::
   auto put = [&](std::uint64_t v, int bytes) {
     for (int i = 0; i < bytes; ++i) out.put(static_cast<char>((v >> (8 * i)) & 0xff));
   };
-  out.write(kMagic, 8);
+  out.write(kTokenFileMagic, 8);
   put(1, 4);
   put(width, 4);
   put(static_cast<std::uint64_t>(vocab), 4);

@@ -10,10 +10,11 @@
 #include "dtrain/launch/process.h"
 #include "dtrain/topology/binding.h"
 #include "dtrain/topology/node_topology.h"
+#include "launch_log.h"
 
 namespace dtrain::launch {
 namespace {
-constexpr std::string_view kSubsys = "launch";
+using detail::kSubsys;
 }  // namespace
 
 RankBindings bind_ranks(const JobConfig& job, const Environment& env) {

@@ -15,11 +15,12 @@
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
 #include "dtrain/common/strings.h"
+#include "launch_log.h"
 
 namespace dtrain::launch {
 namespace {
 
-constexpr std::string_view kSubsys = "launch";
+using detail::kSubsys;
 
 void set_nonblocking(int fd) {
   int flags = ::fcntl(fd, F_GETFL);

@@ -21,6 +21,7 @@
 #include "dtrain/common/log.h"
 #include "dtrain/common/strings.h"
 #include "dtrain/store/protocol.h"
+#include "store_shared.h"
 
 // The client uses POSIX sockets and poll(2) directly rather than Asio: it is synchronous, every call has its own
 // deadline, and a request-reply round trip then costs one send, one poll and (usually) one recv, with no reactor
@@ -30,9 +31,9 @@ namespace dtrain::store {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using detail::kReadChunkBytes;
+using detail::kSubsys;
 
-constexpr std::string_view kSubsys = "store";
-constexpr std::size_t kReadChunkBytes = std::size_t{64} * 1024;
 // set_nowait: replies are collected (without waiting) once this many are outstanding, and the caller waits for
 // them beyond kMaxUnacknowledged. A set reply is 5 bytes: the server's 1 MiB reply backlog is never reached.
 constexpr std::size_t kAcknowledgeBatch = 256;

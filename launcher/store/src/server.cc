@@ -11,6 +11,7 @@
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
 #include "kv_state.h"
+#include "store_shared.h"
 
 namespace dtrain::store {
 namespace {
@@ -19,9 +20,8 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using boost::system::error_code;
 
-constexpr std::string_view kSubsys = "store";
-// Bytes read from the socket at a time (a frame larger than this gets a buffer of its own size).
-constexpr std::size_t kReadChunkBytes = std::size_t{64} * 1024;
+using detail::kReadChunkBytes;
+using detail::kSubsys;
 // Replies waiting to be written beyond which a connection executes no more requests until the client reads: a
 // client that pipelines requests without reading the replies cannot make the server buffer without bound.
 constexpr std::size_t kMaxOutputBacklogBytes = std::size_t{1024} * 1024;

@@ -17,8 +17,6 @@ using model::vocab_shard_rows;
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 double weight_bytes_per_param(DType dtype) { return dtype == DType::kFp32 ? 4.0 : 2.0; }
 
 // Megatron keeps fp32 main gradients unless told to reduce in the training dtype.

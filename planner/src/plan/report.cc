@@ -12,8 +12,6 @@ namespace dtrain::plan {
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 struct Category {
   const char* key;    // JSON key
   const char* label;  // text label

@@ -9,8 +9,6 @@ namespace dtrain::plan::detail {
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 std::string fp8_words(const model::TrainingSpec& t) {
   const std::string format =
       t.fp8 == model::Fp8Format::kHybrid ? "hybrid: E4M3 forward, E5M2 gradients" : "e4m3: E4M3 forward and gradients";

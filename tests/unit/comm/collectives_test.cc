@@ -19,7 +19,6 @@ namespace dtrain::comm::testing {
 namespace {
 
 constexpr std::size_t kCounts[] = {0, 1, 2, 7, 33, 1000, 4099};
-constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
 
 float reduce_expected(ReduceOp op, int size, std::size_t i, int salt) {
   float acc = exact_value(0, i, salt);
@@ -27,12 +26,6 @@ float reduce_expected(ReduceOp op, int size, std::size_t i, int salt) {
     acc = op == ReduceOp::kSum ? acc + exact_value(r, i, salt) : std::max(acc, exact_value(r, i, salt));
   }
   return acc;
-}
-
-std::vector<float> values(int rank, std::size_t count, int salt) {
-  std::vector<float> v(count);
-  for (std::size_t i = 0; i < count; ++i) v[i] = exact_value(rank, i, salt);
-  return v;
 }
 
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {

@@ -255,4 +255,10 @@ std::vector<std::vector<float>> run_ranks(Backend backend, int size, const Body&
   return run_threads(backend, size, body, options);
 }
 
+std::vector<float> values(int rank, std::size_t count, int salt) {
+  std::vector<float> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = exact_value(rank, i, salt);
+  return v;
+}
+
 }  // namespace dtrain::comm::testing

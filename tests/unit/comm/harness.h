@@ -14,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,5 +88,10 @@ std::vector<RankError> inproc_errors(int size, const std::function<void(Communic
 
 // Exactly representable test values in [-32, 31]: sums of up to 2^18 of them are exact in fp32 in any order.
 float exact_value(int rank, std::size_t i, int salt = 0);
+// exact_value(rank, i, salt) for i < count.
+std::vector<float> values(int rank, std::size_t count, int salt);
+// What an output no operation wrote holds (a NaN).
+inline constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace dtrain::comm::testing

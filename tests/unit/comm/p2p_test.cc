@@ -12,14 +12,6 @@
 namespace dtrain::comm::testing {
 namespace {
 
-constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
-
-std::vector<float> values(int rank, std::size_t count, int salt) {
-  std::vector<float> v(count);
-  for (std::size_t i = 0; i < count; ++i) v[i] = exact_value(rank, i, salt);
-  return v;
-}
-
 class P2PTest : public ::testing::TestWithParam<Backend> {};
 
 TEST_P(P2PTest, RingShiftInOneGroup) {

@@ -48,8 +48,6 @@ std::vector<float> float_values(int rank, std::size_t count, int salt) {
   return v;
 }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
 class TypedTest : public ::testing::TestWithParam<Backend> {};
 
 TEST_P(TypedTest, Fp32ThroughTheTypedFormsMatchesTheFloatForms) {

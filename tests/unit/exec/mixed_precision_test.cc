@@ -43,17 +43,17 @@ TEST(MixedPrecision, Bf16CurveFollowsFp32WithinBf16Tolerance) {
   }
 }
 
-struct Layout {
+struct Bf16Layout {
   int world;
   const char* fix;
 };
 
-class Bf16Layouts : public ::testing::TestWithParam<Layout> {};
+class Bf16Layouts : public ::testing::TestWithParam<Bf16Layout> {};
 
 // Layouts reduce bf16 partial sums in other orders (tensor-parallel all-reduces, reduce-scatters) and round them at
 // other points, so they agree with the single rank within bf16 tolerance, not bit for bit as in fp32.
 TEST_P(Bf16Layouts, FollowTheSingleRankCurve) {
-  const Layout& l = GetParam();
+  const Bf16Layout& l = GetParam();
   std::vector<double> curve = losses(train_threads(l.world, tiny_options(curve_steps(20), l.fix, DType::kBf16)));
   std::vector<double> ref = bf16_reference();
   ASSERT_EQ(curve.size(), ref.size());
@@ -62,13 +62,13 @@ TEST_P(Bf16Layouts, FollowTheSingleRankCurve) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, Bf16Layouts,
-    ::testing::Values(Layout{2, "dp=2,tp=1,pp=1,distributed_optimizer=true"},
-                      Layout{2, "dp=1,tp=2,pp=1,sequence_parallel=true"},
-                      Layout{2, "dp=1,tp=1,pp=2,vpp=2,schedule=interleaved"},
-                      Layout{8,
-                             "dp=2,tp=2,pp=2,schedule=zb-h1,sequence_parallel=true,distributed_optimizer=true,"
-                             "recompute=full"}),
-    [](const ::testing::TestParamInfo<Layout>& p) { return fmt::format("layout{}", p.index); });
+    ::testing::Values(Bf16Layout{2, "dp=2,tp=1,pp=1,distributed_optimizer=true"},
+                      Bf16Layout{2, "dp=1,tp=2,pp=1,sequence_parallel=true"},
+                      Bf16Layout{2, "dp=1,tp=1,pp=2,vpp=2,schedule=interleaved"},
+                      Bf16Layout{8,
+                                 "dp=2,tp=2,pp=2,schedule=zb-h1,sequence_parallel=true,distributed_optimizer=true,"
+                                 "recompute=full"}),
+    [](const ::testing::TestParamInfo<Bf16Layout>& p) { return fmt::format("layout{}", p.index); });
 
 // The checkpoint holds the fp32 masters and moments; the bf16 copies are made again from them, so a resumed run is
 // the uninterrupted one bit for bit.

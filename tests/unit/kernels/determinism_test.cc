@@ -20,15 +20,6 @@ namespace {
 
 using Outputs = std::vector<FVec>;
 
-class KernelThreads {
- public:
-  explicit KernelThreads(int n) : saved_(cpu::kernel_threads()) { cpu::set_kernel_threads(n); }
-  ~KernelThreads() { cpu::set_kernel_threads(saved_); }
-
- private:
-  int saved_;
-};
-
 void expect_repeatable(const std::string& name, const std::function<Outputs()>& run) {
   Outputs first, second, threaded;
   {

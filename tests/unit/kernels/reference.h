@@ -11,6 +11,7 @@
 
 #include "dtrain/kernels/dropout.h"
 #include "dtrain/kernels/embedding.h"
+#include "dtrain/kernels/threads.h"
 
 namespace dtrain::kernels::testing {
 
@@ -124,5 +125,17 @@ Vec numeric_gradient(const std::function<Vec(const std::vector<Vec>&)>& f, std::
 
 // ||a - b|| / ||b|| in float64.
 double rel_error(const Vec& a, const Vec& b);
+
+// Sets the kernels' thread count for its lifetime (cpu::set_kernel_threads), then puts the old one back.
+class KernelThreads {
+ public:
+  explicit KernelThreads(int n) : saved_(cpu::kernel_threads()) { cpu::set_kernel_threads(n); }
+  ~KernelThreads() { cpu::set_kernel_threads(saved_); }
+  KernelThreads(const KernelThreads&) = delete;
+  KernelThreads& operator=(const KernelThreads&) = delete;
+
+ private:
+  int saved_;
+};
 
 }  // namespace dtrain::kernels::testing

@@ -13,15 +13,6 @@
 namespace dtrain::kernels::testing {
 namespace {
 
-class KernelThreads {
- public:
-  explicit KernelThreads(int n) : saved_(cpu::kernel_threads()) { cpu::set_kernel_threads(n); }
-  ~KernelThreads() { cpu::set_kernel_threads(saved_); }
-
- private:
-  int saved_;
-};
-
 struct Inputs {
   std::int64_t batch = 2, seq = 128, heads = 4, kv = 2, d = 32, rows = 2 * 128, hidden = 512;
   FVec x, gamma, qkv;

@@ -27,6 +27,9 @@
 
 namespace dtrain::plan {
 
+// Bytes in a GiB: memory in reports and messages.
+inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
 struct TimeBreakdown {
   double compute_s = 0;    // forward + backward math on the slowest stage, all micro-batches
   double recompute_s = 0;  // forward recomputation (selective or full)
