@@ -50,21 +50,11 @@ __global__ void __launch_bounds__(kThreads) roll_kernel(std::int64_t n, float* s
   }
 }
 
-// kernels::fp8_scale on the device.
-__device__ __forceinline__ float scale_for(float amax, float largest) {
-  if (!(amax > 0.0f) || isinf(amax)) return 1.0f;
-  const float ratio = largest / amax;
-  if (isinf(ratio)) return ldexpf(1.0f, 126);
-  int exponent = 0;
-  frexpf(ratio, &exponent);
-  return ldexpf(1.0f, min(max(exponent - 1, -126), 126));
-}
-
 __global__ void __launch_bounds__(kThreads)
-    cast_kernel(std::int64_t rows, std::int64_t cols, const __nv_bfloat16* x, const float* amax, bool e4m3,
+    cast_kernel(std::int64_t rows, std::int64_t cols, const __nv_bfloat16* x, const float* amax, Fp8Kind format,
                 std::uint8_t* q, std::uint8_t* qt, std::int64_t qt_ld, float* descale) {
-  const float scale = scale_for(*amax, e4m3 ? 448.0f : 57344.0f);
-  const __nv_fp8_interpretation_t kind = e4m3 ? __NV_E4M3 : __NV_E5M2;
+  const float scale = fp8_scale(*amax, format);  // the CPU's function (dtrain/kernels/fp8.h)
+  const __nv_fp8_interpretation_t kind = format == Fp8Kind::kE4M3 ? __NV_E4M3 : __NV_E5M2;
   const std::int64_t n = rows * cols;
   if (global_thread() == 0) *descale = 1.0f / scale;
   for (std::int64_t i = global_thread(); i < n; i += grid_threads()) {
@@ -106,8 +96,8 @@ void fp8_cast(Context& ctx, std::int64_t rows, std::int64_t cols, const bf16* x,
     DTRAIN_CUDA_CHECK(cudaMemsetAsync(qt, 0, static_cast<std::size_t>(cols * qt_ld), stream_of(ctx)));
   }
   const std::int64_t n = rows * cols;
-  cast_kernel<<<detail::grid_for(n > 0 ? n : 1), kThreads, 0, stream_of(ctx)>>>(
-      rows, cols, as_device(x), amax, kind == Fp8Kind::kE4M3, q, qt, qt_ld, descale);
+  cast_kernel<<<detail::grid_for(n > 0 ? n : 1), kThreads, 0, stream_of(ctx)>>>(rows, cols, as_device(x), amax, kind, q,
+                                                                                qt, qt_ld, descale);
   DTRAIN_CUDA_CHECK_LAUNCH(ctx, "fp8_cast");
 }
 

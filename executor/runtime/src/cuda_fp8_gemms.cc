@@ -26,36 +26,29 @@ namespace {
 namespace k = dtrain::kernels;
 namespace kc = dtrain::kernels::cuda;
 
-enum Role { kInput = 0, kWeight = 1, kGradient = 2 };
-
 class CudaFp8Gemms final : public PerGroupGemms<bf16> {
  public:
   CudaFp8Gemms(kc::Context& ctx, Kernels<bf16>& kernels, const model::TrainingSpec& t, ParameterSites sites)
-      : ctx_(ctx),
-        k_(kernels),
-        delayed_(t.fp8_recipe == model::Fp8Recipe::kDelayed),
-        gradient_kind_(t.fp8 == model::Fp8Format::kHybrid ? k::Fp8Kind::kE5M2 : k::Fp8Kind::kE4M3),
-        sites_(std::move(sites)),
-        scalars_(ctx.pool(), 4, ctx.stream()) {}
+      : ctx_(ctx), k_(kernels), casts_(t), sites_(std::move(sites)), scalars_(ctx.pool(), 4, ctx.stream()) {}
 
   void forward(const k::LinearShape& s, const bf16* x, const bf16* w, const bf16* bias, bf16* y) override {
     Site& site = site_at(sites_.of_weight(w));
-    const kc::Fp8Operand a = cast(site, kWeight, 0, s.out_features, s.in_features, w, false, a_);
-    const kc::Fp8Operand b = cast(site, kInput, 1, s.tokens, s.in_features, x, false, b_);
+    const kc::Fp8Operand a = cast(site, kFp8Weight, 0, s.out_features, s.in_features, w, false, a_);
+    const kc::Fp8Operand b = cast(site, kFp8Input, 1, s.tokens, s.in_features, x, false, b_);
     kc::fp8_gemm_tn(ctx_, s.out_features, s.tokens, s.in_features, a, b, y);
     if (bias != nullptr) k_.add_bias_rows(s.tokens, s.out_features, bias, y);
   }
   void backward_input(const k::LinearShape& s, const bf16* dy, const bf16* w, bf16* dx) override {
     Site& site = site_at(sites_.of_weight(w));
-    const kc::Fp8Operand a = cast(site, kWeight, 0, s.out_features, s.in_features, w, true, a_);
-    const kc::Fp8Operand b = cast(site, kGradient, 1, s.tokens, s.out_features, dy, false, b_);
+    const kc::Fp8Operand a = cast(site, kFp8Weight, 0, s.out_features, s.in_features, w, true, a_);
+    const kc::Fp8Operand b = cast(site, kFp8Gradient, 1, s.tokens, s.out_features, dy, false, b_);
     kc::fp8_gemm_tn(ctx_, s.in_features, s.tokens, s.out_features, a, b, dx);
   }
   void backward_weight(const k::LinearShape& s, const bf16* dy, const bf16* x, float* dw, float* db) override {
     Site& site = site_at(sites_.of_gradient(dw));
     const std::int64_t padded = (s.tokens + 15) / 16 * 16;
-    const kc::Fp8Operand a = cast(site, kInput, 0, s.tokens, s.in_features, x, true, a_);
-    const kc::Fp8Operand b = cast(site, kGradient, 1, s.tokens, s.out_features, dy, true, b_);
+    const kc::Fp8Operand a = cast(site, kFp8Input, 0, s.tokens, s.in_features, x, true, a_);
+    const kc::Fp8Operand b = cast(site, kFp8Gradient, 1, s.tokens, s.out_features, dy, true, b_);
     if (reinterpret_cast<std::uintptr_t>(dw) % 16 == 0) {
       kc::fp8_gemm_tn_accumulate(ctx_, s.in_features, s.out_features, padded, a, b, dw);
     } else {
@@ -82,7 +75,7 @@ class CudaFp8Gemms final : public PerGroupGemms<bf16> {
   void set_recording(bool on) override { recording_ = on; }
 
  private:
-  // One linear layer's amaxes on the device: seen this step [0, 3), the previous step's [3, 6), by Role.
+  // One linear layer's amaxes on the device: seen this step [0, 3), the previous step's [3, 6), by Fp8Role.
   struct Site {
     kc::DeviceBuffer<float> amax;
     bool history[3] = {false, false, false};
@@ -100,10 +93,10 @@ class CudaFp8Gemms final : public PerGroupGemms<bf16> {
 
   // x [rows, cols] cast for `role` of `site` into `buffer` (transposed: [cols, rows padded to 16]); its descale in
   // scalar `slot` (0 or 1), the tensor's amax now in slot 2 + slot.
-  kc::Fp8Operand cast(Site& site, Role role, int slot, std::int64_t rows, std::int64_t cols, const bf16* x,
+  kc::Fp8Operand cast(Site& site, Fp8Role role, int slot, std::int64_t rows, std::int64_t cols, const bf16* x,
                       bool transposed, kc::DeviceBuffer<std::uint8_t>& buffer) {
-    const k::Fp8Kind kind = role == kGradient ? gradient_kind_ : k::Fp8Kind::kE4M3;
-    const bool history = delayed_ && site.history[role];
+    const k::Fp8Kind kind = casts_.kind(role);
+    const bool history = casts_.delayed && site.history[role];
     float* now = scalars_.data() + 2 + slot;
     float* descale = scalars_.data() + slot;
     if (recording_ || !history) kc::fp8_amax(ctx_, rows * cols, x, now);
@@ -122,8 +115,7 @@ class CudaFp8Gemms final : public PerGroupGemms<bf16> {
 
   kc::Context& ctx_;
   Kernels<bf16>& k_;
-  const bool delayed_;
-  const k::Fp8Kind gradient_kind_;
+  const Fp8Casts casts_;
   ParameterSites sites_;
   kc::DeviceBuffer<float> scalars_;  // descales of the two operands, then their amaxes now
   kc::DeviceBuffer<std::uint8_t> a_, b_;

@@ -46,9 +46,6 @@ class PlainGemms final : public LayerGemms<A> {
   Kernels<A>& k_;
 };
 
-// The three tensors of one linear layer (or one expert).
-enum Role { kInput, kWeight, kGradient };
-
 // One linear layer's amaxes: what the current step saw, and what the previous one saw (< 0: none yet).
 struct Site {
   float seen[3] = {0, 0, 0};
@@ -60,27 +57,24 @@ template <typename A>
 class Fp8Gemms final : public PerGroupGemms<A> {
  public:
   Fp8Gemms(Kernels<A>& kernels, const model::TrainingSpec& t, ParameterSites sites)
-      : k_(kernels),
-        delayed_(t.fp8_recipe == model::Fp8Recipe::kDelayed),
-        gradient_kind_(t.fp8 == model::Fp8Format::kHybrid ? k::Fp8Kind::kE5M2 : k::Fp8Kind::kE4M3),
-        sites_(std::move(sites)) {}
+      : k_(kernels), casts_(t), sites_(std::move(sites)) {}
 
   void forward(const k::LinearShape& s, const A* x, const A* w, const A* bias, A* y) override {
     Site& site = sites_at(sites_.of_weight(w));
-    const A* xq = rounded(site, kInput, s.tokens * s.in_features, x, input_);
-    const A* wq = rounded(site, kWeight, s.in_features * s.out_features, w, weight_);
+    const A* xq = rounded(site, kFp8Input, s.tokens * s.in_features, x, input_);
+    const A* wq = rounded(site, kFp8Weight, s.in_features * s.out_features, w, weight_);
     k_.linear_forward(s, xq, wq, bias, y);
   }
   void backward_input(const k::LinearShape& s, const A* dy, const A* w, A* dx) override {
     Site& site = sites_at(sites_.of_weight(w));
-    const A* dyq = rounded(site, kGradient, s.tokens * s.out_features, dy, gradient_);
-    const A* wq = rounded(site, kWeight, s.in_features * s.out_features, w, weight_);
+    const A* dyq = rounded(site, kFp8Gradient, s.tokens * s.out_features, dy, gradient_);
+    const A* wq = rounded(site, kFp8Weight, s.in_features * s.out_features, w, weight_);
     k_.linear_backward_input(s, dyq, wq, dx);
   }
   void backward_weight(const k::LinearShape& s, const A* dy, const A* x, float* dw, float* db) override {
     Site& site = sites_at(sites_.of_gradient(dw));
-    const A* dyq = rounded(site, kGradient, s.tokens * s.out_features, dy, gradient_);
-    const A* xq = rounded(site, kInput, s.tokens * s.in_features, x, input_);
+    const A* dyq = rounded(site, kFp8Gradient, s.tokens * s.out_features, dy, gradient_);
+    const A* xq = rounded(site, kFp8Input, s.tokens * s.in_features, x, input_);
     k_.linear_backward_weight(s, dyq, xq, dw, nullptr);
     if (db != nullptr) k_.accumulate_bias_grad(s.tokens, s.out_features, dy, db);
   }
@@ -98,9 +92,9 @@ class Fp8Gemms final : public PerGroupGemms<A> {
   Site& sites_at(std::int64_t offset) { return by_offset_[offset]; }
 
   // x (n elements) rounded to FP8 and back under its role's scale, in `scratch`.
-  const A* rounded(Site& site, Role role, std::int64_t n, const A* x, std::vector<A>& scratch) {
-    const k::Fp8Kind kind = role == kGradient ? gradient_kind_ : k::Fp8Kind::kE4M3;
-    const bool history = delayed_ && site.previous[role] >= 0;
+  const A* rounded(Site& site, Fp8Role role, std::int64_t n, const A* x, std::vector<A>& scratch) {
+    const k::Fp8Kind kind = casts_.kind(role);
+    const bool history = casts_.delayed && site.previous[role] >= 0;
     const float amax = history && !recording_ ? 0.0f : k::cpu::amax(n, x);
     if (recording_) {
       site.seen[role] = std::max(site.seen[role], amax);
@@ -113,8 +107,7 @@ class Fp8Gemms final : public PerGroupGemms<A> {
   }
 
   Kernels<A>& k_;
-  const bool delayed_;
-  const k::Fp8Kind gradient_kind_;
+  const Fp8Casts casts_;
   ParameterSites sites_;
   std::unordered_map<std::int64_t, Site> by_offset_;
   bool recording_ = true;

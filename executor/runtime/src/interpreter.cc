@@ -24,8 +24,9 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
       opt(options),
       be(backend),
       kern(backend.kernels<A>()),
-      gemm_impl(make_layer_gemms()),
-      gemm(*gemm_impl),
+      plain_gemm(plain_gemms(kern)),
+      fp8_gemm(make_fp8_gemms()),
+      gemm(fp8_gemm != nullptr ? *fp8_gemm : *plain_gemm),
       layout(model.model, program) {
   if (comms.world->memory_space() != be.memory_space()) {
     throw input_error(fmt::format("the {} backend keeps tensors in {} memory, but the {} communicator takes {} memory",

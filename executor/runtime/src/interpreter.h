@@ -193,8 +193,9 @@ class Interpreter final : public InterpreterBase {
   // Parameters and gradients by tensor name (fp32), and the weights as the passes read them (type A).
   float* P(const std::string& name) { return params.data() + layout.at(name).offset; }
   float* G(const std::string& name) { return grads.data() + layout.at(name).offset; }
-  std::unique_ptr<LayerGemms<A>> make_layer_gemms() {
-    if (!md.training.fp8_enabled()) return plain_gemms(kern);
+  // The FP8 GEMMs under [training] fp8, else nullptr.
+  std::unique_ptr<LayerGemms<A>> make_fp8_gemms() {
+    if (!md.training.fp8_enabled()) return nullptr;
     ParameterSites sites{[this](const void* w) { return static_cast<const A*>(w) - weight_base(); },
                          [this](const float* g) { return g - grads.data(); }};
     return fp8_gemms(be, kern, md.training, std::move(sites));
@@ -308,9 +309,9 @@ class Interpreter final : public InterpreterBase {
   ExecutorOptions opt;
   Backend& be;
   Kernels<A>& kern;
-  // The transformer layers' GEMMs (layer_gemms.h): kern's, or under [training] fp8 FP8 ones. The output layer, the
-  // router and the shared experts' gate call kern.
-  std::unique_ptr<LayerGemms<A>> gemm_impl;
+  // The transformer layers' GEMMs (layer_gemms.h): kern's (plain_gemm), or under [training] fp8 FP8 ones. The output
+  // layer goes through plain_gemm; the router and the shared experts' gate call kern.
+  std::unique_ptr<LayerGemms<A>> plain_gemm, fp8_gemm;
   LayerGemms<A>& gemm;
   ParamLayout layout;
   F32 params, grads, m1, m2;

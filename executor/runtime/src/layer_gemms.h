@@ -1,6 +1,6 @@
 // The GEMMs of the transformer layers' linear layers (attention projections, MLPs, shared and routed experts): what
-// the interpreter calls for them, so that [training] fp8 changes these and nothing else (the output layer, the router
-// and the shared experts' gate go to Kernels<A> directly, as Transformer Engine leaves them in bf16).
+// the interpreter calls for them, so that [training] fp8 changes these and nothing else (the output layer goes through
+// plain_gemms, the router and the shared experts' gate to Kernels<A> directly: Transformer Engine leaves them in bf16).
 //
 // plain_gemms passes every call to the backend's kernels. fp8_gemms (fp8_gemms.cc) on host-memory backends rounds
 // each GEMM's operands to FP8 under per-tensor power-of-two scales (dtrain/kernels/fp8.h) and multiplies the
@@ -23,6 +23,7 @@
 #include <memory>
 
 #include "dtrain/exec/backend.h"
+#include "dtrain/kernels/fp8.h"
 #include "dtrain/model/model_spec.h"
 
 namespace dtrain::kernels::cuda {
@@ -79,6 +80,17 @@ class PerGroupGemms : public LayerGemms<A> {
 
 template <typename A>
 std::unique_ptr<LayerGemms<A>> plain_gemms(Kernels<A>& kernels);
+
+// The three tensors an FP8 GEMM site (a linear layer, or one expert) casts, and what a recipe casts each to.
+enum Fp8Role { kFp8Input = 0, kFp8Weight = 1, kFp8Gradient = 2 };
+struct Fp8Casts {
+  explicit Fp8Casts(const model::TrainingSpec& t)
+      : delayed(t.fp8_recipe == model::Fp8Recipe::kDelayed),
+        gradient(t.fp8 == model::Fp8Format::kHybrid ? kernels::Fp8Kind::kE5M2 : kernels::Fp8Kind::kE4M3) {}
+  kernels::Fp8Kind kind(Fp8Role role) const { return role == kFp8Gradient ? gradient : kernels::Fp8Kind::kE4M3; }
+  bool delayed;               // scales from the previous step's amaxes (else the tensor's own)
+  kernels::Fp8Kind gradient;  // E5M2 under "hybrid", E4M3 under "e4m3"
+};
 
 // Where a weight (a pointer into the weights the passes read) or a weight gradient (into the gradients) sits in the
 // flat parameter buffer: the element offset both share, which names the linear layer.

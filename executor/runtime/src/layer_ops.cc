@@ -273,23 +273,16 @@ void Interpreter<A>::linear_backward(const Instr& in, LayerState<A>* ls, ChunkSt
   const Tensor* dy = &cur;
   Tensor* stash = ls != nullptr ? &ls->dy[in.body_op] : &st.head.dy_logits;
   if (in.pass == ir::Pass::kBackwardWeight) dy = stash;
+  LayerGemms<A>& g = ls != nullptr ? gemm : *plain_gemm;  // a layer's, or the output layer's
   if (weight_grad) {
     const Tensor& x = sp && !st.gathered.empty() && uses_gathered(in.body_op) ? st.gathered : saved_input;
-    if (ls != nullptr) {
-      gemm.backward_weight(shape, dy->data(), x.data(), dw, db);
-    } else {
-      kern.linear_backward_weight(shape, dy->data(), x.data(), dw, db);
-    }
+    g.backward_weight(shape, dy->data(), x.data(), dw, db);
     if (uses_gathered(in.body_op)) st.gathered.clear();
   }
   if (in.pass == ir::Pass::kBackwardInput) *stash = cur;
   if (input_grad) {
     Tensor dx(be, static_cast<std::size_t>(T * in_features), kUninitialized);
-    if (ls != nullptr) {
-      gemm.backward_input(shape, cur.data(), w, dx.data());
-    } else {
-      kern.linear_backward_input(shape, cur.data(), w, dx.data());
-    }
+    g.backward_input(shape, cur.data(), w, dx.data());
     cur.swap(dx);
   }
   if (in.pass == ir::Pass::kBackwardWeight) stash->clear();

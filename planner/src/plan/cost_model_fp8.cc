@@ -35,7 +35,7 @@ double CostModel::fp8_weight_params(const ParallelConfig& c, int stage) const {
 
 double CostModel::fp8_step_seconds(const ParallelConfig& c, int stage) const {
   if (!fp8_) return 0;
-  double s = memory_seconds(fp8_weight_params(c, stage) * (activation_bytes(model_.training.dtype) + 2.0));
+  double s = fp8_cast_seconds(fp8_weight_params(c, stage));
   if (model_.training.fp8_recipe == model::Fp8Recipe::kDelayed && c.tp * c.dp > 1) {
     // Three amaxes (input, weight, output gradient) per FP8 GEMM of the stage's layers, fp32, in one all-reduce.
     int gemms = 0;

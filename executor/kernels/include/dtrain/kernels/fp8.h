@@ -13,8 +13,8 @@
 // (amax) lands near the format's largest value: s = 2^floor(log2(largest / amax)). Scales are powers of two, so
 // x * s and q / s are exact and q / s (the dequantised value) is exactly representable in bf16 and fp32: a GEMM over
 // the dequantised operands with fp32 accumulation is the FP8 GEMM (fp32 accumulation, then the descale 1 / (s_a s_b))
-// exactly. That is the CPU's emulation; the cuBLASLt FP8 GEMMs of the CUDA backend use the same scales.
-// amax = 0 (an all-zero tensor) and a non-finite amax give s = 1.
+// exactly. That is the CPU's emulation; the cuBLASLt FP8 GEMMs of the CUDA backend use the same scales (fp8_scale is
+// host and device code alike). amax = 0 (an all-zero tensor) and a non-finite amax give s = 1.
 #pragma once
 
 #include <bit>
@@ -22,13 +22,25 @@
 #include <cstdint>
 
 #include "dtrain/common/bf16.h"
+#include "dtrain/common/host_device.h"
 
 namespace dtrain::kernels {
 
 enum class Fp8Kind { kE4M3, kE5M2 };
 
 // The largest finite value of the format: 448 (E4M3), 57344 (E5M2).
-inline float fp8_max(Fp8Kind kind) { return kind == Fp8Kind::kE4M3 ? 448.0f : 57344.0f; }
+DTRAIN_HOST_DEVICE constexpr float fp8_max(Fp8Kind kind) { return kind == Fp8Kind::kE4M3 ? 448.0f : 57344.0f; }
+
+// The power-of-two scale for a tensor whose largest magnitude is amax (see above), from the bits of largest / amax:
+// its exponent is floor(log2), kept within [-126, 126] (an amax so small that the ratio overflows gives 2^126).
+DTRAIN_HOST_DEVICE constexpr float fp8_scale(float amax, Fp8Kind kind) {
+  const std::uint32_t amax_bits = __builtin_bit_cast(std::uint32_t, amax);
+  if (!(amax > 0.0f) || (amax_bits & 0x7f800000u) == 0x7f800000u) return 1.0f;
+  const std::uint32_t ratio_bits = __builtin_bit_cast(std::uint32_t, fp8_max(kind) / amax);
+  int exponent = static_cast<int>((ratio_bits >> 23) & 0xffu) - 127;
+  exponent = exponent > 126 ? 126 : exponent < -126 ? -126 : exponent;
+  return __builtin_bit_cast(float, static_cast<std::uint32_t>(exponent + 127) << 23);
+}
 
 // x rounded to the format (see above). Inline: the casts' loops call it per element.
 inline float round_to_fp8(float x, Fp8Kind kind) {
@@ -47,8 +59,6 @@ inline float round_to_fp8(float x, Fp8Kind kind) {
   const float rounded = (magnitude + c) - c;
   return std::copysign(rounded < largest ? rounded : largest, x);
 }
-// The power-of-two scale for a tensor whose largest magnitude is amax (see above).
-float fp8_scale(float amax, Fp8Kind kind);
 
 namespace cpu {
 
