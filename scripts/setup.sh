@@ -10,7 +10,7 @@ if ! scripts/install-deps.sh --check >/dev/null; then
   scripts/install-deps.sh
 fi
 echo "== configure and build (build/)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON >/dev/null
 cmake --build build -j "$(nproc)"
 
 echo "== train: tiny Llama-style model on 4 ranks (dtlaunch --nproc 4 -- dtexec train), the GPL-3 text as data"

@@ -24,7 +24,7 @@ namespace {
 
 constexpr const char* kPluginFile = "spank_dtrain.so";
 
-std::string base_name(const std::string& path) { return std::filesystem::path(path).filename().string(); }
+std::string file_name(const std::string& path) { return std::filesystem::path(path).filename().string(); }
 
 bool exists(const std::string& path) {
   struct stat st {};
@@ -149,7 +149,7 @@ DoctorReport run_doctor(const DoctorOptions& o) {
     conf = load_slurm_conf(conf_path);
     found.plugstack_path = conf->plugstack_path();
     for (const auto& e : load_plugstack(found.plugstack_path)) {
-      if (base_name(e.plugin) == kPluginFile) {
+      if (file_name(e.plugin) == kPluginFile) {
         found.entry = e;
         found.resolved_plugin = resolve_plugin(e.plugin, &*conf);
         break;

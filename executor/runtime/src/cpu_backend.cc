@@ -25,7 +25,7 @@ namespace dtrain::exec {
 namespace {
 
 namespace k = dtrain::kernels;
-namespace kc = dtrain::kernels::cpu;
+namespace kcpu = dtrain::kernels::cpu;
 
 // The fp32 kernels: dtrain::kernels::cpu as they are.
 class CpuFp32Kernels final : public Kernels<float> {
@@ -45,128 +45,130 @@ class CpuFp32Kernels final : public Kernels<float> {
   }
   void linear_forward(const k::LinearShape& shape, const float* x, const float* weight, const float* bias,
                       float* y) override {
-    kc::linear_forward(shape, x, weight, bias, y);
+    kcpu::linear_forward(shape, x, weight, bias, y);
   }
   void linear_backward_input(const k::LinearShape& shape, const float* dy, const float* weight, float* dx) override {
-    kc::linear_backward_input(shape, dy, weight, dx);
+    kcpu::linear_backward_input(shape, dy, weight, dx);
   }
   void linear_backward_weight(const k::LinearShape& shape, const float* dy, const float* x, float* dweight,
                               float* dbias) override {
-    kc::linear_backward_weight(shape, dy, x, dweight, dbias);
+    kcpu::linear_backward_weight(shape, dy, x, dweight, dbias);
   }
 
   void layernorm_forward(const k::NormShape& shape, const float* x, const float* gamma, const float* beta, float eps,
                          float* y, float* mean, float* rstd) override {
-    kc::layernorm_forward(shape, x, gamma, beta, eps, y, mean, rstd);
+    kcpu::layernorm_forward(shape, x, gamma, beta, eps, y, mean, rstd);
   }
   void layernorm_backward(const k::NormShape& shape, const float* x, const float* gamma, const float* mean,
                           const float* rstd, const float* dy, float* dx, float* dgamma, float* dbeta) override {
-    kc::layernorm_backward(shape, x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
+    kcpu::layernorm_backward(shape, x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
   }
   void rmsnorm_forward(const k::NormShape& shape, const float* x, const float* gamma, float eps, float* y,
                        float* rstd) override {
-    kc::rmsnorm_forward(shape, x, gamma, eps, y, rstd);
+    kcpu::rmsnorm_forward(shape, x, gamma, eps, y, rstd);
   }
   void rmsnorm_backward(const k::NormShape& shape, const float* x, const float* gamma, const float* rstd,
                         const float* dy, float* dx, float* dgamma) override {
-    kc::rmsnorm_backward(shape, x, gamma, rstd, dy, dx, dgamma);
+    kcpu::rmsnorm_backward(shape, x, gamma, rstd, dy, dx, dgamma);
   }
 
   void embedding_forward(std::int64_t tokens, std::int64_t hidden, const std::int32_t* ids, const float* table,
                          k::VocabShard shard, float* out) override {
-    kc::embedding_forward(tokens, hidden, ids, table, shard, out);
+    kcpu::embedding_forward(tokens, hidden, ids, table, shard, out);
   }
   void embedding_backward(std::int64_t tokens, std::int64_t hidden, const std::int32_t* ids, const float* dout,
                           k::VocabShard shard, float* dtable) override {
-    kc::embedding_backward(tokens, hidden, ids, dout, shard, dtable);
+    kcpu::embedding_backward(tokens, hidden, ids, dout, shard, dtable);
   }
   void position_embedding_forward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const float* pos,
                                   float* x) override {
-    kc::position_embedding_forward(batch, seq, hidden, pos, x);
+    kcpu::position_embedding_forward(batch, seq, hidden, pos, x);
   }
   void position_embedding_backward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const float* dx,
                                    float* dpos) override {
-    kc::position_embedding_backward(batch, seq, hidden, dx, dpos);
+    kcpu::position_embedding_backward(batch, seq, hidden, dx, dpos);
   }
 
   void dropout_add_forward(const k::HiddenLayout& layout, const float* x, const float* residual, float p,
                            const k::DropoutKey& key, float* out) override {
-    kc::dropout_add_forward(layout, x, residual, p, key, out);
+    kcpu::dropout_add_forward(layout, x, residual, p, key, out);
   }
   void dropout_add_backward(const k::HiddenLayout& layout, const float* dout, float p, const k::DropoutKey& key,
                             float* dx) override {
-    kc::dropout_add_backward(layout, dout, p, key, dx);
+    kcpu::dropout_add_backward(layout, dout, p, key, dx);
   }
   void residual_add(std::int64_t n, const float* a, const float* b, float* out) override {
-    kc::residual_add(n, a, b, out);
+    kcpu::residual_add(n, a, b, out);
   }
 
-  void gelu_forward(std::int64_t n, const float* x, float* y) override { kc::gelu_forward(n, x, y); }
+  void gelu_forward(std::int64_t n, const float* x, float* y) override { kcpu::gelu_forward(n, x, y); }
   void gelu_backward(std::int64_t n, const float* x, const float* dy, float* dx) override {
-    kc::gelu_backward(n, x, dy, dx);
+    kcpu::gelu_backward(n, x, dy, dx);
   }
   void swiglu_forward(std::int64_t tokens, std::int64_t ffn, const float* gate_up, float* y) override {
-    kc::swiglu_forward(tokens, ffn, gate_up, y);
+    kcpu::swiglu_forward(tokens, ffn, gate_up, y);
   }
   void swiglu_backward(std::int64_t tokens, std::int64_t ffn, const float* gate_up, const float* dy,
                        float* dgate_up) override {
-    kc::swiglu_backward(tokens, ffn, gate_up, dy, dgate_up);
+    kcpu::swiglu_backward(tokens, ffn, gate_up, dy, dgate_up);
   }
 
   void rope_forward(const k::RopeShape& shape, const float* cos, const float* sin, float* x) override {
-    kc::rope_forward(shape, cos, sin, x);
+    kcpu::rope_forward(shape, cos, sin, x);
   }
   void rope_backward(const k::RopeShape& shape, const float* cos, const float* sin, float* dx) override {
-    kc::rope_backward(shape, cos, sin, dx);
+    kcpu::rope_backward(shape, cos, sin, dx);
   }
 
   void attention_forward(const k::AttentionShape& shape, const float* q, const float* kk, const float* v, float* o,
                          float* lse, const k::AttentionDropout* dropout) override {
-    kc::attention_forward(shape, q, kk, v, o, lse, dropout);
+    kcpu::attention_forward(shape, q, kk, v, o, lse, dropout);
   }
   void attention_backward(const k::AttentionShape& shape, const float* q, const float* kk, const float* v,
                           const float* o, const float* lse, const float* dout, float* dq, float* dk, float* dv,
                           const k::AttentionDropout* dropout) override {
-    kc::attention_backward(shape, q, kk, v, o, lse, dout, dq, dk, dv, dropout);
+    kcpu::attention_backward(shape, q, kk, v, o, lse, dout, dq, dk, dv, dropout);
   }
 
   void cross_entropy_max(std::int64_t tokens, const float* logits, k::VocabShard shard, float* max) override {
-    kc::cross_entropy_max(tokens, logits, shard, max);
+    kcpu::cross_entropy_max(tokens, logits, shard, max);
   }
   void cross_entropy_sum_exp(std::int64_t tokens, const float* logits, const std::int32_t* targets, k::VocabShard shard,
                              const float* max, float* sum_exp, float* target_logit) override {
-    kc::cross_entropy_sum_exp(tokens, logits, targets, shard, max, sum_exp, target_logit);
+    kcpu::cross_entropy_sum_exp(tokens, logits, targets, shard, max, sum_exp, target_logit);
   }
   void cross_entropy_backward(std::int64_t tokens, const float* logits, const std::int32_t* targets,
                               k::VocabShard shard, const float* max, const float* sum_exp, const float* dloss,
                               float* dlogits) override {
-    kc::cross_entropy_backward(tokens, logits, targets, shard, max, sum_exp, dloss, dlogits);
+    kcpu::cross_entropy_backward(tokens, logits, targets, shard, max, sum_exp, dloss, dlogits);
   }
 
   void moe_route(const k::MoeRouteShape& shape, const float* logits, float* probs, std::int32_t* expert,
                  float* gate) override {
-    kc::moe_route(shape, logits, probs, expert, gate);
+    kcpu::moe_route(shape, logits, probs, expert, gate);
   }
   void moe_route_backward(const k::MoeRouteShape& shape, const float* probs, const std::int32_t* expert,
                           const float* dgate, const float* aux_grad, std::int64_t seq_len, float* dlogits) override {
-    kc::moe_route_backward(shape, probs, expert, dgate, aux_grad, seq_len, dlogits);
+    kcpu::moe_route_backward(shape, probs, expert, dgate, aux_grad, seq_len, dlogits);
   }
   void moe_gather_rows(std::int64_t n, std::int64_t cols, const float* src, const std::int32_t* rows,
                        float* dst) override {
-    kc::moe_gather_rows(n, cols, src, rows, dst);
+    kcpu::moe_gather_rows(n, cols, src, rows, dst);
   }
   void moe_unpermute(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const float* src,
                      const std::int32_t* slot, const float* weight, bool accumulate, float* out) override {
-    kc::moe_unpermute(tokens, top_k, cols, src, slot, weight, accumulate, out);
+    kcpu::moe_unpermute(tokens, top_k, cols, src, slot, weight, accumulate, out);
   }
   void moe_unpermute_backward(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const float* dout,
                               const float* src, const std::int32_t* slot, const float* gate, float* dsrc,
                               float* dgate) override {
-    kc::moe_unpermute_backward(tokens, top_k, cols, dout, src, slot, gate, dsrc, dgate);
+    kcpu::moe_unpermute_backward(tokens, top_k, cols, dout, src, slot, gate, dsrc, dgate);
   }
-  void moe_sigmoid_gate(std::int64_t tokens, const float* z, float* g) override { kc::moe_sigmoid_gate(tokens, z, g); }
+  void moe_sigmoid_gate(std::int64_t tokens, const float* z, float* g) override {
+    kcpu::moe_sigmoid_gate(tokens, z, g);
+  }
   void moe_sigmoid_gate_backward(std::int64_t tokens, const float* g, const float* dg, float* dz) override {
-    kc::moe_sigmoid_gate_backward(tokens, g, dg, dz);
+    kcpu::moe_sigmoid_gate_backward(tokens, g, dg, dz);
   }
 };
 
@@ -189,111 +191,111 @@ class CpuBf16Kernels final : public Kernels<bf16> {
   void linear_forward(const k::LinearShape& s, const bf16* x, const bf16* weight, const bf16* bias, bf16* y) override {
     Wide wy(static_cast<std::size_t>(s.tokens * s.out_features));
     Wide wb = widen(bias, s.out_features);
-    kc::linear_forward(s, widen(x, s.tokens * s.in_features).data(),
-                       widen(weight, s.out_features * s.in_features).data(), bias ? wb.data() : nullptr, wy.data());
+    kcpu::linear_forward(s, widen(x, s.tokens * s.in_features).data(),
+                         widen(weight, s.out_features * s.in_features).data(), bias ? wb.data() : nullptr, wy.data());
     narrow(wy, y);
   }
   void linear_backward_input(const k::LinearShape& s, const bf16* dy, const bf16* weight, bf16* dx) override {
     Wide wdx(static_cast<std::size_t>(s.tokens * s.in_features));
-    kc::linear_backward_input(s, widen(dy, s.tokens * s.out_features).data(),
-                              widen(weight, s.out_features * s.in_features).data(), wdx.data());
+    kcpu::linear_backward_input(s, widen(dy, s.tokens * s.out_features).data(),
+                                widen(weight, s.out_features * s.in_features).data(), wdx.data());
     narrow(wdx, dx);
   }
   void linear_backward_weight(const k::LinearShape& s, const bf16* dy, const bf16* x, float* dweight,
                               float* dbias) override {
-    kc::linear_backward_weight(s, widen(dy, s.tokens * s.out_features).data(),
-                               widen(x, s.tokens * s.in_features).data(), dweight, dbias);
+    kcpu::linear_backward_weight(s, widen(dy, s.tokens * s.out_features).data(),
+                                 widen(x, s.tokens * s.in_features).data(), dweight, dbias);
   }
 
   void layernorm_forward(const k::NormShape& s, const bf16* x, const float* gamma, const float* beta, float eps,
                          bf16* y, float* mean, float* rstd) override {
     Wide wy(static_cast<std::size_t>(s.rows * s.hidden));
-    kc::layernorm_forward(s, widen(x, s.rows * s.hidden).data(), gamma, beta, eps, wy.data(), mean, rstd);
+    kcpu::layernorm_forward(s, widen(x, s.rows * s.hidden).data(), gamma, beta, eps, wy.data(), mean, rstd);
     narrow(wy, y);
   }
   void layernorm_backward(const k::NormShape& s, const bf16* x, const float* gamma, const float* mean,
                           const float* rstd, const bf16* dy, bf16* dx, float* dgamma, float* dbeta) override {
     Wide wdx(static_cast<std::size_t>(s.rows * s.hidden));
-    kc::layernorm_backward(s, widen(x, s.rows * s.hidden).data(), gamma, mean, rstd,
-                           widen(dy, s.rows * s.hidden).data(), wdx.data(), dgamma, dbeta);
+    kcpu::layernorm_backward(s, widen(x, s.rows * s.hidden).data(), gamma, mean, rstd,
+                             widen(dy, s.rows * s.hidden).data(), wdx.data(), dgamma, dbeta);
     narrow(wdx, dx);
   }
   void rmsnorm_forward(const k::NormShape& s, const bf16* x, const float* gamma, float eps, bf16* y,
                        float* rstd) override {
     Wide wy(static_cast<std::size_t>(s.rows * s.hidden));
-    kc::rmsnorm_forward(s, widen(x, s.rows * s.hidden).data(), gamma, eps, wy.data(), rstd);
+    kcpu::rmsnorm_forward(s, widen(x, s.rows * s.hidden).data(), gamma, eps, wy.data(), rstd);
     narrow(wy, y);
   }
   void rmsnorm_backward(const k::NormShape& s, const bf16* x, const float* gamma, const float* rstd, const bf16* dy,
                         bf16* dx, float* dgamma) override {
     Wide wdx(static_cast<std::size_t>(s.rows * s.hidden));
-    kc::rmsnorm_backward(s, widen(x, s.rows * s.hidden).data(), gamma, rstd, widen(dy, s.rows * s.hidden).data(),
-                         wdx.data(), dgamma);
+    kcpu::rmsnorm_backward(s, widen(x, s.rows * s.hidden).data(), gamma, rstd, widen(dy, s.rows * s.hidden).data(),
+                           wdx.data(), dgamma);
     narrow(wdx, dx);
   }
 
   void embedding_forward(std::int64_t tokens, std::int64_t hidden, const std::int32_t* ids, const bf16* table,
                          k::VocabShard shard, bf16* out) override {
     Wide wo(static_cast<std::size_t>(tokens * hidden));
-    kc::embedding_forward(tokens, hidden, ids, widen(table, (shard.end - shard.begin) * hidden).data(), shard,
-                          wo.data());
+    kcpu::embedding_forward(tokens, hidden, ids, widen(table, (shard.end - shard.begin) * hidden).data(), shard,
+                            wo.data());
     narrow(wo, out);
   }
   void embedding_backward(std::int64_t tokens, std::int64_t hidden, const std::int32_t* ids, const bf16* dout,
                           k::VocabShard shard, float* dtable) override {
-    kc::embedding_backward(tokens, hidden, ids, widen(dout, tokens * hidden).data(), shard, dtable);
+    kcpu::embedding_backward(tokens, hidden, ids, widen(dout, tokens * hidden).data(), shard, dtable);
   }
   void position_embedding_forward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const bf16* pos,
                                   bf16* x) override {
     Wide wx = widen(x, batch * seq * hidden);
-    kc::position_embedding_forward(batch, seq, hidden, widen(pos, seq * hidden).data(), wx.data());
+    kcpu::position_embedding_forward(batch, seq, hidden, widen(pos, seq * hidden).data(), wx.data());
     narrow(wx, x);
   }
   void position_embedding_backward(std::int64_t batch, std::int64_t seq, std::int64_t hidden, const bf16* dx,
                                    float* dpos) override {
-    kc::position_embedding_backward(batch, seq, hidden, widen(dx, batch * seq * hidden).data(), dpos);
+    kcpu::position_embedding_backward(batch, seq, hidden, widen(dx, batch * seq * hidden).data(), dpos);
   }
 
   void dropout_add_forward(const k::HiddenLayout& layout, const bf16* x, const bf16* residual, float p,
                            const k::DropoutKey& key, bf16* out) override {
     const std::int64_t n = layout.batch * layout.seq * layout.hidden;
     Wide wx = widen(x, n), wr = widen(residual, n), wo(static_cast<std::size_t>(n));
-    kc::dropout_add_forward(layout, wx.data(), residual ? wr.data() : nullptr, p, key, wo.data());
+    kcpu::dropout_add_forward(layout, wx.data(), residual ? wr.data() : nullptr, p, key, wo.data());
     narrow(wo, out);
   }
   void dropout_add_backward(const k::HiddenLayout& layout, const bf16* dout, float p, const k::DropoutKey& key,
                             bf16* dx) override {
     const std::int64_t n = layout.batch * layout.seq * layout.hidden;
     Wide w = widen(dout, n);
-    kc::dropout_add_backward(layout, w.data(), p, key, w.data());
+    kcpu::dropout_add_backward(layout, w.data(), p, key, w.data());
     narrow(w, dx);
   }
   void residual_add(std::int64_t n, const bf16* a, const bf16* b, bf16* out) override {
     Wide wa = widen(a, n);
-    kc::residual_add(n, wa.data(), widen(b, n).data(), wa.data());
+    kcpu::residual_add(n, wa.data(), widen(b, n).data(), wa.data());
     narrow(wa, out);
   }
 
   void gelu_forward(std::int64_t n, const bf16* x, bf16* y) override {
     Wide wy(static_cast<std::size_t>(n));
-    kc::gelu_forward(n, widen(x, n).data(), wy.data());
+    kcpu::gelu_forward(n, widen(x, n).data(), wy.data());
     narrow(wy, y);
   }
   void gelu_backward(std::int64_t n, const bf16* x, const bf16* dy, bf16* dx) override {
     Wide wdx(static_cast<std::size_t>(n));
-    kc::gelu_backward(n, widen(x, n).data(), widen(dy, n).data(), wdx.data());
+    kcpu::gelu_backward(n, widen(x, n).data(), widen(dy, n).data(), wdx.data());
     narrow(wdx, dx);
   }
   void swiglu_forward(std::int64_t tokens, std::int64_t ffn, const bf16* gate_up, bf16* y) override {
     Wide wy(static_cast<std::size_t>(tokens * ffn));
-    kc::swiglu_forward(tokens, ffn, widen(gate_up, tokens * 2 * ffn).data(), wy.data());
+    kcpu::swiglu_forward(tokens, ffn, widen(gate_up, tokens * 2 * ffn).data(), wy.data());
     narrow(wy, y);
   }
   void swiglu_backward(std::int64_t tokens, std::int64_t ffn, const bf16* gate_up, const bf16* dy,
                        bf16* dgate_up) override {
     Wide wd(static_cast<std::size_t>(tokens * 2 * ffn));
-    kc::swiglu_backward(tokens, ffn, widen(gate_up, tokens * 2 * ffn).data(), widen(dy, tokens * ffn).data(),
-                        wd.data());
+    kcpu::swiglu_backward(tokens, ffn, widen(gate_up, tokens * 2 * ffn).data(), widen(dy, tokens * ffn).data(),
+                          wd.data());
     narrow(wd, dgate_up);
   }
 
@@ -301,13 +303,13 @@ class CpuBf16Kernels final : public Kernels<bf16> {
   void rope_forward(const k::RopeShape& s, const float* cos, const float* sin, bf16* x) override {
     const std::int64_t rows = s.batch * s.seq, cols = s.n_heads * s.head_dim;
     Wide w = widen_rows(x, rows, cols, s.row_stride);
-    kc::rope_forward(s, cos, sin, w.data());
+    kcpu::rope_forward(s, cos, sin, w.data());
     narrow_rows(w.data(), rows, cols, s.row_stride, x);
   }
   void rope_backward(const k::RopeShape& s, const float* cos, const float* sin, bf16* dx) override {
     const std::int64_t rows = s.batch * s.seq, cols = s.n_heads * s.head_dim;
     Wide w = widen_rows(dx, rows, cols, s.row_stride);
-    kc::rope_backward(s, cos, sin, w.data());
+    kcpu::rope_backward(s, cos, sin, w.data());
     narrow_rows(w.data(), rows, cols, s.row_stride, dx);
   }
 
@@ -315,8 +317,9 @@ class CpuBf16Kernels final : public Kernels<bf16> {
                          const k::AttentionDropout* dropout) override {
     const std::int64_t rows = s.batch * s.seq, qc = s.n_heads * s.head_dim, kvc = s.n_kv_heads * s.head_dim;
     Wide wo(static_cast<std::size_t>(rows * qc));
-    kc::attention_forward(s, widen_rows(q, rows, qc, s.q_stride).data(), widen_rows(kk, rows, kvc, s.kv_stride).data(),
-                          widen_rows(v, rows, kvc, s.kv_stride).data(), wo.data(), lse, dropout);
+    kcpu::attention_forward(s, widen_rows(q, rows, qc, s.q_stride).data(),
+                            widen_rows(kk, rows, kvc, s.kv_stride).data(), widen_rows(v, rows, kvc, s.kv_stride).data(),
+                            wo.data(), lse, dropout);
     narrow(wo, o);
   }
   void attention_backward(const k::AttentionShape& s, const bf16* q, const bf16* kk, const bf16* v, const bf16* o,
@@ -324,37 +327,38 @@ class CpuBf16Kernels final : public Kernels<bf16> {
                           const k::AttentionDropout* dropout) override {
     const std::int64_t rows = s.batch * s.seq, qc = s.n_heads * s.head_dim, kvc = s.n_kv_heads * s.head_dim;
     Wide wdq(strided_size(rows, qc, s.q_stride)), wdk(strided_size(rows, kvc, s.kv_stride)), wdv(wdk.size());
-    kc::attention_backward(s, widen_rows(q, rows, qc, s.q_stride).data(), widen_rows(kk, rows, kvc, s.kv_stride).data(),
-                           widen_rows(v, rows, kvc, s.kv_stride).data(), widen(o, rows * qc).data(), lse,
-                           widen(dout, rows * qc).data(), wdq.data(), wdk.data(), wdv.data(), dropout);
+    kcpu::attention_backward(s, widen_rows(q, rows, qc, s.q_stride).data(),
+                             widen_rows(kk, rows, kvc, s.kv_stride).data(),
+                             widen_rows(v, rows, kvc, s.kv_stride).data(), widen(o, rows * qc).data(), lse,
+                             widen(dout, rows * qc).data(), wdq.data(), wdk.data(), wdv.data(), dropout);
     narrow_rows(wdq.data(), rows, qc, s.q_stride, dq);
     narrow_rows(wdk.data(), rows, kvc, s.kv_stride, dk);
     narrow_rows(wdv.data(), rows, kvc, s.kv_stride, dv);
   }
 
   void cross_entropy_max(std::int64_t tokens, const bf16* logits, k::VocabShard shard, float* max) override {
-    kc::cross_entropy_max(tokens, widen(logits, tokens * (shard.end - shard.begin)).data(), shard, max);
+    kcpu::cross_entropy_max(tokens, widen(logits, tokens * (shard.end - shard.begin)).data(), shard, max);
   }
   void cross_entropy_sum_exp(std::int64_t tokens, const bf16* logits, const std::int32_t* targets, k::VocabShard shard,
                              const float* max, float* sum_exp, float* target_logit) override {
-    kc::cross_entropy_sum_exp(tokens, widen(logits, tokens * (shard.end - shard.begin)).data(), targets, shard, max,
-                              sum_exp, target_logit);
+    kcpu::cross_entropy_sum_exp(tokens, widen(logits, tokens * (shard.end - shard.begin)).data(), targets, shard, max,
+                                sum_exp, target_logit);
   }
   void cross_entropy_backward(std::int64_t tokens, const bf16* logits, const std::int32_t* targets, k::VocabShard shard,
                               const float* max, const float* sum_exp, const float* dloss, bf16* dlogits) override {
     Wide w = widen(logits, tokens * (shard.end - shard.begin));
-    kc::cross_entropy_backward(tokens, w.data(), targets, shard, max, sum_exp, dloss, w.data());
+    kcpu::cross_entropy_backward(tokens, w.data(), targets, shard, max, sum_exp, dloss, w.data());
     narrow(w, dlogits);
   }
 
   void moe_route(const k::MoeRouteShape& s, const bf16* logits, float* probs, std::int32_t* expert,
                  float* gate) override {
-    kc::moe_route(s, widen(logits, s.tokens * s.experts).data(), probs, expert, gate);
+    kcpu::moe_route(s, widen(logits, s.tokens * s.experts).data(), probs, expert, gate);
   }
   void moe_route_backward(const k::MoeRouteShape& s, const float* probs, const std::int32_t* expert, const float* dgate,
                           const float* aux_grad, std::int64_t seq_len, bf16* dlogits) override {
     Wide w(static_cast<std::size_t>(s.tokens * s.experts));
-    kc::moe_route_backward(s, probs, expert, dgate, aux_grad, seq_len, w.data());
+    kcpu::moe_route_backward(s, probs, expert, dgate, aux_grad, seq_len, w.data());
     narrow(w, dlogits);
   }
   void moe_gather_rows(std::int64_t n, std::int64_t cols, const bf16* src, const std::int32_t* rows,
@@ -369,7 +373,7 @@ class CpuBf16Kernels final : public Kernels<bf16> {
                      const std::int32_t* slot, const float* weight, bool accumulate, bf16* out) override {
     const std::int64_t rows = rows_named(tokens * top_k, slot);
     Wide wo = accumulate ? widen(out, tokens * cols) : Wide(static_cast<std::size_t>(tokens * cols));
-    kc::moe_unpermute(tokens, top_k, cols, widen(src, rows * cols).data(), slot, weight, accumulate, wo.data());
+    kcpu::moe_unpermute(tokens, top_k, cols, widen(src, rows * cols).data(), slot, weight, accumulate, wo.data());
     narrow(wo, out);
   }
   void moe_unpermute_backward(std::int64_t tokens, std::int64_t top_k, std::int64_t cols, const bf16* dout,
@@ -377,16 +381,16 @@ class CpuBf16Kernels final : public Kernels<bf16> {
                               float* dgate) override {
     const std::int64_t rows = rows_named(tokens * top_k, slot);
     Wide wd(static_cast<std::size_t>(rows * cols));
-    kc::moe_unpermute_backward(tokens, top_k, cols, widen(dout, tokens * cols).data(), widen(src, rows * cols).data(),
-                               slot, gate, wd.data(), dgate);
+    kcpu::moe_unpermute_backward(tokens, top_k, cols, widen(dout, tokens * cols).data(), widen(src, rows * cols).data(),
+                                 slot, gate, wd.data(), dgate);
     narrow(wd, dsrc);
   }
   void moe_sigmoid_gate(std::int64_t tokens, const bf16* z, float* g) override {
-    kc::moe_sigmoid_gate(tokens, widen(z, tokens).data(), g);
+    kcpu::moe_sigmoid_gate(tokens, widen(z, tokens).data(), g);
   }
   void moe_sigmoid_gate_backward(std::int64_t tokens, const float* g, const float* dg, bf16* dz) override {
     Wide w(static_cast<std::size_t>(tokens));
-    kc::moe_sigmoid_gate_backward(tokens, g, dg, w.data());
+    kcpu::moe_sigmoid_gate_backward(tokens, g, dg, w.data());
     narrow(w, dz);
   }
 
@@ -468,10 +472,10 @@ class CpuBackend final : public Backend {
 
   void cross_entropy_loss(std::int64_t tokens, const float* max, const float* sum_exp, const float* target_logit,
                           float* loss) override {
-    kc::cross_entropy_loss(tokens, max, sum_exp, target_logit, loss);
+    kcpu::cross_entropy_loss(tokens, max, sum_exp, target_logit, loss);
   }
   void adamw_step(const k::AdamWConfig& config, const k::AdamWBuffer* buffers, std::int64_t count) override {
-    kc::adamw_step(config, buffers, count);
+    kcpu::adamw_step(config, buffers, count);
   }
 
   Kernels<float>* fp32_kernels() override { return &fp32_; }

@@ -35,12 +35,6 @@ std::vector<std::string> train_args(const std::string& metrics, int steps, const
   return a;
 }
 
-void expect_ok(const std::vector<RankOutcome>& ranks) {
-  for (std::size_t r = 0; r < ranks.size(); ++r) {
-    EXPECT_EQ(ranks[r].exit_code, 0) << "rank " << r << ":\n" << ranks[r].log;
-  }
-}
-
 std::vector<double> reference(const TempDir& dir) {
   std::string m = dir.path("reference.jsonl");
   if (!fs::exists(m)) {

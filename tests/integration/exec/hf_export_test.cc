@@ -22,8 +22,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool have_torch() { return std::system("/usr/bin/python3 -c 'import torch, numpy' 2> /dev/null") == 0; }
-
 std::string source(const std::string& relative) { return std::string(DTRAIN_SOURCE_DIR) + "/" + relative; }
 
 // The loss dtrain logged for step `step` (1-based) in a metrics file.

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -155,5 +156,13 @@ std::vector<RankOutcome> run_dtexec_job(const JobOptions& o) {
     out[static_cast<std::size_t>(r)].log = read_file(logs.path(fmt::format("rank{}.log", r)));
   return out;
 }
+
+void expect_ok(const std::vector<RankOutcome>& ranks) {
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    EXPECT_EQ(ranks[r].exit_code, 0) << "rank " << r << ":\n" << ranks[r].log;
+  }
+}
+
+bool have_torch() { return std::system("/usr/bin/python3 -c 'import torch, numpy' 2> /dev/null") == 0; }
 
 }  // namespace dtrain::testing

@@ -27,6 +27,12 @@ struct JobOptions {
 // Runs the job; every rank is killed when the timeout passes.
 std::vector<RankOutcome> run_dtexec_job(const JobOptions& options);
 
+// Expects every rank to have exited 0 (a failing rank's log in the message).
+void expect_ok(const std::vector<RankOutcome>& ranks);
+
+// Whether Debian's python3-torch (with numpy) is installed: the reference implementations' tests need it.
+bool have_torch();
+
 // A fresh temporary directory, removed when the object goes.
 class TempDir {
  public:

@@ -38,12 +38,6 @@ std::vector<std::string> moe_args(const std::string& metrics, int steps, const s
           fix};
 }
 
-void expect_ok(const std::vector<RankOutcome>& ranks) {
-  for (std::size_t r = 0; r < ranks.size(); ++r) {
-    EXPECT_EQ(ranks[r].exit_code, 0) << "rank " << r << ":\n" << ranks[r].log;
-  }
-}
-
 TEST(MoeProcesses, ExpertParallelLayoutsOverGlooEqualTheSingleRankCurve) {
   TempDir dir;
   JobOptions single;
@@ -51,14 +45,15 @@ TEST(MoeProcesses, ExpertParallelLayoutsOverGlooEqualTheSingleRankCurve) {
   expect_ok(run_dtexec_job(single));
   const std::vector<double> ref = loss_values(dir.path("ref.jsonl"));
   ASSERT_EQ(ref.size(), 20u);
-  struct Layout {
+  struct MoeLayout {
     int world;
     const char* fix;
   };
-  for (const Layout& l : {Layout{2, "ep=2,dp=2,tp=1,pp=1"}, Layout{4, "ep=2,dp=2,tp=2,pp=1,sequence_parallel=true"},
-                          Layout{4, "ep=2,dp=2,tp=1,pp=2"}, Layout{4, "ep=2,dp=4,tp=1,pp=1"},
-                          Layout{4, "ep=2,dp=4,tp=1,pp=1,distributed_optimizer=true"},
-                          Layout{4, "ep=2,dp=2,tp=2,pp=1,etp=1,sequence_parallel=true"}}) {
+  for (const MoeLayout& l :
+       {MoeLayout{2, "ep=2,dp=2,tp=1,pp=1"}, MoeLayout{4, "ep=2,dp=2,tp=2,pp=1,sequence_parallel=true"},
+        MoeLayout{4, "ep=2,dp=2,tp=1,pp=2"}, MoeLayout{4, "ep=2,dp=4,tp=1,pp=1"},
+        MoeLayout{4, "ep=2,dp=4,tp=1,pp=1,distributed_optimizer=true"},
+        MoeLayout{4, "ep=2,dp=2,tp=2,pp=1,etp=1,sequence_parallel=true"}}) {
     SCOPED_TRACE(l.fix);
     const std::string m = dir.path(fmt::format("w{}-{}.jsonl", l.world, std::hash<std::string>{}(l.fix)));
     JobOptions o;

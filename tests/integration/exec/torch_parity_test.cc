@@ -40,8 +40,6 @@ void expect_torch_parity(const std::string& model) {
   std::printf("%s", out.c_str());
 }
 
-bool have_torch() { return std::system("/usr/bin/python3 -c 'import torch, numpy' 2> /dev/null") == 0; }
-
 TEST(TorchParity, TinyLlamaLossGradientsAndAdamW) {
   if (!have_torch()) GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
   expect_torch_parity(std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny.toml");

@@ -12,11 +12,12 @@
 #include "dtrain/model/model_spec.h"
 #include "dtrain/topology/cluster_spec.h"
 #include "published.h"
+#include "source_root.h"
 
 namespace dtrain::plan {
 namespace {
 
-const std::string kRoot = DTRAIN_SOURCE_DIR;
+using test_support::kRoot;
 
 CostModel gpt3_on(const std::string& cluster_file, int nodes) {
   auto model = model::load_model(kRoot + "/examples/models/gpt3-175b.toml");

@@ -11,6 +11,7 @@
 #include "dtrain/plan/report.h"
 #include "dtrain/plan/search.h"
 #include "dtrain/topology/local_cpu.h"
+#include "source_root.h"
 
 namespace dtrain::plan {
 namespace {
@@ -18,7 +19,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-const std::string kRoot = DTRAIN_SOURCE_DIR;
+using test_support::kRoot;
 
 model::ModelDescription llama8b(model::Fp8Format fp8, model::Fp8Recipe recipe = model::Fp8Recipe::kDelayed) {
   auto m = model::load_model(kRoot + "/examples/models/llama3-8b.toml");

@@ -12,11 +12,12 @@
 #include "dtrain/plan/cost_model.h"
 #include "dtrain/plan/plan_file.h"
 #include "dtrain/plan/search.h"
+#include "source_root.h"
 
 namespace dtrain::plan {
 namespace {
 
-const std::string kRoot = DTRAIN_SOURCE_DIR;
+using test_support::kRoot;
 
 CostModel mixtral_on(int nodes, double imbalance = 1.0) {
   auto model = model::load_model(kRoot + "/examples/models/mixtral-8x7b.toml");
@@ -26,7 +27,7 @@ CostModel mixtral_on(int nodes, double imbalance = 1.0) {
   return CostModel(model, cluster);
 }
 
-ParallelConfig layout(int tp, int pp, int dp, int ep, int mb) {
+ParallelConfig moe_layout(int tp, int pp, int dp, int ep, int mb) {
   ParallelConfig c;
   c.tp = tp;
   c.pp = pp;
@@ -39,8 +40,8 @@ ParallelConfig layout(int tp, int pp, int dp, int ep, int mb) {
 TEST(MoePlan, ExpertsSplitOverEpAndTheirAllToAllIsPriced) {
   CostModel cm = mixtral_on(8);
   const std::int64_t batch = cm.model().training.global_batch;
-  Estimate ep1 = cm.evaluate(layout(1, 4, 16, 1, 1), batch);
-  Estimate ep8 = cm.evaluate(layout(1, 4, 16, 8, 1), batch);
+  Estimate ep1 = cm.evaluate(moe_layout(1, 4, 16, 1, 1), batch);
+  Estimate ep8 = cm.evaluate(moe_layout(1, 4, 16, 8, 1), batch);
   EXPECT_EQ(ep1.config.etp, 1);  // completed: etp = tp for an MoE model
   // Each rank holds 1/8 of the experts: the stage's parameters drop by 7/8 of its experts'.
   const auto& m = cm.model().model;
@@ -51,14 +52,14 @@ TEST(MoePlan, ExpertsSplitOverEpAndTheirAllToAllIsPriced) {
   EXPECT_GT(ep8.breakdown.ep_comm_s, 0.0);
   // Inside one node (tp 1 x ep 8 = 8 GPUs) the all-to-all is on NVLink; ep 16 reaches a second node and costs more
   // per byte.
-  const GroupGeometry in_node = cm.ep_group(layout(1, 4, 16, 8, 1));
+  const GroupGeometry in_node = cm.ep_group(moe_layout(1, 4, 16, 8, 1));
   EXPECT_EQ(in_node.nodes, 1);
   EXPECT_TRUE(in_node.nvlink);
   const double bytes = 1e8;
-  EXPECT_GT(cm.all_to_all_seconds(bytes, cm.ep_group(layout(1, 2, 32, 16, 1))) / 16 * 15,
+  EXPECT_GT(cm.all_to_all_seconds(bytes, cm.ep_group(moe_layout(1, 2, 32, 16, 1))) / 16 * 15,
             cm.all_to_all_seconds(bytes, in_node) / 8 * 7);
   // The imbalance factor slows the busiest rank's experts and exchange.
-  Estimate skewed = mixtral_on(8, 1.3).evaluate(layout(1, 4, 16, 8, 1), batch);
+  Estimate skewed = mixtral_on(8, 1.3).evaluate(moe_layout(1, 4, 16, 8, 1), batch);
   EXPECT_GT(skewed.iteration_s, ep8.iteration_s);
   // (Not quite 1.3 times: latencies stay, and bandwidth efficiency grows with the message.)
   EXPECT_GT(skewed.breakdown.ep_comm_s, 1.1 * ep8.breakdown.ep_comm_s);
@@ -74,7 +75,7 @@ TEST(MoePlan, TheExpertsGroupedGemmsTakeTheirMeasuredRate) {
   const CostModel plain(model, cluster);
   cluster.node.gpu.calibration.expert_gemm_efficiency = 0.5;
   const CostModel grouped(model, cluster);
-  const ParallelConfig c = layout(2, 4, 4, 2, 1);
+  const ParallelConfig c = moe_layout(2, 4, 4, 2, 1);
   int experts = 0;
   for (const auto& op : grouped.graph().moe_layer) {
     const double ratio = grouped.op_forward_seconds(op, c) / plain.op_forward_seconds(op, c);
@@ -134,7 +135,7 @@ TEST(MoePlan, SearchPicksAnEpThatDividesDpAndTheExperts) {
 TEST(MoePlan, TheDistributedOptimizerShardsExpertStateOverTheirDataParallelRanks) {
   CostModel cm = mixtral_on(8);
   const std::int64_t batch = cm.model().training.global_batch;
-  ParallelConfig c = layout(1, 4, 16, 8, 1);
+  ParallelConfig c = moe_layout(1, 4, 16, 8, 1);
   c.distributed_optimizer = true;
   ASSERT_FALSE(cm.structural_problem(c, batch)) << *cm.structural_problem(c, batch);
   const Estimate sharded = cm.evaluate(c, batch);
@@ -159,10 +160,10 @@ TEST(MoePlan, TheDistributedOptimizerShardsExpertStateOverTheirDataParallelRanks
   EXPECT_GT(cm.dp_reduce_seconds(sharded.config, s.params, experts), rest);
   EXPECT_GT(cm.dp_reduce_seconds(sharded.config, s.params, experts), cm.dp_reduce_seconds(sharded.config, s.params));
   // ep = dp: each expert on one rank, nothing to reduce or shard for it.
-  ParallelConfig all = layout(1, 4, 16, 16, 1);
+  ParallelConfig all = moe_layout(1, 4, 16, 16, 1);
   all.distributed_optimizer = true;
   EXPECT_THROW(cm.evaluate(all, batch), Error);  // 16 does not divide 8 experts
-  ParallelConfig eight = layout(1, 4, 8, 8, 1);
+  ParallelConfig eight = moe_layout(1, 4, 8, 8, 1);
   eight.distributed_optimizer = true;
   const Estimate e8 = cm.evaluate(eight, batch);
   const double x8 = cm.stage_expert_params(e8.config, 1);
@@ -186,7 +187,7 @@ TEST(MoePlan, TheDistributedOptimizerShardsExpertStateOverTheirDataParallelRanks
 TEST(MoePlan, WholeExpertsOnEachTensorParallelRank) {
   CostModel cm = mixtral_on(8);
   const std::int64_t batch = cm.model().training.global_batch;
-  ParallelConfig c = layout(2, 4, 8, 8, 2);
+  ParallelConfig c = moe_layout(2, 4, 8, 8, 2);
   c.sequence_parallel = true;
   c.etp = 2;
   const Estimate split = cm.evaluate(c, batch);
@@ -231,7 +232,7 @@ TEST(MoePlan, ADenseModelKeepsEpOneAndRefusesIt) {
 
 TEST(MoePlan, ThePlanFileCarriesEpAndEtp) {
   CostModel cm = mixtral_on(8);
-  Estimate e = cm.evaluate(layout(2, 4, 8, 4, 1), cm.model().training.global_batch);
+  Estimate e = cm.evaluate(moe_layout(2, 4, 8, 4, 1), cm.model().training.global_batch);
   Plan p = make_plan(e, cm, FixedDims{});
   const std::string text = render_plan(p);
   EXPECT_NE(text.find("ep = 4\netp = 2\n"), std::string::npos);

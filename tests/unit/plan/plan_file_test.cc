@@ -8,13 +8,14 @@
 #include "dtrain/common/error.h"
 #include "dtrain/model/model_spec.h"
 #include "dtrain/plan/search.h"
+#include "source_root.h"
 
 namespace dtrain::plan {
 namespace {
 
 using ::testing::HasSubstr;
 
-const std::string kRoot = DTRAIN_SOURCE_DIR;
+using test_support::kRoot;
 
 struct Fixture {
   CostModel cm;

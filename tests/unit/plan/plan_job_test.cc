@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "dtrain/common/error.h"
+#include "source_root.h"
 
 namespace dtrain::plan {
 namespace {
@@ -12,7 +13,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-const std::string kRoot = DTRAIN_SOURCE_DIR;
+using test_support::kRoot;
 const std::string kDgx = kRoot + "/examples/clusters/dgx-a100-80g.toml";  // 8 GPUs, one NVLink domain, 8 rails
 const std::string kPcie = kRoot + "/examples/clusters/pcie-a100.toml";    // 8 GPUs, no NVLink, 2 NICs
 const std::string kCpu = kRoot + "/examples/clusters/local-cpu.toml";     // 4 ranks, 1 NIC, no nic_of_gpu

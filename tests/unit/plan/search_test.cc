@@ -5,11 +5,12 @@
 #include "dtrain/common/error.h"
 #include "dtrain/model/model_spec.h"
 #include "dtrain/plan/plan_file.h"
+#include "source_root.h"
 
 namespace dtrain::plan {
 namespace {
 
-const std::string kRoot = DTRAIN_SOURCE_DIR;
+using test_support::kRoot;
 
 CostModel make(const std::string& model, const std::string& cluster, int gpus) {
   auto m = model::load_model(kRoot + "/examples/models/" + model);

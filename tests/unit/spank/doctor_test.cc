@@ -14,7 +14,7 @@ namespace {
 using ::testing::HasSubstr;
 
 const std::string kP4d = std::string(DTRAIN_SOURCE_DIR) + "/tests/data/topologies/aws-p4d.24xlarge.xml";
-const std::string kCpu = std::string(DTRAIN_SOURCE_DIR) + "/examples/clusters/local-cpu.toml";
+const std::string kCpuCluster = std::string(DTRAIN_SOURCE_DIR) + "/examples/clusters/local-cpu.toml";
 
 TEST(SlurmVersion, ParsesAndFormats) {
   EXPECT_EQ(parse_slurm_version("slurm-wlm 22.05.8\n"), 0x160508u);
@@ -93,7 +93,8 @@ TEST_F(DoctorTest, UnknownSlurmVersionFails) {
 
 #ifdef DTRAIN_SPANK_PLUGIN_PATH
 TEST_F(DoctorTest, TheBuiltPluginPassesAndAVersionMismatchIsCaught) {
-  plugstack(std::string("required ") + DTRAIN_SPANK_PLUGIN_PATH + " cluster=" + kCpu + " port_range=30000-30099\n");
+  plugstack(std::string("required ") + DTRAIN_SPANK_PLUGIN_PATH + " cluster=" + kCpuCluster +
+            " port_range=30000-30099\n");
   DoctorReport r = run_doctor(options_);
   for (const auto& c : r.checks) EXPECT_NE(c.status, CheckStatus::kFail) << c.name << ": " << c.message;
   EXPECT_TRUE(r.ok());
