@@ -29,6 +29,7 @@ const std::vector<std::string>& contract_variables() {
                                                  "DTRAIN_TP_SIZE",
                                                  "DTRAIN_PP_SIZE",
                                                  "DTRAIN_DP_SIZE",
+                                                 "DTRAIN_FSDP",
                                                  "DTRAIN_TP_RANK",
                                                  "DTRAIN_PP_RANK",
                                                  "DTRAIN_DP_RANK",
@@ -135,6 +136,7 @@ EnvList task_environment(const StepEnvironment& s, int local_task) {
   put("DTRAIN_TP_SIZE", std::to_string(s.config.tp));
   put("DTRAIN_PP_SIZE", std::to_string(s.config.pp));
   put("DTRAIN_DP_SIZE", std::to_string(s.config.dp));
+  put("DTRAIN_FSDP", s.config.fsdp ? "1" : "0");
   if (per_rank) {
     if (rank >= static_cast<int>(s.placement.size())) {
       throw internal_error(fmt::format("rank {} has no placement ({} ranks planned)", rank, s.placement.size()));

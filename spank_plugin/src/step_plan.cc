@@ -110,6 +110,9 @@ StepPlan make_step_plan(const UserRequest& request, const LoadedInputs& in,
                   fmt::format("no layout fits this step ({}, cluster '{}'): {}", shape.describe(), cluster->name,
                               plan::no_feasible_plan(planned).what()));
     }
+    if (auto problem = plan::execution_problem(planned.plan->model.model, planned.plan->config)) {
+      throw input_error(fmt::format("{}: {}", request.plan_source, *problem));
+    }
     s.cost_model = planned.job.cost_model;
     s.options = planned.job.options;
     s.plan = std::move(*planned.plan);

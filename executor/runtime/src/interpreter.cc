@@ -100,11 +100,21 @@ void Interpreter<A>::plan_owned_ranges() {
     return;
   }
   std::vector<std::pair<std::int64_t, std::int64_t>> mine;  // [begin, end) of the flat buffer
-  for (const auto& in : prog.schedule) {
+  // The reduce-scatters of the schedule (buckets), or with fsdp of the backward bodies (units).
+  std::vector<const Instr*> scatters;
+  for (const auto& in : prog.schedule) scatters.push_back(&in);
+  if (prog.fsdp) {
+    for (const auto& b : prog.bodies) {
+      for (const auto& in : b->instrs) scatters.push_back(&in);
+    }
+  }
+  for (const Instr* scatter : scatters) {
+    const Instr& in = *scatter;
     if (in.op != Opcode::kReduceScatter) continue;
     if (in.on != ir::CommGroup::kDp && in.on != ir::CommGroup::kEdp) continue;
     const bool experts = in.on == ir::CommGroup::kEdp;
     const auto range = bucket_range(in);
+    if (sharded_buckets.count({range.first, experts}) > 0) continue;
     comm::Communicator* group = experts ? comms.edp.get() : comms.dp.get();
     if (group == nullptr) throw input_error(fmt::format("{} without its communicator", ir::to_text(in)));
     Sharded s;

@@ -125,6 +125,16 @@ class Interpreter final : public InterpreterBase {
   std::size_t p2p_group(std::size_t pc);
   void schedule_collective(const ir::Instr& in);
   void sharded_collective(const ir::Instr& in);
+
+  // ---- fsdp.cc: fully sharded data parallelism's collectives in the bodies ----
+  // ALLGATHER what=layer_params: a unit's parameters whole (and for A != float its weights); REDUCESCATTER of a
+  // unit's gradients into their shards, the rest of them zeroed for the next micro-batch.
+  void fsdp_collective(const ir::Instr& in);
+  // The parameters of the units a pass gathered, back to this rank's shards (the rest zeroed): all of them at the
+  // end of a pass, the oldest when a third unit is gathered.
+  void fsdp_release(std::size_t keep);
+  // Zeroes the elements of `s` outside this member's slice in `buffer` (for params also in the weights).
+  void zero_unowned(const Sharded& s, F32& buffer);
   void check_count(const ir::Instr& in, std::int64_t actual) const;
   void reduce_tensor_grads(const ir::Instr& in, comm::Communicator& group, const Pieces& pieces);
   void settle();
@@ -320,8 +330,10 @@ class Interpreter final : public InterpreterBase {
   Tensor weights;
   // Element ranges of the flat buffer this rank updates (owned()), sorted and merged.
   std::vector<std::pair<std::int64_t, std::int64_t>> owned_ranges;
-  // The distributed optimizer's sharded collectives by (the bucket's flat begin, experts).
+  // The distributed optimizer's sharded collectives by (the bucket's flat begin, experts); with fsdp one per unit.
   std::map<std::pair<std::int64_t, bool>, Sharded> sharded_buckets;
+  // fsdp: the units the running pass holds gathered, oldest first: (layer, their sharded_buckets keys).
+  std::vector<std::pair<int, std::vector<std::pair<std::int64_t, bool>>>> fsdp_held;
   kernels::LrSchedule sched;
   // Shapes: tokens per micro-batch (T) and held here (Tl, a sequence shard with SP), hidden, head dim, local heads,
   // local kv heads, local ffn width, local QKV and fc1 output columns.

@@ -437,6 +437,10 @@ void Interpreter<A>::body_collective(const Instr& in, ChunkState<A>& st, Tensor&
     moe_exchange(in, st);
     return;
   }
+  if (in.on == ir::CommGroup::kDp || in.on == ir::CommGroup::kEdp) {
+    fsdp_collective(in);
+    return;
+  }
   Tensor& t = in.pass == ir::Pass::kRecompute || step_.recomputing ? rcur : cur;
   comm::Communicator& tp = *comms.tp;
   auto all_reduce_fp32 = [&](F32& v, comm::ReduceOp op) {

@@ -138,7 +138,20 @@ void save_checkpoint(const CheckpointContext& ctx, const Executor& executor, con
       element_blocks(t, 0, t.numel(), src + t.offset, s);
       stored.push_back(std::move(s));
     };
-    if (writer) whole("param", params);
+    // Owned blocks, as the moments below: with fsdp only this rank's slice of a unit's parameters is held between
+    // passes (the rest zeroed); the reader merges the blocks of all shards, so any layout loads them.
+    auto owned_blocks = [&](const std::string& kind, const float* src) {
+      StoredTensor s{t.name, kind, t.full_rows, t.full_cols, {}, {}};
+      for (auto [b, e] : executor.owned()) {
+        std::int64_t lo = std::max(b, t.offset), hi = std::min(e, t.offset + t.numel());
+        if (lo < hi) element_blocks(t, lo - t.offset, hi - t.offset, src + t.offset, s);
+      }
+      if (!s.blocks.empty()) stored.push_back(std::move(s));
+    };
+    if (program.fsdp && sharded)
+      owned_blocks("param", params);
+    else if (writer)
+      whole("param", params);
     if (!sharded) {
       if (writer) {
         whole("exp_avg", m.data());
@@ -146,15 +159,8 @@ void save_checkpoint(const CheckpointContext& ctx, const Executor& executor, con
       }
       continue;
     }
-    for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
-      StoredTensor s{t.name, kind, t.full_rows, t.full_cols, {}, {}};
-      const float* src = std::string(kind) == "exp_avg" ? m.data() : v.data();
-      for (auto [b, e] : executor.owned()) {
-        std::int64_t lo = std::max(b, t.offset), hi = std::min(e, t.offset + t.numel());
-        if (lo < hi) element_blocks(t, lo - t.offset, hi - t.offset, src + t.offset, s);
-      }
-      if (!s.blocks.empty()) stored.push_back(std::move(s));
-    }
+    owned_blocks("exp_avg", m.data());
+    owned_blocks("exp_avg_sq", v.data());
   }
   std::string file = fmt::format("rank-{:05d}.bin", ctx.world.rank());
   write_shard((fs::path(tmp) / file).string(), stored);

@@ -157,6 +157,7 @@ void Interpreter<A>::run_pass(const Instr& in) {
       backward_op(op, st, cur);
   }
   step_.in_body = false;
+  if (prog.fsdp) fsdp_release(0);
   // Units covered by this pass (a bucket piece covers a range).
   if (in.op == Opcode::kBackward || in.op == Opcode::kBackwardInput) {
     int units = 0;

@@ -381,6 +381,9 @@ class Lowering {
     if (auto problem = cost_.structural_problem(c_, plan.inputs.global_batch)) {
       throw input_error(fmt::format("plan {} cannot be lowered: {}", plan.digest, *problem));
     }
+    if (auto problem = plan::execution_problem(plan.model.model, c_)) {
+      throw input_error(fmt::format("plan {} cannot be lowered: {}", plan.digest, *problem));
+    }
     int first = 0;
     for (int ch = 0; ch < c_.chunks(); ++ch) {
       chunk_first_.push_back(first);
@@ -418,6 +421,7 @@ class Lowering {
     p.schedule_name = std::string(plan::to_string(c_.schedule));
     p.sequence_parallel = c_.sequence_parallel;
     p.distributed_optimizer = c_.distributed_optimizer;
+    p.fsdp = c_.fsdp;
     p.tp_group = plan::tp_group_ranks(c_, rank);
     p.pp_group = plan::pp_group_ranks(c_, rank);
     p.dp_group = plan::dp_group_ranks(c_, rank);
@@ -454,6 +458,9 @@ class Lowering {
           p.bodies.push_back(bodies_.build(ch, BodyKind::kBackward));
         }
       }
+      if (c_.fsdp && c_.dp > 1) {
+        for (auto& b : p.bodies) b = with_fsdp(*b, *p.chunk_info(b->chunk));
+      }
       if (body_cache) (*body_cache)[s] = p.bodies;
     }
     p.schedule = schedule(p, pl);
@@ -475,17 +482,17 @@ class Lowering {
     return plan::rank_of(c_, pl.tp_rank, ch % c_.pp, pl.dp_rank);
   }
 
-  // Gradient buckets of a chunk in backward order (head first), each at most CostModel::kBucketBytes of gradients.
-  // With tied embeddings across stages, the tied matrix is left out: it is reduced at the end of the step, after
-  // the first and last stage have summed their copies.
-  std::vector<Bucket> buckets(const ChunkInfo& ch) const {
+  // A chunk's units (-1 the embedding, a layer, `layers` the head) in backward order (head first), with their
+  // parameters on this rank. With tied embeddings across stages, the tied matrix is left out: it is reduced at the
+  // end of the step, after the first and last stage have summed their copies.
+  struct Unit {
+    int layer;
+    std::int64_t params;
+    std::int64_t expert_params = 0;
+  };
+  std::vector<Unit> units(const ChunkInfo& ch) const {
     const auto& m = plan_.model.model;
     const int L = static_cast<int>(m.layers);
-    struct Unit {
-      int layer;
-      std::int64_t params;
-      std::int64_t expert_params = 0;
-    };
     std::vector<Unit> units;
     auto params_of = [&](int layers, bool emb, bool head) {
       return static_cast<std::int64_t>(std::llround(cost_.stage_params(c_, 0, layers, emb, head)));
@@ -505,14 +512,82 @@ class Lowering {
       if (tied_across_stages_) emb -= vocab_shard;
       units.push_back({-1, emb});
     }
+    return units;
+  }
+
+  // Gradient buckets of a chunk in backward order (head first), each at most CostModel::kBucketBytes of gradients.
+  std::vector<Bucket> buckets(const ChunkInfo& ch) const {
     const double grad_bytes = grad_dtype_ == DType::kFp32 ? 4.0 : 2.0;
     const auto limit = static_cast<std::int64_t>(plan::CostModel::kBucketBytes / grad_bytes);
     std::vector<Bucket> out;
-    for (const Unit& u : units) {
+    for (const Unit& u : units(ch)) {
       if (out.empty() || out.back().params + u.params > limit) out.push_back({u.layer, u.layer + 1, 0});
       out.back().lo = u.layer;
       out.back().params += u.params;
       out.back().expert_params += u.expert_params;
+    }
+    return out;
+  }
+
+  // Fully sharded (fsdp): a unit's parameters all-gathered (what=layer_params), or its gradients reduce-scattered
+  // (grad_bucket), over dp; with ep > 1 the routed experts' over edp, as dp_reductions splits a bucket.
+  void unit_collectives(std::vector<Instr>& out, int chunk, const Unit& u, Opcode op) const {
+    Instr in;
+    in.op = op;
+    in.on = CommGroup::kDp;
+    in.what = op == Opcode::kAllGather ? What::kLayerParams : What::kGradBucket;
+    in.chunk = chunk;
+    in.layer = u.layer;
+    in.layer_end = u.layer + 1;
+    in.dtype = op == Opcode::kAllGather ? act_dtype_ : grad_dtype_;
+    in.reduce = op == Opcode::kAllGather ? ReduceOp::kNone : ReduceOp::kSum;
+    const bool split = c_.ep > 1 && u.expert_params > 0;
+    in.count = split ? u.params - u.expert_params : u.params;
+    if (in.count > 0) out.push_back(in);
+    if (split && c_.dp / c_.ep > 1) {
+      in.on = CommGroup::kEdp;
+      if (op == Opcode::kReduceScatter) in.what = What::kExpertGradBucket;
+      in.count = u.expert_params;
+      out.push_back(in);
+    }
+  }
+
+  // A body with fsdp's collectives: before the first unit's ops the gathers of the first two units, before each
+  // further unit's ops the gather of the unit after it (one unit of prefetch), and in a backward after each unit's
+  // ops the reduce-scatter of its gradients.
+  std::shared_ptr<const Body> with_fsdp(const Body& body, const ChunkInfo& ch) const {
+    std::map<int, Unit> by_layer;
+    for (const Unit& u : units(ch)) by_layer.emplace(u.layer, u);
+    std::vector<int> order;  // units in the order the body runs them
+    for (const Instr& in : body.instrs) {
+      if (!order.empty() && order.back() == in.layer) continue;
+      if (std::find(order.begin(), order.end(), in.layer) != order.end() || by_layer.count(in.layer) == 0) {
+        throw internal_error(
+            fmt::format("fsdp: the {} body of chunk {} returns to unit {} or runs one not of the chunk",
+                        to_string(body.kind), body.chunk, in.layer));
+      }
+      order.push_back(in.layer);
+    }
+    auto out = std::make_shared<Body>();
+    out->chunk = body.chunk;
+    out->kind = body.kind;
+    const bool backward = body.kind != BodyKind::kForward;
+    auto gather = [&](std::size_t k) {
+      if (k < order.size()) unit_collectives(out->instrs, ch.index, by_layer.at(order[k]), Opcode::kAllGather);
+    };
+    gather(0);
+    gather(1);
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < body.instrs.size(); ++i) {
+      if (i > 0 && body.instrs[i].layer != body.instrs[i - 1].layer) {
+        if (backward) unit_collectives(out->instrs, ch.index, by_layer.at(order[k]), Opcode::kReduceScatter);
+        ++k;
+        gather(k + 1);
+      }
+      out->instrs.push_back(body.instrs[i]);
+    }
+    if (backward && !order.empty()) {
+      unit_collectives(out->instrs, ch.index, by_layer.at(order.back()), Opcode::kReduceScatter);
     }
     return out;
   }
@@ -666,7 +741,7 @@ class Lowering {
                                            : Opcode::kBackwardWeight;
         bool completes_grads = (a.kind == Kind::kB || a.kind == Kind::kBW) && a.mb == M - 1;
         bool sp_grads = c_.sequence_parallel && c_.tp > 1;
-        if (completes_grads && c_.dp > 1) {
+        if (completes_grads && c_.dp > 1 && !c_.fsdp) {
           const ChunkInfo* info = p.chunk_info(a.chunk);
           std::vector<Bucket> bs = buckets(*info);
           for (const Bucket& b : bs) all_buckets.emplace_back(a.chunk, b);
@@ -753,7 +828,7 @@ class Lowering {
     Instr optim;
     optim.op = Opcode::kOptimizerStep;
     out.push_back(optim);
-    if (c_.distributed_optimizer && c_.dp > 1) {
+    if (c_.distributed_optimizer && c_.dp > 1 && !c_.fsdp) {
       // The updated shards back to every replica: like the gradients, a bucket's routed experts over edp (ep > 1),
       // the rest over dp.
       int index = 0;

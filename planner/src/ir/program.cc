@@ -116,6 +116,8 @@ std::string_view to_string(What w) {
       return "expert_tokens";
     case What::kExpertGradBucket:
       return "expert_grad_bucket";
+    case What::kLayerParams:
+      return "layer_params";
   }
   return "?";
 }
@@ -290,10 +292,10 @@ bool Program::operator==(const Program& o) const {
       tp != o.tp || pp != o.pp || dp != o.dp || vpp != o.vpp || tp_rank != o.tp_rank || pp_rank != o.pp_rank ||
       dp_rank != o.dp_rank || micro_batch != o.micro_batch || num_microbatches != o.num_microbatches ||
       layers != o.layers || schedule_name != o.schedule_name || sequence_parallel != o.sequence_parallel ||
-      distributed_optimizer != o.distributed_optimizer || tp_group != o.tp_group || pp_group != o.pp_group ||
-      dp_group != o.dp_group || embedding_group != o.embedding_group || ep != o.ep || ep_rank != o.ep_rank ||
-      etp != o.etp || ep_group != o.ep_group || edp_group != o.edp_group || chunks != o.chunks ||
-      schedule != o.schedule || bodies.size() != o.bodies.size()) {
+      distributed_optimizer != o.distributed_optimizer || fsdp != o.fsdp || tp_group != o.tp_group ||
+      pp_group != o.pp_group || dp_group != o.dp_group || embedding_group != o.embedding_group || ep != o.ep ||
+      ep_rank != o.ep_rank || etp != o.etp || ep_group != o.ep_group || edp_group != o.edp_group ||
+      chunks != o.chunks || schedule != o.schedule || bodies.size() != o.bodies.size()) {
     return false;
   }
   for (std::size_t i = 0; i < bodies.size(); ++i) {

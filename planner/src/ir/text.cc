@@ -65,6 +65,7 @@ class Parser {
         p.schedule_name = get(kv, "schedule");
         p.sequence_parallel = boolean(kv, "sequence_parallel");
         p.distributed_optimizer = boolean(kv, "distributed_optimizer");
+        p.fsdp = kv.count("fsdp") > 0 && boolean(kv, "fsdp");  // written only when true
       } else if (head == "group") {
         if (words.size() < 2) fail("group needs a name");
         std::vector<std::int32_t> ranks;
@@ -218,7 +219,7 @@ class Parser {
       } else if (key == "on") {
         in.on = enum_value<CommGroup>(value, CommGroup::kEdp, "on");
       } else if (key == "what") {
-        in.what = enum_value<What>(value, What::kExpertGradBucket, "what");
+        in.what = enum_value<What>(value, What::kLayerParams, "what");
       } else if (key == "pass") {
         in.pass = enum_value<Pass>(value, Pass::kRecompute, "pass");
       } else if (key == "chunk") {
@@ -285,9 +286,9 @@ std::string print_program(const Program& p) {
                      p.model_digest.empty() ? "-" : p.model_digest);
   out += fmt::format(
       "layout tp={} pp={} dp={} vpp={} tp_rank={} pp_rank={} dp_rank={} micro_batch={} "
-      "num_microbatches={} layers={} schedule={} sequence_parallel={} distributed_optimizer={}\n",
+      "num_microbatches={} layers={} schedule={} sequence_parallel={} distributed_optimizer={}{}\n",
       p.tp, p.pp, p.dp, p.vpp, p.tp_rank, p.pp_rank, p.dp_rank, p.micro_batch, p.num_microbatches, p.layers,
-      p.schedule_name, p.sequence_parallel, p.distributed_optimizer);
+      p.schedule_name, p.sequence_parallel, p.distributed_optimizer, p.fsdp ? " fsdp=true" : "");
   out += fmt::format("group tp ranks={}\n", ranks_text(p.tp_group));
   out += fmt::format("group pp ranks={}\n", ranks_text(p.pp_group));
   out += fmt::format("group dp ranks={}\n", ranks_text(p.dp_group));

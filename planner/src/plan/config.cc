@@ -75,15 +75,15 @@ int ParallelConfig::chunk_first_layer(int chunk) const {
 }
 
 std::string ParallelConfig::summary() const {
-  return fmt::format("tp={} pp={} dp={}{} vpp={} mb={} m={} recompute={} sp={} dopt={} schedule={}", tp, pp, dp,
+  return fmt::format("tp={} pp={} dp={}{} vpp={} mb={} m={} recompute={} sp={} dopt={}{} schedule={}", tp, pp, dp,
                      etp > 0 ? fmt::format(" ep={} etp={}", ep, etp) : "", vpp, micro_batch, num_microbatches,
                      to_string(recompute), sequence_parallel ? "on" : "off", distributed_optimizer ? "on" : "off",
-                     to_string(schedule));
+                     fsdp ? " fsdp=on" : "", to_string(schedule));
 }
 
 bool FixedDims::empty() const {
   return !tp && !pp && !dp && !vpp && !micro_batch && !ep && !etp && !recompute && !sequence_parallel &&
-         !distributed_optimizer && !schedule && !placement && chunk_layers.empty();
+         !distributed_optimizer && !fsdp && !schedule && !placement && chunk_layers.empty();
 }
 
 bool FixedDims::all_pinned() const {
@@ -100,6 +100,7 @@ const std::vector<std::string> kFixKeys = {"tp",
                                            "recompute",
                                            "sequence_parallel",
                                            "distributed_optimizer",
+                                           "fsdp",
                                            "schedule",
                                            "placement",
                                            "chunk_layers",
@@ -166,6 +167,10 @@ FixedDims parse_fixed(std::string_view text) {
       bool b = false;
       if (!parse_bool_word(value, b)) throw bad("true or false");
       f.distributed_optimizer = b;
+    } else if (key == "fsdp") {
+      bool b = false;
+      if (!parse_bool_word(value, b)) throw bad("true or false");
+      f.fsdp = b;
     } else if (key == "schedule") {
       f.schedule = parse_schedule(value);
       if (!f.schedule) throw bad("gpipe, 1f1b, interleaved or zb-h1");
@@ -199,6 +204,7 @@ FixedDims merge(FixedDims a, const FixedDims& b) {
   if (b.recompute) a.recompute = b.recompute;
   if (b.sequence_parallel) a.sequence_parallel = b.sequence_parallel;
   if (b.distributed_optimizer) a.distributed_optimizer = b.distributed_optimizer;
+  if (b.fsdp) a.fsdp = b.fsdp;
   if (b.schedule) a.schedule = b.schedule;
   if (b.placement) a.placement = b.placement;
   if (!b.chunk_layers.empty()) a.chunk_layers = b.chunk_layers;
@@ -217,6 +223,7 @@ std::string to_string(const FixedDims& f) {
   if (f.recompute) parts.push_back(fmt::format("recompute={}", to_string(*f.recompute)));
   if (f.sequence_parallel) parts.push_back(fmt::format("sequence_parallel={}", *f.sequence_parallel));
   if (f.distributed_optimizer) parts.push_back(fmt::format("distributed_optimizer={}", *f.distributed_optimizer));
+  if (f.fsdp) parts.push_back(fmt::format("fsdp={}", *f.fsdp));
   if (f.schedule) parts.push_back(fmt::format("schedule={}", to_string(*f.schedule)));
   if (f.placement) parts.push_back(fmt::format("placement={}", to_string(*f.placement)));
   if (!f.chunk_layers.empty()) {

@@ -17,13 +17,6 @@ using model::vocab_shard_rows;
 
 namespace {
 
-double weight_bytes_per_param(DType dtype) { return dtype == DType::kFp32 ? 4.0 : 2.0; }
-
-// Megatron keeps fp32 main gradients unless told to reduce in the training dtype.
-double grad_bytes_per_param(const model::TrainingSpec& t) {
-  return (t.grad_reduce_fp32 || t.dtype == DType::kFp32) ? 4.0 : weight_bytes_per_param(t.dtype);
-}
-
 // Optimizer state per parameter: mixed-precision Adam keeps an fp32 master copy and two fp32 moments (12 bytes;
 // Korthikanti et al. count 18 bytes with the 2-byte weight and 4-byte gradient); pure fp32 training needs no master
 // copy. Adam keeps two moments (the only optimizer dtrain trains with).
@@ -134,6 +127,9 @@ std::optional<std::string> CostModel::structural_problem(const ParallelConfig& c
     return fmt::format("vpp={} needs the interleaved schedule", c.vpp);
   }
   if (c.distributed_optimizer && c.dp == 1) return "the distributed optimizer needs dp > 1";
+  if (c.fsdp && !c.distributed_optimizer) {
+    return "fsdp needs the distributed optimizer (it shards the optimizer state as the parameters)";
+  }
   return std::nullopt;
 }
 
@@ -440,11 +436,12 @@ StageTimes& operator+=(StageTimes& a, const StageTimes& b) {
   a.recompute_s += b.recompute_s;
   a.tp_comm_s += b.tp_comm_s;
   a.ep_comm_s += b.ep_comm_s;
+  a.fsdp_comm_s += b.fsdp_comm_s;
   return a;
 }
 StageTimes scaled(const StageTimes& a, double n) {
-  return {a.forward_s * n,   a.backward_input_s * n, a.backward_weight_s * n,
-          a.recompute_s * n, a.tp_comm_s * n,        a.ep_comm_s * n};
+  return {a.forward_s * n, a.backward_input_s * n, a.backward_weight_s * n, a.recompute_s * n,
+          a.tp_comm_s * n, a.ep_comm_s * n,        a.fsdp_comm_s * n};
 }
 }  // namespace
 
@@ -644,6 +641,8 @@ double CostModel::dp_reduce_seconds(const ParallelConfig& c, double params, doub
 }
 
 double CostModel::bucket_reduce_seconds(const ParallelConfig& c, double params, const GroupGeometry& g) const {
+  // Fully sharded: every micro-batch's passes gather the parameters and reduce-scatter the gradients (with_fsdp).
+  if (c.fsdp) return 0;
   double grad_bytes = params * grad_bytes_per_param(model_.training);
   // Gradients travel in buckets (latency paid per bucket, efficiency of the bucket's size).
   double buckets = std::max(1.0, std::ceil(grad_bytes / kBucketBytes));
@@ -657,9 +656,7 @@ double CostModel::bucket_reduce_seconds(const ParallelConfig& c, double params, 
 }
 
 double CostModel::optimizer_state_params(const ParallelConfig& c, double params, double expert_params) const {
-  if (!c.distributed_optimizer) return params;
-  // The experts' state is split over the dp / ep ranks holding them: per GPU, ep times the share of the rest.
-  return (params - expert_params) / c.dp + expert_params * c.ep / c.dp;
+  return c.distributed_optimizer ? sharded_params(c, params, expert_params) : params;
 }
 
 double CostModel::optimizer_seconds(const ParallelConfig& c, double params, double expert_params) const {
@@ -705,6 +702,16 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   mem.optimizer_bytes = optimizer_state_params(c, mem.params, stage_experts) * ob;
   mem.layer_state_bytes =
       mem.layer_params * (wb + gb) + optimizer_state_params(c, mem.layer_params, stage_experts) * ob;
+  if (c.fsdp) {
+    // Fully sharded: this rank's shard of the weights and gradients, and whole the unit in use and the one being
+    // gathered (in the backward: the one whose gradients are being reduce-scattered); FP8 copies of those two only.
+    const double held = sharded_params(c, mem.params, stage_experts);
+    const double gathered = 2.0 * fsdp_unit_params(c, stage);
+    const double fp8 = mem.layers > 0 ? fp8_weight_params(c, stage) / mem.layers : 0.0;
+    mem.weights_bytes = (held + gathered) * wb + 2.0 * std::min(2.0, static_cast<double>(mem.layers)) * fp8;
+    mem.gradients_bytes = (held + gathered) * gb;
+    mem.layer_state_bytes = sharded_params(c, mem.layer_params, stage_experts) * (wb + gb + ob);
+  }
 
   // Saved activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2, generalised by op).
   double tokens = static_cast<double>(c.micro_batch) * static_cast<double>(m.seq_len);
@@ -809,7 +816,7 @@ StageTimes CostModel::stage_pass_times(const ParallelConfig& c, const LayerCosts
     if (ch == 0) st += lc.embedding;
     if (ch == chunks - 1) st += lc.head;
   }
-  return st;
+  return with_fsdp(c, s, st);
 }
 
 double CostModel::shared_core_pipe(double pipe, double work, double balance, double contention, int p,
@@ -914,7 +921,8 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
   b.recompute_s = mbs * bottleneck.recompute_s;
   b.tp_comm_s = mbs * bottleneck.tp_comm_s;
   b.ep_comm_s = mbs * bottleneck.ep_comm_s;
-  b.compute_s = mbs * t_max - b.recompute_s - b.tp_comm_s - b.ep_comm_s;
+  const double fsdp_s = mbs * bottleneck.fsdp_comm_s;  // the FSDP collectives the passes do not hide
+  b.compute_s = mbs * t_max - b.recompute_s - b.tp_comm_s - b.ep_comm_s - fsdp_s;
   b.bubble_s = pipe - mbs * t_max;
 
   // Pipeline transfers on the critical path: one per micro-batch and model chunk in the steady state, plus the
@@ -932,6 +940,7 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
   } else {
     b.dp_comm_s = dp_s;
   }
+  b.dp_comm_s += fsdp_s;
   b.optimizer_s = optimizer_seconds(c, max_params, max_stage_experts) + fp8_step_seconds(c, param_stage);
   if (p > 1 && m.tied_embeddings) {
     // First and last stage sum the gradients of their copies of the word embeddings.

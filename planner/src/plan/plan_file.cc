@@ -51,6 +51,19 @@ std::string cluster_digest(const topology::ClusterSpec& cluster) {
   return sha256_hex(topology::canonical_text(cluster));
 }
 
+std::optional<std::string_view> execution_problem(const model::ModelSpec& model, const ParallelConfig& config) {
+  if (!config.fsdp) return std::nullopt;
+  if (model.tied_embeddings) {
+    return "fsdp = true with tied embeddings (the head reads the embedding's matrix, which fsdp would have released): "
+           "dtrain prices this but does not run it yet; plan with --fix fsdp=false";
+  }
+  if (config.schedule == Schedule::kZbH1) {
+    return "fsdp = true with the zb-h1 schedule (weight gradients apart from input gradients): dtrain prices this "
+           "but does not run it yet; plan with --fix fsdp=false or another schedule";
+  }
+  return std::nullopt;
+}
+
 Plan make_plan(const Estimate& e, const CostModel& cm, const FixedDims& fixed) {
   Plan p;
   p.dtrain_version = kVersion;
@@ -114,6 +127,7 @@ std::string render_plan(const Plan& p) {
   s += fmt::format("placement = \"{}\"\nchunk_layers = {}\n", to_string(c.placement),
                    int_array(c.chunk_layers, [](int v) { return v; }));
   if (c.etp > 0) s += fmt::format("ep = {}\netp = {}\n", c.ep, c.etp);  // an MoE model's
+  if (c.fsdp) s += "fsdp = true\n";                                     // written only when on
   s += "\n";
   s += "[predicted]\n";
   s += fmt::format("iteration_s = {}\ntokens_per_s = {}\ntflops_per_gpu = {}\nmfu = {}\nhfu = {}\n", pr.iteration_s,
@@ -214,6 +228,8 @@ Plan parse_plan(const std::string& text, const std::string& name) {
   c.recompute = *parse_recompute(*rc);
   c.sequence_parallel = config->get_bool("sequence_parallel").value_or(false);
   c.distributed_optimizer = config->get_bool("distributed_optimizer").value_or(false);
+  c.fsdp = config->get_bool("fsdp").value_or(false);
+  if (c.fsdp && !c.distributed_optimizer) config->fail("fsdp", "fsdp = true needs distributed_optimizer = true");
   auto sched = config->get_choice("schedule", {"gpipe", "1f1b", "interleaved", "zb-h1"});
   if (!sched) config->fail("schedule", "required key is missing");
   c.schedule = *parse_schedule(*sched);

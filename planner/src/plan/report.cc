@@ -83,6 +83,7 @@ nlohmann::json config_json(const ParallelConfig& c) {
   j["recompute"] = std::string(to_string(c.recompute));
   j["sequence_parallel"] = c.sequence_parallel;
   j["distributed_optimizer"] = c.distributed_optimizer;
+  j["fsdp"] = c.fsdp;
   j["schedule"] = std::string(to_string(c.schedule));
   j["placement"] = std::string(to_string(c.placement));
   j["chunk_layers"] = c.chunk_layers;
@@ -114,6 +115,7 @@ std::string config_difference(const ParallelConfig& a, const ParallelConfig& b) 
   if (a.distributed_optimizer != b.distributed_optimizer) {
     d.push_back(fmt::format("dist-opt={}", on_off(b.distributed_optimizer)));
   }
+  if (a.fsdp != b.fsdp) d.push_back(fmt::format("fsdp={}", on_off(b.fsdp)));
   if (a.schedule != b.schedule) d.push_back(fmt::format("schedule={}", to_string(b.schedule)));
   if (a.placement != b.placement) d.push_back(fmt::format("placement={}", to_string(b.placement)));
   if (d.empty() && a.chunk_layers != b.chunk_layers) d.push_back("layer split");
@@ -196,6 +198,13 @@ std::string why_line(const Explanation& e, const std::string& choice, const Esti
                      config_difference(e.chosen.config, other.config));
 }
 
+// The why-line of the best layout with fsdp on (1) or off (0) when the chosen one is the other way; one with fsdp
+// says that it is priced only (plan::execution_problem: no executor runs it yet).
+std::string fsdp_why_line(const Explanation& e, int fsdp, const Estimate& other) {
+  if (fsdp == 0) return why_line(e, "fsdp=off", other);
+  return why_line(e, "fsdp=on", other) + "; priced only: dtexec does not run fsdp yet";
+}
+
 // A why-line's name for the other way to place the experts under tp > 1, and whether `whole` is that other way.
 std::string etp_choice(bool whole) { return whole ? "etp=1 (whole experts)" : "etp=tp (experts split)"; }
 bool other_etp(const ParallelConfig& c, bool whole) { return c.tp > 1 && whole != CostModel::moe_token_parallel(c); }
@@ -219,6 +228,9 @@ std::vector<std::string> why_lines(const Explanation& e) {
   }
   for (const auto& [whole, est] : e.search->best_per_etp) {
     if (other_etp(c, whole == 1)) add(etp_choice(whole == 1), est);
+  }
+  for (const auto& [fsdp, est] : e.search->best_per_fsdp) {
+    if ((fsdp == 1) != c.fsdp) lines.push_back(fsdp_why_line(e, fsdp, est));
   }
   return lines;
 }
@@ -248,6 +260,9 @@ std::vector<std::string> why_lines_short(const Explanation& e) {
   }
   for (const auto& [rc, est] : e.search->best_per_recompute) {
     if (rc != to_string(c.recompute)) out.push_back(why_line(e, fmt::format("recompute={}", rc), est));
+  }
+  for (const auto& [fsdp, est] : e.search->best_per_fsdp) {
+    if ((fsdp == 1) != c.fsdp) out.push_back(fsdp_why_line(e, fsdp, est));
   }
   // The best layout for tp=8 may also be the best for pp=4: say it once, under both names.
   std::vector<std::string> merged;
@@ -307,8 +322,9 @@ std::string layout_block(const Explanation& e) {
   }
   s += fmt::format("  micro-batch          {} sequence{}, {} micro-batches per step\n", c.micro_batch,
                    c.micro_batch == 1 ? "" : "s", c.num_microbatches);
-  s += fmt::format("  recomputation        {:<10} sequence parallel: {}   distributed optimizer: {}\n",
-                   to_string(c.recompute), on_off(c.sequence_parallel), on_off(c.distributed_optimizer));
+  s += fmt::format("  recomputation        {:<10} sequence parallel: {}   distributed optimizer: {}{}\n",
+                   to_string(c.recompute), on_off(c.sequence_parallel), on_off(c.distributed_optimizer),
+                   c.fsdp ? "   fsdp: on" : "");
   s += fmt::format("  placement            {} ({})\n", to_string(c.placement),
                    c.placement == PlacementOrder::kTpDpPp
                        ? "tensor-parallel groups inside a node, data-parallel peers next"
@@ -519,6 +535,13 @@ nlohmann::json explain_json(const Explanation& e) {
     j["best_per_tp"] = per(r.best_per_tp);
     j["best_per_pp"] = per(r.best_per_pp);
     j["best_per_recompute"] = per(r.best_per_recompute);
+    if (!r.best_per_fsdp.empty()) {
+      nlohmann::json fsdp;
+      for (const auto& [on, est] : r.best_per_fsdp) {
+        fsdp[on == 1 ? "on" : "off"] = {{"config", config_json(est.config)}, {"iteration_s", est.iteration_s}};
+      }
+      j["best_per_fsdp"] = fsdp;
+    }
     if (!r.best_per_ep.empty()) j["best_per_ep"] = per(r.best_per_ep);
     if (!r.best_per_etp.empty()) {
       nlohmann::json etp;
@@ -667,6 +690,12 @@ std::string megatron_args(const CostModel& cm, const ParallelConfig& c) {
                           static_cast<std::int64_t>(c.micro_batch) * c.dp * c.num_microbatches));
   if (c.sequence_parallel) a.push_back("--sequence-parallel");
   if (c.distributed_optimizer) a.push_back("--use-distributed-optimizer");
+  if (c.fsdp) {
+    // Megatron-FSDP with parameters, gradients and optimizer state sharded (its user guide's required flags).
+    a.push_back(
+        "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params "
+        "--no-gradient-accumulation-fusion --ckpt-format fsdp_dtensor");
+  }
   if (c.recompute == Recompute::kSelective) a.push_back("--recompute-activations");
   if (c.recompute == Recompute::kFull) {
     a.push_back("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1");

@@ -8,6 +8,7 @@
 
 #include "dtrain/common/error.h"
 #include "dtrain/common/log.h"
+#include "dtrain/plan/plan_file.h"
 
 namespace dtrain::plan {
 
@@ -154,6 +155,7 @@ class Searcher {
         if (f.sequence_parallel && (sp != 0) != *f.sequence_parallel) continue;
         for (int dopt = 0; dopt < (base.dp > 1 ? 2 : 1); ++dopt) {
           if (f.distributed_optimizer && (dopt != 0) != *f.distributed_optimizer) continue;
+          if (f.fsdp && *f.fsdp && dopt == 0) continue;  // fsdp needs the distributed optimizer
           bool two_orders = base.pp > 1 && base.dp > 1 && base.tp < gpus_per_node();
           for (int order = 0; order < (two_orders ? 2 : 1); ++order) {
             PlacementOrder po = order == 0 ? PlacementOrder::kTpDpPp : PlacementOrder::kTpPpDp;
@@ -184,44 +186,75 @@ class Searcher {
     }
   }
 
+  // Times the layouts of c, one per micro-batch, and with the distributed optimizer its fully sharded twin (fsdp: the
+  // same passes, so the layer costs are computed once for both) unless fsdp is pinned off; with fsdp pinned on, only
+  // the twin.
   void enumerate_micro_batches(ParallelConfig c, const std::vector<int>& micro_batches) {
-    bool out_of_memory = false;
+    const FixedDims& f = opt_.fixed;
+    const bool pinned_fsdp = f.fsdp && *f.fsdp;
+    // Per variant (0 without fsdp, 1 with): whether it is searched, and whether a smaller micro-batch ran out of
+    // memory (activations only grow with the micro-batch: larger ones cannot fit either).
+    const bool searched[2] = {!pinned_fsdp, c.distributed_optimizer && !(f.fsdp && !*f.fsdp)};
+    bool out_of_memory[2] = {false, false};
     for (int mb : micro_batches) {
-      if (out_of_memory) {
-        // Activations only grow with the micro-batch: larger ones cannot fit either.
-        reject("memory");
+      if ((!searched[0] || out_of_memory[0]) && (!searched[1] || out_of_memory[1])) {
+        for (int v = 0; v < 2; ++v) {
+          if (searched[v]) reject("memory");
+        }
         continue;
       }
       c.micro_batch = mb;
       c.num_microbatches = static_cast<int>(opt_.global_batch / (static_cast<std::int64_t>(mb) * c.dp));
+      c.fsdp = false;
       if (auto problem = cm_.structural_problem(c, opt_.global_batch)) {
         const char* reason = classify(*problem);
-        reject(reason);
+        for (int v = 0; v < 2; ++v) {
+          if (searched[v]) reject(reason);
+        }
         result_.rejected_example.try_emplace(reason, *problem);
         continue;
       }
-      ++order_;
-      double memory = cm_.peak_memory_bytes(c);
-      double capacity = cm_.cluster().node.gpu.memory_bytes();
-      LayerCosts lc = cm_.layer_costs(c);
-      double seconds = cm_.step_time(c, lc).total();
-      Scored s{c, seconds, memory, order_};
-      if (memory > capacity) {
-        out_of_memory = true;
-        reject("memory");
-        misses_.offer(Scored{c, memory - capacity, memory, order_});
-        if (!fastest_oom_ || scored_better(s, *fastest_oom_)) fastest_oom_ = s;
-        continue;
+      const LayerCosts lc = cm_.layer_costs(c);
+      for (int v = 0; v < 2; ++v) {
+        if (!searched[v]) continue;
+        if (out_of_memory[v]) {
+          reject("memory");
+          continue;
+        }
+        c.fsdp = v == 1;
+        out_of_memory[v] = !evaluate(c, lc);
       }
-      ++result_.candidates;
-      ++result_.evaluated;
-      top_.offer(s);
-      offer(best_tp_, c.tp, s);
-      offer(best_pp_, c.pp, s);
-      offer(best_rc_, std::string(to_string(c.recompute)), s);
-      if (c.etp > 0) offer(best_ep_, c.ep, s);
-      if (c.etp > 0 && c.tp > 1) offer(best_etp_, c.etp == 1 ? 1 : 0, s);
     }
+  }
+
+  // Times one layout and offers it; false when it does not fit in memory.
+  bool evaluate(const ParallelConfig& c, const LayerCosts& lc) {
+    ++order_;
+    const double memory = cm_.peak_memory_bytes(c);
+    const double capacity = cm_.cluster().node.gpu.memory_bytes();
+    const Scored s{c, cm_.step_time(c, lc).total(), memory, order_};
+    // A fully sharded layout dtexec cannot run yet (plan::execution_problem: tied embeddings, zb-h1) is priced and
+    // explained (best_per_fsdp) but chosen only when fsdp is pinned (explain --fix fsdp=true).
+    const bool advisory =
+        c.fsdp && !(opt_.fixed.fsdp && *opt_.fixed.fsdp) && execution_problem(cm_.model().model, c).has_value();
+    if (memory > capacity) {
+      reject("memory");
+      if (advisory) return false;
+      misses_.offer(Scored{c, memory - capacity, memory, order_});
+      if (!fastest_oom_ || scored_better(s, *fastest_oom_)) fastest_oom_ = s;
+      return false;
+    }
+    ++result_.candidates;
+    ++result_.evaluated;
+    offer(best_fsdp_, c.fsdp ? 1 : 0, s);
+    if (advisory) return true;
+    top_.offer(s);
+    offer(best_tp_, c.tp, s);
+    offer(best_pp_, c.pp, s);
+    offer(best_rc_, std::string(to_string(c.recompute)), s);
+    if (c.etp > 0) offer(best_ep_, c.ep, s);
+    if (c.etp > 0 && c.tp > 1) offer(best_etp_, c.etp == 1 ? 1 : 0, s);
+    return true;
   }
 
   // The expert tensor-parallel degrees to try: a dense model's 0 (none); an MoE model's experts split over all of
@@ -288,6 +321,7 @@ class Searcher {
     for (const auto& [k, s] : best_rc_) result_.best_per_recompute.emplace(k, full(s));
     for (const auto& [k, s] : best_ep_) result_.best_per_ep.emplace(k, full(s));
     for (const auto& [k, s] : best_etp_) result_.best_per_etp.emplace(k, full(s));
+    for (const auto& [k, s] : best_fsdp_) result_.best_per_fsdp.emplace(k, full(s));
   }
 
   const CostModel& cm_;
@@ -296,7 +330,7 @@ class Searcher {
   TopK top_;
   TopK misses_;  // ordered by excess memory (stored in `seconds`)
   std::optional<Scored> fastest_oom_;
-  std::map<int, Scored> best_tp_, best_pp_, best_ep_, best_etp_;
+  std::map<int, Scored> best_tp_, best_pp_, best_ep_, best_etp_, best_fsdp_;
   std::map<int, std::vector<int>> expert_degrees_;
   std::map<std::string, Scored> best_rc_;
   std::int64_t order_ = 0;
@@ -350,6 +384,18 @@ void check_options(const CostModel& cm, const SearchOptions& opt) {
         fmt::format("--fix etp={}: dtrain splits the experts over all of tensor parallelism (etp = tp) or runs them "
                     "whole on each tensor-parallel rank's own tokens (etp = 1); pin tp={} too, or use etp=1",
                     *f.etp, *f.etp));
+  }
+  if (f.fsdp && *f.fsdp) {
+    if (f.distributed_optimizer && !*f.distributed_optimizer) {
+      throw input_error(
+          fmt::format("--fix {}: fsdp shards the optimizer state with the parameters; it needs "
+                      "distributed_optimizer=true",
+                      to_string(f)));
+    }
+    if (f.dp && *f.dp == 1) {
+      throw input_error(
+          fmt::format("--fix {}: fsdp shards over the data-parallel ranks; it needs dp > 1", to_string(f)));
+    }
   }
   if (f.pp && *f.pp > m.layers) {
     throw input_error(fmt::format("--fix pp={} exceeds the {} layers of model '{}'", *f.pp, m.layers, m.name));

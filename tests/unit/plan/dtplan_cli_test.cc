@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "source_root.h"
+
 namespace {
 
 std::string fmt_arg(const std::string& s) { return s; }
@@ -22,7 +24,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-const std::string kRoot = DTRAIN_SOURCE_DIR;
+using dtrain::plan::test_support::kRoot;
 const std::string kDtplan = std::string(DTRAIN_BINARY_DIR) + "/bin/dtplan";
 const std::string kGpt3 = kRoot + "/examples/models/gpt3-175b.toml";
 const std::string kDgx = kRoot + "/examples/clusters/dgx-a100-80g.toml";
@@ -552,6 +554,20 @@ INSTANTIATE_TEST_SUITE_P(
                 "",
                 "--gpus 12",
                 {"@FILE:7: [node] gpus = 8: --gpus 12 is not a multiple of the GPUs per node"}},
+        // Priced and explained (explain --fix fsdp=true), never written: dtexec does not run fsdp with tied
+        // embeddings yet (this model ties them).
+        BadCase{"FsdpWithTiedEmbeddingsIsNotWritten",
+                false,
+                "",
+                "",
+                "--fix fsdp=true",
+                {"dtplan plan: fsdp = true with tied embeddings", "dtrain prices this but does not run it yet"}},
+        BadCase{"FsdpWithoutTheDistributedOptimizer",
+                false,
+                "",
+                "",
+                "--fix fsdp=true,dopt=false",
+                {"fsdp shards the optimizer state with the parameters; it needs distributed_optimizer=true"}},
         BadCase{"UnknownGpu",
                 false,
                 "gpu = \"A100-SXM4-80GB\"",

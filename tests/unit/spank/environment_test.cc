@@ -69,6 +69,7 @@ TEST(TaskEnvironment, TaskPerRankContract) {
   EXPECT_EQ(env.at("DTRAIN_TP_SIZE"), "2");
   EXPECT_EQ(env.at("DTRAIN_PP_SIZE"), "2");
   EXPECT_EQ(env.at("DTRAIN_DP_SIZE"), "2");
+  EXPECT_EQ(env.at("DTRAIN_FSDP"), "0");
   // rank 6 in tp-dp-pp order: tp = 6 % 2, dp = (6 / 2) % 2, pp = 6 / 4
   EXPECT_EQ(env.at("DTRAIN_TP_RANK"), "0");
   EXPECT_EQ(env.at("DTRAIN_DP_RANK"), "1");

@@ -84,6 +84,10 @@ enum class What : std::uint8_t {
   kExpertCounts,      // ALLTOALL on=ep: how many routed rows each member sends each of the receiver's experts
   kExpertTokens,      // ALLTOALL on=ep: routed rows (index 0 dispatch, 1 combine; their gradients in the backward)
   kExpertGradBucket,  // ALLREDUCE/REDUCESCATTER on=edp: a bucket's routed experts' gradients (the rest on=dp)
+  kLayerParams,       // fsdp, in a body: ALLGATHER on=dp|edp layer=U of unit U's parameters (-1 the embedding, `layers`
+                      // the head; on=edp its routed experts'), one unit ahead of the unit whose ops use them; a pass
+                      // keeps a unit until two more were gathered after it. REDUCESCATTER what=grad_bucket (or
+                      // expert_grad_bucket) layer=U after the unit's backward sums its gradients into their shards.
 };
 
 // The model op a COMPUTE instruction of a stage body runs: the layer graph's ops (dtrain/model/layer_graph.h) plus
@@ -204,6 +208,9 @@ struct Program {
   std::string schedule_name;  // gpipe | 1f1b | interleaved | zb-h1
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
+  // Fully sharded data parallelism: parameters gathered and gradients reduce-scattered unit by unit in the bodies
+  // (What::kLayerParams); no bucketed reduction in the schedule, no parameter all-gather after the optimizer step.
+  bool fsdp = false;
   // communicators, as global ranks in group-rank order
   std::vector<std::int32_t> tp_group, pp_group, dp_group, embedding_group;
   std::vector<std::int32_t> ep_group, edp_group;  // empty unless ep > 1

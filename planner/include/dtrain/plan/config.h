@@ -2,8 +2,8 @@
 //
 // Keys (the same in plan.toml [config], the JSON `config` object and `dtplan --fix`):
 //   tp, pp, dp, vpp, micro_batch, num_microbatches, recompute (none | selective | full), sequence_parallel,
-//   distributed_optimizer, schedule (gpipe | 1f1b | interleaved | zb-h1), placement (tp-dp-pp | tp-pp-dp); for a
-//   mixture-of-experts model ep and etp.
+//   distributed_optimizer, fsdp, schedule (gpipe | 1f1b | interleaved | zb-h1), placement (tp-dp-pp | tp-pp-dp); for
+//   a mixture-of-experts model ep and etp.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +48,11 @@ struct ParallelConfig {
   Recompute recompute = Recompute::kNone;
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
+  // Fully sharded data parallelism (ZeRO-3, Megatron-FSDP's optim_grads_params): beyond the distributed optimizer's
+  // sharded state, each data-parallel rank keeps only its shard of the parameters and of the gradients; a layer's
+  // parameters are all-gathered before its forward and its backward and its gradients reduce-scattered after its
+  // backward. Needs distributed_optimizer (the optimizer state is sharded the same way).
+  bool fsdp = false;
   Schedule schedule = Schedule::k1F1B;
   PlacementOrder placement = PlacementOrder::kTpDpPp;
   // Transformer layers of each model chunk, pp * vpp entries in chunk order: chunk c = v * pp + stage runs on
@@ -62,7 +67,8 @@ struct ParallelConfig {
   int stage_layers(int stage) const;
   // The first layer of model chunk `chunk` (chunks hold consecutive layers in chunk order).
   int chunk_first_layer(int chunk) const;
-  // "tp=8 pp=8 dp=16 vpp=2 mb=1 m=96 recompute=selective sp=on dopt=on schedule=interleaved"
+  // "tp=8 pp=8 dp=16 vpp=2 mb=1 m=96 recompute=selective sp=on dopt=on schedule=interleaved" (" fsdp=on" after dopt
+  // when on)
   std::string summary() const;
   bool operator==(const ParallelConfig& o) const = default;
 };
@@ -71,7 +77,7 @@ struct ParallelConfig {
 struct FixedDims {
   std::optional<int> tp, pp, dp, vpp, micro_batch, ep, etp;
   std::optional<Recompute> recompute;
-  std::optional<bool> sequence_parallel, distributed_optimizer;
+  std::optional<bool> sequence_parallel, distributed_optimizer, fsdp;
   std::optional<Schedule> schedule;
   std::optional<PlacementOrder> placement;
   std::vector<int> chunk_layers;  // "chunk_layers=5/6/6/5"

@@ -30,6 +30,14 @@ namespace dtrain::plan {
 // Bytes in a GiB: memory in reports and messages.
 inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// Bytes of one parameter's weight in the training dtype.
+inline double weight_bytes_per_param(DType dtype) { return dtype == DType::kFp32 ? 4.0 : 2.0; }
+
+// Bytes of one parameter's gradient: Megatron keeps fp32 main gradients unless told to reduce in the training dtype.
+inline double grad_bytes_per_param(const model::TrainingSpec& t) {
+  return (t.grad_reduce_fp32 || t.dtype == DType::kFp32) ? 4.0 : weight_bytes_per_param(t.dtype);
+}
+
 struct TimeBreakdown {
   double compute_s = 0;    // forward + backward math on the slowest stage, all micro-batches
   double recompute_s = 0;  // forward recomputation (selective or full)
@@ -79,6 +87,7 @@ struct StageTimes {
   double recompute_s = 0;        // part of backward_input_s that is recomputation
   double tp_comm_s = 0;          // part of the three passes' times that is tp communication
   double ep_comm_s = 0;          // part of forward_s + backward_input_s that is expert-parallel all-to-all
+  double fsdp_comm_s = 0;        // part of the three that is exposed FSDP parameter all-gathers / grad reduce-scatters
   double total() const { return forward_s + backward_input_s + backward_weight_s; }
 };
 
@@ -186,6 +195,17 @@ class CostModel {
   double fp8_amax_tp_seconds(const ParallelConfig& config) const;
   // The parameters one GPU of `stage` holds in FP8 GEMMs' weights (the FP8 copies' count; 0 without FP8).
   double fp8_weight_params(const ParallelConfig& config, int stage) const;
+
+  // ---- Fully sharded data parallelism (ParallelConfig::fsdp; cost_model_fsdp.cc, docs/cost-model.md#fsdp) ----
+  // A stage's per-micro-batch times with its FSDP collectives: each unit (a layer, the embedding, the head) is
+  // all-gathered before its forward and its backward and its gradients reduce-scattered after its backward, the next
+  // unit's while this one computes; what the computation does not hide is exposed (fsdp_comm_s). `st` without them.
+  StageTimes with_fsdp(const ParallelConfig& config, int stage, StageTimes st) const;
+  // The parameters of the largest unit of `stage` one GPU gathers (its tensor-parallel shard, whole over dp).
+  double fsdp_unit_params(const ParallelConfig& config, int stage) const;
+  // Parameters of which `expert_params` routed experts', as one GPU holds them sharded: the dense ones over dp, the
+  // routed experts over the dp / ep ranks holding them (the distributed optimizer's state has the same shards).
+  double sharded_params(const ParallelConfig& config, double params, double expert_params) const;
 
   double all_reduce_seconds(double bytes, const GroupGeometry& g) const;
   double all_gather_seconds(double bytes, const GroupGeometry& g) const;  // bytes: the gathered (full) size

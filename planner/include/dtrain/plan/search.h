@@ -51,6 +51,8 @@ struct SearchResult {
   std::map<int, Estimate> best_per_ep;  // an MoE model's expert-parallel degrees
   // An MoE model's under tp > 1: 1 whole experts on each tensor-parallel rank (etp = 1), 0 experts split over tp.
   std::map<int, Estimate> best_per_etp;
+  // 1: the best fully sharded (fsdp) layout, 0: the best other one.
+  std::map<int, Estimate> best_per_fsdp;
 };
 
 // Throws dtrain::Error (input) for options that contradict each other or the model (pinned tp not dividing heads,
