@@ -36,6 +36,17 @@ class Coster {
     if (plan.cluster.node.ranks_share_cores()) {
       speedup_ = cm_.evaluate(c_, plan.inputs.global_batch).breakdown.shared_core_speedup;
     }
+    // fsdp: each pass of a chunk also waits for what of its parameter gathers (and in the backward its gradients'
+    // reduce-scatters) the computation does not hide: the cost model's per-stage figure, shared by the stage's chunks.
+    if (c_.fsdp) {
+      plan::ParallelConfig plain = c_;
+      plain.fsdp = false;
+      for (int s = 0; s < c_.pp; ++s) {
+        const plan::StageTimes with = cm_.stage_pass_times(c_, lc_, s), without = cm_.stage_pass_times(plain, lc_, s);
+        fsdp_forward_.push_back((with.forward_s - without.forward_s) / c_.vpp);
+        fsdp_backward_.push_back((with.backward_input_s - without.backward_input_s) / c_.vpp);
+      }
+    }
   }
 
   double operator()(const Program& p, const Instr& in) const {
@@ -44,13 +55,13 @@ class Coster {
       case Opcode::kForward: {
         const ChunkInfo* ci = p.chunk_info(in.chunk);
         return (plan::CostModel::chunk_times(lc_, ci->first_layer, ci->layers, ci->embedding, ci->head).forward_s +
-                overhead_) /
+                fsdp_extra(fsdp_forward_, in) + overhead_) /
                speedup_;
       }
       case Opcode::kBackward:
       case Opcode::kBackwardInput:
       case Opcode::kBackwardWeight:
-        return backward(p, in) / speedup_;
+        return (backward(p, in) + (in.op == Opcode::kBackwardWeight ? 0.0 : fsdp_extra(fsdp_backward_, in))) / speedup_;
       case Opcode::kSend:
       case Opcode::kRecv:
         return options_.free_communication ? 0.0 : p2p_;
@@ -89,6 +100,10 @@ class Coster {
       default:
         return 0.0;
     }
+  }
+
+  double fsdp_extra(const std::vector<double>& per_stage, const Instr& in) const {
+    return per_stage.empty() ? 0.0 : per_stage[static_cast<std::size_t>(in.chunk % c_.pp)];
   }
 
   int units(const ChunkInfo& ci) const { return ci.layers + (ci.embedding ? 1 : 0) + (ci.head ? 1 : 0); }
@@ -172,6 +187,7 @@ class Coster {
   double p2p_ = 0;
   double overhead_ = 0;
   double speedup_ = 1;
+  std::vector<double> fsdp_forward_, fsdp_backward_;  // fsdp: per stage, per chunk pass (empty without)
   double grad_bytes_ = 4;
   double weight_bytes_ = 2;
   int layers_ = 0;

@@ -11,8 +11,8 @@
 #include "dtrain/common/toml_reader.h"
 #include "dtrain/model/model_spec.h"
 #include "dtrain/topology/cluster_spec.h"
+#include "plan_test_support.h"
 #include "published.h"
-#include "source_root.h"
 
 namespace dtrain::plan {
 namespace {

@@ -12,8 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "source_root.h"
-
 namespace {
 
 std::string fmt_arg(const std::string& s) { return s; }
@@ -24,7 +22,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-using dtrain::plan::test_support::kRoot;
+const std::string kRoot = DTRAIN_SOURCE_DIR;
 const std::string kDtplan = std::string(DTRAIN_BINARY_DIR) + "/bin/dtplan";
 const std::string kGpt3 = kRoot + "/examples/models/gpt3-175b.toml";
 const std::string kDgx = kRoot + "/examples/clusters/dgx-a100-80g.toml";

@@ -11,7 +11,7 @@
 #include "dtrain/plan/report.h"
 #include "dtrain/plan/search.h"
 #include "dtrain/topology/local_cpu.h"
-#include "source_root.h"
+#include "plan_test_support.h"
 
 namespace dtrain::plan {
 namespace {
@@ -19,6 +19,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
+using test_support::explained;
 using test_support::kRoot;
 
 model::ModelDescription llama8b(model::Fp8Format fp8, model::Fp8Recipe recipe = model::Fp8Recipe::kDelayed) {
@@ -121,18 +122,6 @@ TEST(Fp8Plan, AGpuWithoutFp8IsRefusedNamingTheKey) {
   ASSERT_EQ(op.kind, model::OpKind::kLinear);
   const ParallelConfig c = fp8.complete(layout(1, 1, 1, false), 16);
   EXPECT_DOUBLE_EQ(fp8.op_weight_grad_seconds(op, c), plain.op_weight_grad_seconds(op, c));
-}
-
-Explanation explained(const CostModel& cm, int gpus) {
-  SearchOptions o;
-  o.gpus = gpus;
-  o.global_batch = cm.model().training.global_batch;
-  Explanation e;
-  e.model = &cm;
-  e.options = o;
-  e.search = search(cm, o);
-  e.chosen = *e.search->best;
-  return e;
 }
 
 TEST(Fp8Plan, ExplainSaysWhatFp8ChangesAndMegatronGetsItsFlags) {

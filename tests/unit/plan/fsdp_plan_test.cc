@@ -11,7 +11,7 @@
 #include "dtrain/plan/plan_file.h"
 #include "dtrain/plan/report.h"
 #include "dtrain/plan/search.h"
-#include "source_root.h"
+#include "plan_test_support.h"
 
 namespace dtrain::plan {
 namespace {
@@ -19,6 +19,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
+using test_support::explained;
 using test_support::kRoot;
 
 CostModel fsdp_cost_model(const std::string& model, const std::string& cluster) {
@@ -35,19 +36,6 @@ ParallelConfig sharded_layout(int tp, int pp, int dp, bool fsdp) {
   c.distributed_optimizer = true;
   c.fsdp = fsdp;
   return c;
-}
-
-Explanation fsdp_explained(const CostModel& cm, int gpus, const std::string& fix = "") {
-  SearchOptions o;
-  o.gpus = gpus;
-  o.global_batch = cm.model().training.global_batch;
-  o.fixed = parse_fixed(fix);
-  Explanation e;
-  e.model = &cm;
-  e.options = o;
-  e.search = search(cm, o);
-  e.chosen = *e.search->best;
-  return e;
 }
 
 TEST(FsdpPlan, WeightsAndGradientsAreShardedWithTwoUnitsGathered) {
@@ -97,7 +85,7 @@ TEST(FsdpPlan, Llama3EightBOnSixtyFourH100sIsPlannedFullySharded) {
   // What the published recipes for 8B-class models run (TorchTitan, Megatron-FSDP): dp = 64 over all GPUs, no tensor
   // or pipeline parallelism, which fits only with the parameters and gradients sharded.
   const CostModel cm = fsdp_cost_model("llama3-8b.toml", "dgx-h100.toml");
-  const Explanation e = fsdp_explained(cm, 64);
+  const Explanation e = explained(cm, 64);
   const ParallelConfig& c = e.chosen.config;
   EXPECT_TRUE(c.fsdp) << c.summary();
   EXPECT_TRUE(c.distributed_optimizer);
@@ -116,7 +104,7 @@ TEST(FsdpPlan, Llama3EightBOnSixtyFourH100sIsPlannedFullySharded) {
                                               "--data-parallel-sharding-strategy optim_grads_params"));
 
   // Pinned off, the search does without it (slower: it needs a pipeline or tensor parallelism to fit).
-  const Explanation off = fsdp_explained(cm, 64, "fsdp=false");
+  const Explanation off = explained(cm, 64, "fsdp=false");
   EXPECT_FALSE(off.chosen.config.fsdp);
   EXPECT_GT(off.chosen.iteration_s, e.chosen.iteration_s);
   EXPECT_THAT(megatron_args(cm, off.chosen.config), Not(HasSubstr("fsdp")));
@@ -127,7 +115,7 @@ TEST(FsdpPlan, FsdpCanBeFasterButWithTiedEmbeddingsItIsOnlyPriced) {
   // fsdp's gathers hide behind the passes. Faster by that; but the model ties its embeddings, which dtexec does not
   // run under fsdp yet (plan::execution_problem), so it is priced, not chosen.
   const CostModel cm = fsdp_cost_model("megatron-1.7b.toml", "dgx-a100-80g.toml");
-  const Explanation e = fsdp_explained(cm, 32);
+  const Explanation e = explained(cm, 32);
   EXPECT_FALSE(e.chosen.config.fsdp) << e.chosen.config.summary();
   ASSERT_EQ(e.search->best_per_fsdp.count(1), 1u);
   const Estimate& with = e.search->best_per_fsdp.at(1);
@@ -182,7 +170,7 @@ TEST(FsdpPlan, KeysAndRefusals) {
 
 TEST(FsdpPlan, ThePlanFileCarriesItOnlyWhenOn) {
   const CostModel cm = fsdp_cost_model("llama3-8b.toml", "dgx-h100.toml");
-  const Explanation e = fsdp_explained(cm, 64, "fsdp=true");
+  const Explanation e = explained(cm, 64, "fsdp=true");
   const Plan p = make_plan(e.chosen, cm, e.options.fixed);
   const std::string text = render_plan(p);
   EXPECT_THAT(text, HasSubstr("\nfsdp = true\n"));
@@ -190,7 +178,7 @@ TEST(FsdpPlan, ThePlanFileCarriesItOnlyWhenOn) {
   EXPECT_TRUE(back.config.fsdp);
   EXPECT_EQ(back.config, p.config);
 
-  const Explanation off = fsdp_explained(cm, 64, "fsdp=false");
+  const Explanation off = explained(cm, 64, "fsdp=false");
   EXPECT_THAT(render_plan(make_plan(off.chosen, cm, off.options.fixed)), Not(HasSubstr("\nfsdp =")));
 }
 

@@ -12,7 +12,7 @@
 #include "dtrain/plan/cost_model.h"
 #include "dtrain/plan/plan_file.h"
 #include "dtrain/plan/search.h"
-#include "source_root.h"
+#include "plan_test_support.h"
 
 namespace dtrain::plan {
 namespace {

@@ -8,7 +8,7 @@
 #include "dtrain/common/error.h"
 #include "dtrain/model/model_spec.h"
 #include "dtrain/plan/search.h"
-#include "source_root.h"
+#include "plan_test_support.h"
 
 namespace dtrain::plan {
 namespace {

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "dtrain/common/error.h"
-#include "source_root.h"
+#include "plan_test_support.h"
 
 namespace dtrain::plan {
 namespace {

@@ -5,7 +5,7 @@
 #include "dtrain/common/error.h"
 #include "dtrain/model/model_spec.h"
 #include "dtrain/plan/plan_file.h"
-#include "source_root.h"
+#include "plan_test_support.h"
 
 namespace dtrain::plan {
 namespace {
