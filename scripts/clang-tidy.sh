@@ -28,6 +28,11 @@ build=${1:-build}
 tidy_bin=${DTRAIN_CLANG_TIDY:-clang-tidy-22}
 command -v "$tidy_bin" >/dev/null || { echo "clang-tidy: $tidy_bin not installed (scripts/install-deps.sh)" >&2; exit 2; }
 [[ -f $build/compile_commands.json ]] || { echo "clang-tidy: $build/compile_commands.json missing (configure first)" >&2; exit 2; }
+# Headers the build generates (the TensorBoard events' protobuf code) are generated first: a directory that was
+# configured and not built (scripts/test.sh's build-tidy/) has none, and the files including them would not parse.
+mapfile -t generated < <(ninja -C "$build" -t targets all 2>/dev/null |
+  awk -F': ' '$2 == "CUSTOM_COMMAND" && $1 ~ /\.h$/ && $1 !~ /^\// {print $1}')
+if ((${#generated[@]})); then ninja -C "$build" "${generated[@]}" >/dev/null; fi
 built() { grep -q "\"file\": \"[^\"]*/$1\"" "$build/compile_commands.json"; }
 # plugin/fmt_local.cc is fmt's own code (format-inl.h), compiled into the plugin; nothing of dtrain's to check.
 mapfile -t plugin < <(git ls-files 'spank_plugin/plugin/*.cc' | grep -v '/fmt_local\.cc$' | while read -r f; do
