@@ -85,4 +85,15 @@ inline std::vector<double> losses(const TrainResult& r) {
   return v;
 }
 
+// The single-rank loss curve of `model` (seed 7, micro-batch 4, curve_steps(20) steps): what the layout parity tests
+// compare every layout with.
+inline std::vector<double> single_rank_curve(const std::string& model) {
+  TrainOptions o;
+  o.model_path = model;
+  o.steps = curve_steps(20);
+  o.seed = 7;
+  o.fixed = {"dp=1,tp=1,pp=1,vpp=1,micro_batch=4"};
+  return losses(train_threads(1, o));
+}
+
 }  // namespace dtrain::exec::testing

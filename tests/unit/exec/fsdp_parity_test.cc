@@ -29,15 +29,6 @@ std::string fsdp_fix(const FsdpLayout& l) {
                      l.extra);
 }
 
-std::vector<double> fsdp_reference(const std::string& model) {
-  TrainOptions o;
-  o.model_path = model;
-  o.steps = curve_steps(20);
-  o.seed = 7;
-  o.fixed = {"dp=1,tp=1,pp=1,vpp=1,micro_batch=4"};
-  return losses(train_threads(1, o));
-}
-
 void expect_curve(const std::vector<double>& curve, const std::vector<double>& ref) {
   ASSERT_EQ(curve.size(), ref.size());
   for (std::size_t i = 0; i < ref.size(); ++i) {
@@ -48,7 +39,7 @@ void expect_curve(const std::vector<double>& curve, const std::vector<double>& r
 class FsdpParity : public ::testing::TestWithParam<FsdpLayout> {};
 
 TEST_P(FsdpParity, LossCurveEqualsSingleRank) {
-  static const std::vector<double> ref = fsdp_reference(kTiny);
+  static const std::vector<double> ref = single_rank_curve(kTiny);
   const FsdpLayout& l = GetParam();
   TrainOptions o;
   o.model_path = kTiny;
@@ -70,7 +61,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, FsdpParity,
 
 TEST(FsdpMoe, ExpertsShardedOverTheirGroupEqualTheSingleRank) {
   const std::string moe = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny-moe.toml";
-  const std::vector<double> ref = fsdp_reference(moe);
+  const std::vector<double> ref = single_rank_curve(moe);
   for (const char* fix : {"dp=4,tp=1,pp=1,ep=2,distributed_optimizer=true,fsdp=true",
                           "dp=2,tp=1,pp=2,ep=2,distributed_optimizer=true,fsdp=true"}) {
     SCOPED_TRACE(fix);

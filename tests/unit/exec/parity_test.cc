@@ -31,14 +31,7 @@ std::string fix_of(const Layout& l) {
 class Parity : public ::testing::TestWithParam<Layout> {};
 
 std::vector<double> reference_curve() {
-  static std::vector<double> curve = [] {
-    TrainOptions o;
-    o.model_path = kTiny;
-    o.steps = curve_steps(20);
-    o.seed = 7;
-    o.fixed = {"dp=1,tp=1,pp=1,vpp=1,micro_batch=4"};
-    return losses(train_threads(1, o));
-  }();
+  static std::vector<double> curve = single_rank_curve(kTiny);
   return curve;
 }
 
