@@ -18,12 +18,12 @@ using ir::Opcode;
 using ir::What;
 
 template <typename A>
-void Interpreter<A>::zero_unowned(const Sharded& s, F32& buffer) {
+void Interpreter<A>::zero_unowned(const Sharded& s, F32& buffer, bool with_weights) {
   const std::int64_t lo = s.member * s.shard, hi = std::min(s.size, lo + s.shard);
   auto zero = [&](std::int64_t flat, std::int64_t, std::int64_t n) {
     be.fill(n, 0.0f, buffer.data() + flat);
     if constexpr (!std::is_same_v<A, float>) {
-      if (&buffer == &params) kern.from_fp32(n, params.data() + flat, weights.data() + flat);
+      if (with_weights) kern.from_fp32(n, buffer.data() + flat, weights.data() + flat);
     }
   };
   for_each_packed(s.pieces, 0, std::min(lo, s.size), zero);
@@ -42,7 +42,7 @@ void Interpreter<A>::fsdp_collective(const Instr& in) {
       throw input_error("an fsdp reduce-scatter of something other than gradients");
     }
     sharded_collective(in);
-    zero_unowned(s, grads);
+    zero_unowned(s, grads, /*with_weights=*/false);
     return;
   }
   if (in.op != Opcode::kAllGather || in.what != What::kLayerParams) {
@@ -63,16 +63,17 @@ void Interpreter<A>::fsdp_collective(const Instr& in) {
 template <typename A>
 void Interpreter<A>::fsdp_release(std::size_t keep) {
   while (fsdp_held.size() > keep) {
-    for (const auto& key : fsdp_held.front().second) zero_unowned(sharded_buckets.at(key), params);
+    for (const auto& key : fsdp_held.front().second)
+      zero_unowned(sharded_buckets.at(key), params, /*with_weights=*/true);
     fsdp_held.erase(fsdp_held.begin());
   }
 }
 
 // This file's members for both activation types (interpreter.h).
-template void Interpreter<float>::zero_unowned(const Sharded&, F32&);
+template void Interpreter<float>::zero_unowned(const Sharded&, F32&, bool);
 template void Interpreter<float>::fsdp_collective(const Instr&);
 template void Interpreter<float>::fsdp_release(std::size_t);
-template void Interpreter<bf16>::zero_unowned(const Sharded&, F32&);
+template void Interpreter<bf16>::zero_unowned(const Sharded&, F32&, bool);
 template void Interpreter<bf16>::fsdp_collective(const Instr&);
 template void Interpreter<bf16>::fsdp_release(std::size_t);
 

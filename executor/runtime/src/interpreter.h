@@ -133,8 +133,9 @@ class Interpreter final : public InterpreterBase {
   // The parameters of the units a pass gathered, back to this rank's shards (the rest zeroed): all of them at the
   // end of a pass, the oldest when a third unit is gathered.
   void fsdp_release(std::size_t keep);
-  // Zeroes the elements of `s` outside this member's slice in `buffer` (for params also in the weights).
-  void zero_unowned(const Sharded& s, F32& buffer);
+  // Zeroes the elements of `s` outside this member's slice in `buffer` (params: with_weights, also in the weights
+  // the passes read, for A != float).
+  void zero_unowned(const Sharded& s, F32& buffer, bool with_weights);
   void check_count(const ir::Instr& in, std::int64_t actual) const;
   void reduce_tensor_grads(const ir::Instr& in, comm::Communicator& group, const Pieces& pieces);
   void settle();

@@ -695,13 +695,7 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   double ob = optimizer_bytes_per_param(t);
   // The routed experts' share (their optimizer state is sharded over edp, not dp).
   const double stage_experts = moe_layers * moe_layer_expert_params(c);
-  // With FP8 GEMMs the layers' weights are held in FP8 too, row-wise and transposed (Transformer Engine's FP8
-  // weight copies, made once per step), beside the bf16 ones.
-  mem.weights_bytes = mem.params * wb + 2.0 * fp8_weight_params(c, stage);
-  mem.gradients_bytes = mem.params * gb;
   mem.optimizer_bytes = optimizer_state_params(c, mem.params, stage_experts) * ob;
-  mem.layer_state_bytes =
-      mem.layer_params * (wb + gb) + optimizer_state_params(c, mem.layer_params, stage_experts) * ob;
   if (c.fsdp) {
     // Fully sharded: this rank's shard of the weights and gradients, and whole the unit in use and the one being
     // gathered (in the backward: the one whose gradients are being reduce-scattered); FP8 copies of those two only.
@@ -711,6 +705,13 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
     mem.weights_bytes = (held + gathered) * wb + 2.0 * std::min(2.0, static_cast<double>(mem.layers)) * fp8;
     mem.gradients_bytes = (held + gathered) * gb;
     mem.layer_state_bytes = sharded_params(c, mem.layer_params, stage_experts) * (wb + gb + ob);
+  } else {
+    // With FP8 GEMMs the layers' weights are held in FP8 too, row-wise and transposed (Transformer Engine's FP8
+    // weight copies, made once per step), beside the bf16 ones.
+    mem.weights_bytes = mem.params * wb + 2.0 * fp8_weight_params(c, stage);
+    mem.gradients_bytes = mem.params * gb;
+    mem.layer_state_bytes =
+        mem.layer_params * (wb + gb) + optimizer_state_params(c, mem.layer_params, stage_experts) * ob;
   }
 
   // Saved activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2, generalised by op).

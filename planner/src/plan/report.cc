@@ -198,11 +198,12 @@ std::string why_line(const Explanation& e, const std::string& choice, const Esti
                      config_difference(e.chosen.config, other.config));
 }
 
-// The why-line of the best layout with fsdp on (1) or off (0) when the chosen one is the other way; one with fsdp
-// says that it is priced only (plan::execution_problem: no executor runs it yet).
+// The why-line of the best layout with fsdp on (1) or off (0) when the chosen one is the other way; one dtexec cannot
+// run (plan::execution_problem: fsdp with tied embeddings or zb-h1) says that it is priced only.
 std::string fsdp_why_line(const Explanation& e, int fsdp, const Estimate& other) {
-  if (fsdp == 0) return why_line(e, "fsdp=off", other);
-  return why_line(e, "fsdp=on", other) + "; priced only: dtexec does not run fsdp yet";
+  std::string line = why_line(e, fsdp == 1 ? "fsdp=on" : "fsdp=off", other);
+  if (execution_problem(e.model->model().model, other.config)) line += "; priced only: dtexec does not run fsdp yet";
+  return line;
 }
 
 // A why-line's name for the other way to place the experts under tp > 1, and whether `whole` is that other way.

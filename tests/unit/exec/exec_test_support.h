@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -94,6 +95,14 @@ inline std::vector<double> single_rank_curve(const std::string& model) {
   o.seed = 7;
   o.fixed = {"dp=1,tp=1,pp=1,vpp=1,micro_batch=4"};
   return losses(train_threads(1, o));
+}
+
+// Expects `curve` to be the single-rank curve `ref`, step by step within 1e-5 relative: the layout parity tests' bar.
+inline void expect_same_curve(const std::vector<double>& curve, const std::vector<double>& ref) {
+  ASSERT_EQ(curve.size(), ref.size());
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    EXPECT_NEAR(curve[i], ref[i], 1e-5 * std::fabs(ref[i])) << "step " << i + 1;
+  }
 }
 
 }  // namespace dtrain::exec::testing

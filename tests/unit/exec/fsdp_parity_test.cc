@@ -29,24 +29,13 @@ std::string fsdp_fix(const FsdpLayout& l) {
                      l.extra);
 }
 
-void expect_curve(const std::vector<double>& curve, const std::vector<double>& ref) {
-  ASSERT_EQ(curve.size(), ref.size());
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    EXPECT_NEAR(curve[i], ref[i], 1e-5 * std::fabs(ref[i])) << "step " << i + 1;
-  }
-}
-
 class FsdpParity : public ::testing::TestWithParam<FsdpLayout> {};
 
 TEST_P(FsdpParity, LossCurveEqualsSingleRank) {
   static const std::vector<double> ref = single_rank_curve(kTiny);
   const FsdpLayout& l = GetParam();
-  TrainOptions o;
-  o.model_path = kTiny;
-  o.steps = curve_steps(20);
-  o.seed = 7;
-  o.fixed = {fsdp_fix(l)};
-  expect_curve(losses(train_threads(l.dp * l.tp * l.pp, o)), ref);
+  expect_same_curve(losses(train_threads(l.dp * l.tp * l.pp, tiny_options(curve_steps(20), fsdp_fix(l), DType::kFp32))),
+                    ref);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, FsdpParity,
@@ -70,7 +59,7 @@ TEST(FsdpMoe, ExpertsShardedOverTheirGroupEqualTheSingleRank) {
     o.steps = curve_steps(20);
     o.seed = 7;
     o.fixed = {fix};
-    expect_curve(losses(train_threads(4, o)), ref);
+    expect_same_curve(losses(train_threads(4, o)), ref);
   }
 }
 

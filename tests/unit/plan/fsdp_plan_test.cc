@@ -127,6 +127,17 @@ TEST(FsdpPlan, FsdpCanBeFasterButWithTiedEmbeddingsItIsOnlyPriced) {
   EXPECT_THAT(text, HasSubstr("priced only: dtexec does not run fsdp yet"));
 }
 
+TEST(FsdpPlan, AFullyShardedLayoutThatRunsIsNotCalledPricedOnly) {
+  // Mixtral 8x7B (untied) on 64 H100s: the best layout does without fsdp; the one with it is slower, and dtexec runs
+  // it, so its line says what it costs and nothing about it being priced only.
+  const CostModel cm = fsdp_cost_model("mixtral-8x7b.toml", "dgx-h100.toml");
+  const Explanation e = explained(cm, 64);
+  EXPECT_FALSE(e.chosen.config.fsdp) << e.chosen.config.summary();
+  const std::string text = explain_text(e);
+  EXPECT_THAT(text, HasSubstr("fsdp=on instead: +"));
+  EXPECT_THAT(text, Not(HasSubstr("priced only")));
+}
+
 TEST(FsdpPlan, KeysAndRefusals) {
   const FixedDims f = parse_fixed("fsdp=on,tp=2");
   ASSERT_TRUE(f.fsdp);
