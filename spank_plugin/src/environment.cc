@@ -30,9 +30,12 @@ const std::vector<std::string>& contract_variables() {
                                                  "DTRAIN_PP_SIZE",
                                                  "DTRAIN_DP_SIZE",
                                                  "DTRAIN_FSDP",
+                                                 "DTRAIN_CP_SIZE",
+                                                 "DTRAIN_CP_COMM",
                                                  "DTRAIN_TP_RANK",
                                                  "DTRAIN_PP_RANK",
                                                  "DTRAIN_DP_RANK",
+                                                 "DTRAIN_CP_RANK",
                                                  "DTRAIN_MEGATRON_ARGS",
                                                  "DTRAIN_NODE_RANK",
                                                  "DTRAIN_NNODES",
@@ -137,6 +140,8 @@ EnvList task_environment(const StepEnvironment& s, int local_task) {
   put("DTRAIN_PP_SIZE", std::to_string(s.config.pp));
   put("DTRAIN_DP_SIZE", std::to_string(s.config.dp));
   put("DTRAIN_FSDP", s.config.fsdp ? "1" : "0");
+  put("DTRAIN_CP_SIZE", std::to_string(s.config.cp));
+  put("DTRAIN_CP_COMM", s.config.cp > 1 ? std::string(plan::to_string(s.config.cp_comm)) : "");
   if (per_rank) {
     if (rank >= static_cast<int>(s.placement.size())) {
       throw internal_error(fmt::format("rank {} has no placement ({} ranks planned)", rank, s.placement.size()));
@@ -145,6 +150,7 @@ EnvList task_environment(const StepEnvironment& s, int local_task) {
     put("DTRAIN_TP_RANK", std::to_string(p.tp_rank));
     put("DTRAIN_PP_RANK", std::to_string(p.pp_rank));
     put("DTRAIN_DP_RANK", std::to_string(p.dp_rank));
+    put("DTRAIN_CP_RANK", std::to_string(p.cp_rank));
   }
   put("DTRAIN_MEGATRON_ARGS", s.megatron_args);
   put("DTRAIN_NODE_RANK", std::to_string(s.node_index));

@@ -192,16 +192,17 @@ void forward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const flo
                   float* o, float* lse, const AttentionDropout* drop) {
   const AttentionShape& s = g.s;
   const std::int64_t d = s.head_dim;
-  const std::int64_t seq = s.seq;
+  const std::int64_t seq = s.seq, nq = s.query_rows(), q0 = s.q_offset;
   const std::int64_t ldt = padded_ld(seq);
   const auto transposed = static_cast<std::size_t>(d * ldt);
   const auto panel = static_cast<std::size_t>(seq * d);
+  const auto q_panel = static_cast<std::size_t>(nq * d);
   const auto tile_size = static_cast<std::size_t>(kQueryBlock * kKeyChunk);
   const auto acc_size = static_cast<std::size_t>(kQueryBlock * d);
-  Scratch scratch(scratch_size({transposed, panel, panel, tile_size, tile_size, acc_size}));
+  Scratch scratch(scratch_size({transposed, panel, q_panel, tile_size, tile_size, acc_size}));
   float* kt = scratch.take(transposed);  // K^T of this (sequence, kv head): [d, seq]
   float* vc = scratch.take(panel);       // V: [seq, d]
-  float* qc = scratch.take(panel);       // Q of one head: [seq, d]
+  float* qc = scratch.take(q_panel);     // Q of one head: [nq, d]
   float* tile = scratch.take(tile_size);
   float* scales = drop != nullptr ? scratch.take(tile_size) : nullptr;
   float* acc = scratch.take(acc_size);
@@ -210,12 +211,12 @@ void forward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const flo
   pack_transposed(seq, d, k + b * seq * s.kv_stride + kvh * d, s.kv_stride, kt, ldt);
   gather_rows(seq, d, v + b * seq * s.kv_stride + kvh * d, s.kv_stride, vc);
   for (std::int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h) {
-    gather_rows(seq, d, q + b * seq * s.q_stride + h * d, s.q_stride, qc);
-    float* ob = o + b * seq * g.o_stride + h * d;
-    float* lse_bh = lse + (b * s.n_heads + h) * seq;
-    for (std::int64_t i0 = 0; i0 < seq; i0 += kQueryBlock) {
-      const std::int64_t rows = std::min(kQueryBlock, seq - i0);
-      const std::int64_t i1 = i0 + rows;
+    gather_rows(nq, d, q + b * nq * s.q_stride + h * d, s.q_stride, qc);
+    float* ob = o + b * nq * g.o_stride + h * d;
+    float* lse_bh = lse + (b * s.n_heads + h) * nq;
+    for (std::int64_t i0 = 0; i0 < nq; i0 += kQueryBlock) {
+      const std::int64_t rows = std::min(kQueryBlock, nq - i0);
+      const std::int64_t i1 = q0 + i0 + rows;  // keys visible to the block: [0, i1)
       std::fill(m, m + rows, kNegInf);
       std::fill(l, l + rows, 0.0f);
       std::fill(acc, acc + rows * d, 0.0f);
@@ -223,7 +224,7 @@ void forward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const flo
         const std::int64_t nk = std::min(kKeyChunk, i1 - j0);
         small_gemm(rows, nk, d, g.scale, qc + i0 * d, d, 1, kt + j0, ldt, false, tile, kKeyChunk);
         if (drop != nullptr) tile_dropout_scales(g, *drop, b, h, i0, rows, j0, nk, scales, kKeyChunk);
-        softmax_tile_forward(rows, nk, i0, j0, tile, kKeyChunk, m, l, acc, d, scales, kKeyChunk);
+        softmax_tile_forward(rows, nk, q0 + i0, j0, tile, kKeyChunk, m, l, acc, d, scales, kKeyChunk);
         small_gemm(rows, d, nk, 1.0f, tile, kKeyChunk, 1, vc + j0 * d, d, true, acc, d);
       }
       finish_rows(rows, d, acc, m, l, ob + i0 * g.o_stride, g.o_stride, lse_bh + i0);
@@ -236,19 +237,20 @@ void backward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const fl
                    const AttentionDropout* drop) {
   const AttentionShape& s = g.s;
   const std::int64_t d = s.head_dim;
-  const std::int64_t seq = s.seq;
+  const std::int64_t seq = s.seq, nq = s.query_rows(), q0 = s.q_offset;
   const std::int64_t ldt = padded_ld(seq);
   const auto transposed = static_cast<std::size_t>(d * ldt);
   const auto panel = static_cast<std::size_t>(seq * d);
+  const auto q_panel = static_cast<std::size_t>(nq * d);
   const auto tile_size = static_cast<std::size_t>(kQueryBlock * kKeyChunk);
-  Scratch scratch(scratch_size(
-      {transposed, transposed, panel, panel, panel, panel, panel, panel, tile_size, tile_size, tile_size, tile_size}));
+  Scratch scratch(scratch_size({transposed, transposed, panel, q_panel, q_panel, q_panel, panel, panel, tile_size,
+                                tile_size, tile_size, tile_size}));
   float* kt = scratch.take(transposed);  // K^T, V^T: [d, seq]
   float* vt = scratch.take(transposed);
-  float* kc = scratch.take(panel);  // K, Q, dO: [seq, d]
-  float* qc = scratch.take(panel);
-  float* doc = scratch.take(panel);
-  float* dqc = scratch.take(panel);  // gradients: [seq, d]
+  float* kc = scratch.take(panel);  // K: [seq, d]; Q, dO: [nq, d]
+  float* qc = scratch.take(q_panel);
+  float* doc = scratch.take(q_panel);
+  float* dqc = scratch.take(q_panel);  // gradients: dQ [nq, d], dK and dV [seq, d]
   float* dkc = scratch.take(panel);
   float* dvc = scratch.take(panel);
   float* p_tile = scratch.take(tile_size);
@@ -264,21 +266,21 @@ void backward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const fl
   std::fill(dkc, dkc + panel, 0.0f);
   std::fill(dvc, dvc + panel, 0.0f);
   for (std::int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h) {
-    gather_rows(seq, d, q + b * seq * s.q_stride + h * d, s.q_stride, qc);
-    gather_rows(seq, d, dout + b * seq * g.o_stride + h * d, g.o_stride, doc);
-    const float* ob = o + b * seq * g.o_stride + h * d;
-    const float* lse_bh = lse + (b * s.n_heads + h) * seq;
-    std::fill(dqc, dqc + panel, 0.0f);
-    for (std::int64_t i0 = 0; i0 < seq; i0 += kQueryBlock) {
-      const std::int64_t rows = std::min(kQueryBlock, seq - i0);
-      const std::int64_t i1 = i0 + rows;
+    gather_rows(nq, d, q + b * nq * s.q_stride + h * d, s.q_stride, qc);
+    gather_rows(nq, d, dout + b * nq * g.o_stride + h * d, g.o_stride, doc);
+    const float* ob = o + b * nq * g.o_stride + h * d;
+    const float* lse_bh = lse + (b * s.n_heads + h) * nq;
+    std::fill(dqc, dqc + q_panel, 0.0f);
+    for (std::int64_t i0 = 0; i0 < nq; i0 += kQueryBlock) {
+      const std::int64_t rows = std::min(kQueryBlock, nq - i0);
+      const std::int64_t i1 = q0 + i0 + rows;  // keys visible to the block: [0, i1)
       row_dots(rows, d, doc + i0 * d, d, ob + i0 * g.o_stride, g.o_stride, delta);
       for (std::int64_t j0 = 0; j0 < i1; j0 += kKeyChunk) {
         const std::int64_t nk = std::min(kKeyChunk, i1 - j0);
         small_gemm(rows, nk, d, g.scale, qc + i0 * d, d, 1, kt + j0, ldt, false, p_tile, kKeyChunk);
         small_gemm(rows, nk, d, 1.0f, doc + i0 * d, d, 1, vt + j0, ldt, false, dp_tile, kKeyChunk);
         if (drop != nullptr) tile_dropout_scales(g, *drop, b, h, i0, rows, j0, nk, scales, kKeyChunk);
-        softmax_tile_backward(rows, nk, i0, j0, p_tile, dp_tile, pd_tile, kKeyChunk, lse_bh + i0, delta, scales);
+        softmax_tile_backward(rows, nk, q0 + i0, j0, p_tile, dp_tile, pd_tile, kKeyChunk, lse_bh + i0, delta, scales);
         const float* p_used = drop != nullptr ? pd_tile : p_tile;
         // dV[j0:j0+nk] += P^T dO: A = P^T, i.e. element (j, r) at p[r * ld + j].
         small_gemm(nk, d, rows, 1.0f, p_used, 1, kKeyChunk, doc + i0 * d, d, true, dvc + j0 * d, d);
@@ -288,7 +290,7 @@ void backward_item(const Geometry& g, std::int64_t b, std::int64_t kvh, const fl
         small_gemm(nk, d, rows, g.scale, dp_tile, 1, kKeyChunk, qc + i0 * d, d, true, dkc + j0 * d, d);
       }
     }
-    scatter_rows(seq, d, dqc, dq + b * seq * s.q_stride + h * d, s.q_stride);
+    scatter_rows(nq, d, dqc, dq + b * nq * s.q_stride + h * d, s.q_stride);
   }
   scatter_rows(seq, d, dkc, dk + b * seq * s.kv_stride + kvh * d, s.kv_stride);
   scatter_rows(seq, d, dvc, dv + b * seq * s.kv_stride + kvh * d, s.kv_stride);
@@ -299,12 +301,15 @@ Geometry check_shape(const AttentionShape& s) {
   DTRAIN_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0, "attention: n_kv_heads must divide n_heads");
   DTRAIN_CHECK(s.q_stride >= s.n_heads * s.head_dim, "attention: q_stride smaller than the query heads");
   DTRAIN_CHECK(s.kv_stride >= s.n_kv_heads * s.head_dim, "attention: kv_stride smaller than the kv heads");
+  DTRAIN_CHECK(s.q_rows >= 0 && s.q_offset >= 0 && s.q_offset + s.query_rows() <= s.seq,
+               "attention: the queries' positions must lie within the keys'");
   return Geometry{s, s.n_heads / s.n_kv_heads, s.n_heads * s.head_dim,
                   static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)))};
 }
 
-const AttentionDropout* active_dropout(const AttentionDropout* drop) {
+const AttentionDropout* active_dropout(const AttentionDropout* drop, const AttentionShape& s) {
   if (drop == nullptr || drop->p == 0.0f) return nullptr;
+  DTRAIN_CHECK(s.q_rows == 0 && s.q_offset == 0, "attention dropout needs whole sequences of queries");
   DTRAIN_CHECK(drop->p > 0.0f && drop->p < 1.0f, "attention dropout probability must be in [0, 1)");
   check_dropout_key(drop->key);
   return drop;
@@ -315,7 +320,7 @@ const AttentionDropout* active_dropout(const AttentionDropout* drop) {
 void attention_forward(const AttentionShape& shape, const float* q, const float* k, const float* v, float* o,
                        float* lse, const AttentionDropout* dropout) {
   const Geometry g = check_shape(shape);
-  const AttentionDropout* drop = active_dropout(dropout);
+  const AttentionDropout* drop = active_dropout(dropout, shape);
   parallel_ranges(shape.batch * shape.n_kv_heads, g.group * shape.seq * shape.seq * shape.head_dim,
                   [&](std::int64_t begin, std::int64_t end) {
                     for (std::int64_t item = begin; item < end; ++item) {
@@ -328,7 +333,7 @@ void attention_backward(const AttentionShape& shape, const float* q, const float
                         const float* lse, const float* dout, float* dq, float* dk, float* dv,
                         const AttentionDropout* dropout) {
   const Geometry g = check_shape(shape);
-  const AttentionDropout* drop = active_dropout(dropout);
+  const AttentionDropout* drop = active_dropout(dropout, shape);
   parallel_ranges(shape.batch * shape.n_kv_heads, g.group * shape.seq * shape.seq * shape.head_dim,
                   [&](std::int64_t begin, std::int64_t end) {
                     for (std::int64_t item = begin; item < end; ++item) {

@@ -315,25 +315,27 @@ class CpuBf16Kernels final : public Kernels<bf16> {
 
   void attention_forward(const k::AttentionShape& s, const bf16* q, const bf16* kk, const bf16* v, bf16* o, float* lse,
                          const k::AttentionDropout* dropout) override {
-    const std::int64_t rows = s.batch * s.seq, qc = s.n_heads * s.head_dim, kvc = s.n_kv_heads * s.head_dim;
+    const std::int64_t rows = s.batch * s.query_rows(), keys = s.batch * s.seq;
+    const std::int64_t qc = s.n_heads * s.head_dim, kvc = s.n_kv_heads * s.head_dim;
     Wide wo(static_cast<std::size_t>(rows * qc));
     kcpu::attention_forward(s, widen_rows(q, rows, qc, s.q_stride).data(),
-                            widen_rows(kk, rows, kvc, s.kv_stride).data(), widen_rows(v, rows, kvc, s.kv_stride).data(),
+                            widen_rows(kk, keys, kvc, s.kv_stride).data(), widen_rows(v, keys, kvc, s.kv_stride).data(),
                             wo.data(), lse, dropout);
     narrow(wo, o);
   }
   void attention_backward(const k::AttentionShape& s, const bf16* q, const bf16* kk, const bf16* v, const bf16* o,
                           const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv,
                           const k::AttentionDropout* dropout) override {
-    const std::int64_t rows = s.batch * s.seq, qc = s.n_heads * s.head_dim, kvc = s.n_kv_heads * s.head_dim;
-    Wide wdq(strided_size(rows, qc, s.q_stride)), wdk(strided_size(rows, kvc, s.kv_stride)), wdv(wdk.size());
+    const std::int64_t rows = s.batch * s.query_rows(), keys = s.batch * s.seq;
+    const std::int64_t qc = s.n_heads * s.head_dim, kvc = s.n_kv_heads * s.head_dim;
+    Wide wdq(strided_size(rows, qc, s.q_stride)), wdk(strided_size(keys, kvc, s.kv_stride)), wdv(wdk.size());
     kcpu::attention_backward(s, widen_rows(q, rows, qc, s.q_stride).data(),
-                             widen_rows(kk, rows, kvc, s.kv_stride).data(),
-                             widen_rows(v, rows, kvc, s.kv_stride).data(), widen(o, rows * qc).data(), lse,
+                             widen_rows(kk, keys, kvc, s.kv_stride).data(),
+                             widen_rows(v, keys, kvc, s.kv_stride).data(), widen(o, rows * qc).data(), lse,
                              widen(dout, rows * qc).data(), wdq.data(), wdk.data(), wdv.data(), dropout);
     narrow_rows(wdq.data(), rows, qc, s.q_stride, dq);
-    narrow_rows(wdk.data(), rows, kvc, s.kv_stride, dk);
-    narrow_rows(wdv.data(), rows, kvc, s.kv_stride, dv);
+    narrow_rows(wdk.data(), keys, kvc, s.kv_stride, dk);
+    narrow_rows(wdv.data(), keys, kvc, s.kv_stride, dv);
   }
 
   void cross_entropy_max(std::int64_t tokens, const bf16* logits, k::VocabShard shard, float* max) override {

@@ -205,12 +205,19 @@ class CudaBackend final : public Backend, public Kernels<bf16> {
 
   void attention_forward(const k::AttentionShape& s, const bf16* q, const bf16* kk, const bf16* v, bf16* o, float* lse,
                          const k::AttentionDropout* dropout) override {
+    whole_sequences(s);
     kc::attention_forward(ctx_, s, q, kk, v, o, lse, dropout);
   }
   void attention_backward(const k::AttentionShape& s, const bf16* q, const bf16* kk, const bf16* v, const bf16* o,
                           const float* lse, const bf16* dout, bf16* dq, bf16* dk, bf16* dv,
                           const k::AttentionDropout* dropout) override {
+    whole_sequences(s);
     kc::attention_backward(ctx_, s, q, kk, v, o, lse, dout, dq, dk, dv, dropout);
+  }
+  // The fused kernels attend whole sequences; context parallelism's chunks run on the CPU backend only (the
+  // interpreter refuses cp > 1 on a device backend before any pass).
+  static void whole_sequences(const k::AttentionShape& s) {
+    DTRAIN_CHECK(s.q_rows == 0 && s.q_offset == 0, "the CUDA attention kernels run whole sequences, not cp chunks");
   }
 
   void cross_entropy_max(std::int64_t tokens, const bf16* logits, k::VocabShard shard, float* max) override {

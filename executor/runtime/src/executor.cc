@@ -26,6 +26,7 @@ Communicators split_communicators(comm::Communicator& world, const ir::Program& 
   c.embedding = split(p.embedding_group, "embedding");
   c.ep = split(p.ep_group, "ep");
   c.edp = split(p.edp_group, "edp");
+  c.cp = split(p.cp_group, "cp");
   return c;
 }
 

@@ -42,7 +42,14 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
     throw input_error(
         fmt::format("the data's vocabulary ({}) is larger than the model's (vocab = {})", data.vocab(), m.vocab));
   }
-  T = static_cast<std::int64_t>(prog.micro_batch) * m.seq_len;
+  if (prog.cp > 1 && !be.host_accessible()) {
+    throw input_error(
+        fmt::format("cp={}: the {} backend runs whole sequences; context parallelism runs on the CPU "
+                    "backend only (plan with --fix cp=1)",
+                    prog.cp, be.name()));
+  }
+  if (prog.cp > 1 && comms.cp == nullptr) throw input_error(fmt::format("cp={} without its communicator", prog.cp));
+  T = static_cast<std::int64_t>(prog.micro_batch) * m.seq_len / prog.cp;
   sp = prog.sequence_parallel && prog.tp > 1;
   Tl = sp ? T / prog.tp : T;
   Tm = prog.moe_token_parallel() ? Tl : T;
@@ -95,7 +102,7 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
 // (Sharded in interpreter.h), and with expert groups of one data-parallel rank (ep = dp) all of its experts.
 template <typename A>
 void Interpreter<A>::plan_owned_ranges() {
-  if (!prog.distributed_optimizer || prog.dp == 1) {
+  if (!prog.distributed_optimizer || prog.dp_cp() == 1) {
     owned_ranges = {{0, layout.size()}};
     return;
   }
@@ -128,7 +135,7 @@ void Interpreter<A>::plan_owned_ranges() {
                     [&](std::int64_t b, std::int64_t, std::int64_t n) { mine.emplace_back(b, b + n); });
     sharded_buckets[{range.first, experts}] = std::move(s);
   }
-  if (prog.ep > 1 && prog.dp == prog.ep) {  // no edp group: nothing to share the experts' optimizer state with
+  if (prog.ep > 1 && prog.dp_cp() == prog.ep) {  // no edp group: nothing to share the experts' optimizer state with
     for (auto [b, n] : tensor_pieces([](const TensorSpec& t) { return t.expert; })) mine.emplace_back(b, b + n);
   }
   std::sort(mine.begin(), mine.end());

@@ -11,6 +11,8 @@
 //   moe_ops.cc         an MoE layer's MLP: router, permutation, experts, shared experts, combine, their backward
 //   optimizer_step.cc  the gradient norm (once per step) and AdamW
 //   evaluate.cc        a validation pass: the schedule's forward part on other data, the loss only
+//   context_parallel.cc  context parallelism: this rank's chunks of the sequences, their positions, the keys' and
+//                      values' exchanges and the attention over them
 // What a step changes is in one StepState (step_state.h), replaced at the start of every step.
 #pragma once
 
@@ -166,6 +168,22 @@ class Interpreter final : public InterpreterBase {
     return st.layers[static_cast<std::size_t>(layer - step_.first_layer)];
   }
 
+  // ---- context_parallel.cc: context parallelism (prog.cp > 1; every helper also serves cp = 1) ----
+  // The chunk of the 2 * cp chunks of a sequence that this rank holds as its piece 0 or 1.
+  std::int64_t cp_chunk(std::int64_t piece) const { return piece == 0 ? prog.cp_rank : 2 * prog.cp - 1 - prog.cp_rank; }
+  // A micro-batch's token ids (micro_batch x seq_len) narrowed to this rank's chunks, in its row order.
+  std::vector<std::int32_t> local_tokens(const std::vector<std::int32_t>& all) const;
+  // RoPE forward or backward on the query and key heads of the QKV rows, at each row's position.
+  void rope(bool backward, A* qkv);
+  // ALLGATHER what=kv: the layer's keys and values of every chunk, in position order, into ls.kv.
+  void kv_gather(const ir::Instr& in, ChunkState<A>& st, Tensor& cur, Tensor& rcur);
+  // REDUCESCATTER what=kv_grad: ls.dkv summed over the cp ranks, this rank's chunks into cur's key and value columns.
+  void kv_grad_scatter(const ir::Instr& in, ChunkState<A>& st, Tensor& cur);
+  // The attention of this rank's queries (ls.qkv) over the gathered keys and values (ls.kv), and its backward: dq
+  // into dqkv's query columns, the keys' and values' gradients into ls.dkv.
+  void cp_attention_forward(LayerState<A>& ls);
+  void cp_attention_backward(LayerState<A>& ls, const Tensor& dout, Tensor& dqkv);
+
   // ---- moe_ops.cc ----
   void moe_forward(const ir::Instr& in, ChunkState<A>& st, Tensor& cur);
   void moe_backward(const ir::Instr& in, ChunkState<A>& st, Tensor& cur);
@@ -256,17 +274,19 @@ class Interpreter final : public InterpreterBase {
     return step_.index * opt.global_batch + static_cast<std::int64_t>(prog.dp_rank) * (opt.global_batch / prog.dp) +
            static_cast<std::int64_t>(mb) * prog.micro_batch;
   }
-  // Token index (in the micro-batch, 0..T) of the first token held here (sequence-parallel shard).
+  // Row (of this rank's T tokens of the micro-batch) of the first token held here (sequence-parallel shard).
   std::int64_t token_offset(std::int64_t rows) const { return rows == T ? 0 : prog.tp_rank * Tl; }
-  // Calls fn(sample_in_microbatch, first_position, length, row) for each piece of one sequence in rows [0, n) that
-  // start at micro-batch token `offset`.
+  // Calls fn(sample_in_microbatch, first_position, length, row) for each run of consecutive positions of one sequence
+  // in rows [0, n) that start at row `offset` of this rank's tokens: a whole sequence each, or with context
+  // parallelism each of this rank's two chunks of it.
   template <typename Fn>
   void for_each_sequence_piece(std::int64_t offset, std::int64_t n, Fn&& fn) const {
+    const std::int64_t run = m.seq_len / (prog.cp > 1 ? 2 * prog.cp : 1), runs = prog.cp > 1 ? 2 : 1;
     std::int64_t t = offset;
     while (t < offset + n) {
-      std::int64_t sample = t / m.seq_len, pos = t % m.seq_len;
-      std::int64_t len = std::min(m.seq_len - pos, offset + n - t);
-      fn(sample, pos, len, t - offset);
+      const std::int64_t k = t / run, at = t % run;
+      const std::int64_t len = std::min(run - at, offset + n - t);
+      fn(k / runs, cp_chunk(k % runs) * run + at, len, t - offset);
       t += len;
     }
   }
@@ -336,7 +356,8 @@ class Interpreter final : public InterpreterBase {
   // fsdp: the units the running pass holds gathered, oldest first: (layer, their sharded_buckets keys).
   std::vector<std::pair<int, std::vector<std::pair<std::int64_t, bool>>>> fsdp_held;
   kernels::LrSchedule sched;
-  // Shapes: tokens per micro-batch (T) and held here (Tl, a sequence shard with SP), hidden, head dim, local heads,
+  // Shapes: tokens per micro-batch (T; this rank's chunks with context parallelism) and held here (Tl, a sequence
+  // shard with SP), hidden, head dim, local heads,
   // local kv heads, local ffn width, local QKV and fc1 output columns.
   std::int64_t T = 0, Tl = 0, h = 0, d = 0, Hl = 0, KVl = 0, fl = 0, qkv_cols = 0, fc1_cols = 0;
   // Tokens an MoE layer's MLP sees: every token of the micro-batch (T), or with etp = 1 this rank's shard (Tl).

@@ -166,9 +166,17 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
           double sum = be.sum(T, loss.data());
           step_.loss_sum += sum / (static_cast<double>(opt.global_batch) * static_cast<double>(m.seq_len));
           if (!step_.token_losses.empty()) {
+            // Each run of positions of this rank's tokens to its place in the batch (with context parallelism the
+            // other chunks are the other cp ranks').
             const std::int64_t first = (sample_base(step_.mb) - step_.index * opt.global_batch) * m.seq_len;
-            be.copy_to_host(step_.token_losses.subspan(static_cast<std::size_t>(first), tokens).data(), loss.data(),
-                            tokens * sizeof(float));
+            for_each_sequence_piece(
+                0, T, [&](std::int64_t sample, std::int64_t pos, std::int64_t len, std::int64_t row) {
+                  be.copy_to_host(step_.token_losses
+                                      .subspan(static_cast<std::size_t>(first + sample * m.seq_len + pos),
+                                               static_cast<std::size_t>(len))
+                                      .data(),
+                                  loss.data() + row, static_cast<std::size_t>(len) * sizeof(float));
+                });
           }
         }
       }
@@ -190,16 +198,20 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
       return;
     }
     case BodyOp::kAttnRope:
-      kern.rope_forward({prog.micro_batch, m.seq_len, Hl, d, qkv_cols}, rope_cos.data(), rope_sin.data(), cur.data());
-      kern.rope_forward({prog.micro_batch, m.seq_len, KVl, d, qkv_cols}, rope_cos.data(), rope_sin.data(),
-                        cur.data() + Hl * d);
+      rope(false, cur.data());
       return;
     case BodyOp::kAttnCore: {
       LayerState<A>& ls = layer_state(st, l);
       if (!recompute) ls.qkv = std::move(cur);
       const Tensor& qkv = ls.qkv;
       sized(ls.o, static_cast<std::size_t>(T * Hl * d), kUninitialized);
-      sized(ls.lse, static_cast<std::size_t>(prog.micro_batch * Hl * m.seq_len), kUninitialized);
+      sized(ls.lse, static_cast<std::size_t>(T * Hl), kUninitialized);
+      if (prog.cp > 1) {
+        cp_attention_forward(ls);
+        if (in.pass == ir::Pass::kForward) ls.kv.clear();  // a recomputation keeps them for the backward
+        if (!recompute) cur = ls.o;
+        return;
+      }
       k::AttentionShape shape{prog.micro_batch, m.seq_len, Hl, KVl, d, qkv_cols, qkv_cols};
       k::AttentionDropout drop;
       k::AttentionDropout* dp = attention_dropout(drop, l);
@@ -361,6 +373,11 @@ void Interpreter<A>::backward_op(const Instr& in, ChunkState<A>& st, Tensor& cur
     case BodyOp::kAttnCore: {
       LayerState<A>& ls = layer_state(st, l);
       Tensor dqkv(be, static_cast<std::size_t>(T * qkv_cols), kUninitialized);
+      if (prog.cp > 1) {
+        cp_attention_backward(ls, cur, dqkv);  // the keys' and values' columns come with kv_grad
+        cur.swap(dqkv);
+        return;
+      }
       k::AttentionShape shape{prog.micro_batch, m.seq_len, Hl, KVl, d, qkv_cols, qkv_cols};
       k::AttentionDropout drop;
       k::AttentionDropout* dp = attention_dropout(drop, l);
@@ -371,9 +388,7 @@ void Interpreter<A>::backward_op(const Instr& in, ChunkState<A>& st, Tensor& cur
       return;
     }
     case BodyOp::kAttnRope:
-      kern.rope_backward({prog.micro_batch, m.seq_len, Hl, d, qkv_cols}, rope_cos.data(), rope_sin.data(), cur.data());
-      kern.rope_backward({prog.micro_batch, m.seq_len, KVl, d, qkv_cols}, rope_cos.data(), rope_sin.data(),
-                         cur.data() + Hl * d);
+      rope(true, cur.data());
       return;
     case BodyOp::kAttnQkv: {
       LayerState<A>& ls = layer_state(st, l);
@@ -439,6 +454,14 @@ void Interpreter<A>::body_collective(const Instr& in, ChunkState<A>& st, Tensor&
   }
   if (in.on == ir::CommGroup::kDp || in.on == ir::CommGroup::kEdp) {
     fsdp_collective(in);
+    return;
+  }
+  if (in.what == What::kKv) {
+    kv_gather(in, st, cur, rcur);
+    return;
+  }
+  if (in.what == What::kKvGrad) {
+    kv_grad_scatter(in, st, cur);
     return;
   }
   Tensor& t = in.pass == ir::Pass::kRecompute || step_.recomputing ? rcur : cur;

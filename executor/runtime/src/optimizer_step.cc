@@ -15,10 +15,10 @@ namespace k = dtrain::kernels;
 template <typename A>
 double Interpreter<A>::local_grad_norm_squared() {
   settle();
-  bool sharded = prog.distributed_optimizer && prog.dp > 1;
+  bool sharded = prog.distributed_optimizer && prog.dp_cp() > 1;
   // Data-parallel replicas hold the same reduced gradients: the first one counts them. With expert parallelism the
   // first of each expert group counts its experts' (the ranks of dp rank below ep).
-  const bool counts_dense = prog.dp_rank == 0, counts_experts = prog.dp_rank < prog.ep;
+  const bool counts_dense = prog.dp_cp_rank() == 0, counts_experts = prog.dp_cp_rank() < prog.ep;
   if (!sharded && !counts_dense && !counts_experts) return 0;
   std::vector<ConstSpan> spans;
   auto add = [&](std::int64_t b, std::int64_t e) {

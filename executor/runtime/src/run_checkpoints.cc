@@ -116,7 +116,7 @@ void save_checkpoint(const CheckpointContext& ctx, const Executor& executor, con
   const std::vector<float> host_params = executor.read(Executor::State::kParams);
   const float* params = host_params.data();
   std::vector<StoredTensor> stored;
-  bool sharded = program.distributed_optimizer && program.dp > 1;
+  bool sharded = program.distributed_optimizer && program.dp_cp() > 1;
   // The moments of the owned elements, addressed by flat offset.
   std::vector<float> m(static_cast<std::size_t>(layout.size()), 0.0f), v(m.size(), 0.0f);
   {
@@ -132,7 +132,7 @@ void save_checkpoint(const CheckpointContext& ctx, const Executor& executor, con
   for (const auto& t : layout.tensors()) {
     if (t.tied_copy || (t.tp_replicated && program.tp_rank != 0)) continue;
     // Data-parallel replicas hold the same values: the first writes them (an expert's: the first of its group).
-    const bool writer = t.expert ? program.dp_rank < program.ep : program.dp_rank == 0;
+    const bool writer = t.expert ? program.dp_cp_rank() < program.ep : program.dp_cp_rank() == 0;
     auto whole = [&](const std::string& kind, const float* src) {
       StoredTensor s{t.name, kind, t.full_rows, t.full_cols, {}, {}};
       element_blocks(t, 0, t.numel(), src + t.offset, s);
@@ -205,12 +205,12 @@ void dump_gradients(const CheckpointContext& ctx, const Executor& executor, std:
     if (t.tied_copy || (t.tp_replicated && program.tp_rank != 0)) continue;
     StoredTensor st{t.name, "grad", t.full_rows, t.full_cols, {}, {}};
     const float* g = grads.data() + t.offset;
-    if (program.distributed_optimizer && program.dp > 1) {
+    if (program.distributed_optimizer && program.dp_cp() > 1) {
       for (auto [b, e] : executor.owned()) {
         std::int64_t lo = std::max(b, t.offset), hi = std::min(e, t.offset + t.numel());
         if (lo < hi) element_blocks(t, lo - t.offset, hi - t.offset, g, st);
       }
-    } else if (t.expert ? program.dp_rank < program.ep : program.dp_rank == 0) {
+    } else if (t.expert ? program.dp_cp_rank() < program.ep : program.dp_cp_rank() == 0) {
       element_blocks(t, 0, t.numel(), g, st);
     }
     if (!st.blocks.empty()) stored.push_back(std::move(st));

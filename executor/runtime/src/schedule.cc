@@ -188,14 +188,16 @@ void Interpreter<A>::run_pass(const Instr& in) {
 template <typename A>
 void Interpreter<A>::load(const Instr& in) {
   ChunkState<A>& st = in.what == What::kTargets ? state(prog.pp * prog.vpp - 1, in.mb) : state(0, in.mb);
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(T)), targets(static_cast<std::size_t>(T));
+  const auto tokens = static_cast<std::size_t>(prog.micro_batch * m.seq_len);
+  std::vector<std::int32_t> ids(tokens), targets(tokens);
   if (step_.source != nullptr) {
     step_.source->micro_batch(step_.batch, in.mb, ids.data(), targets.data());
   } else {
     data.micro_batch(step_.index, in.mb, ids.data(), targets.data());
   }
-  if (in.what == What::kTokens || in.what == What::kBatch) st.ids = upload(ids);
-  if (in.what == What::kTargets || in.what == What::kBatch) st.targets = upload(targets);
+  // With context parallelism this rank's chunks of each sequence.
+  if (in.what == What::kTokens || in.what == What::kBatch) st.ids = upload(local_tokens(ids));
+  if (in.what == What::kTargets || in.what == What::kBatch) st.targets = upload(local_tokens(targets));
 }
 
 // Consecutive SEND/RECV of one group, starting at pc; returns how many instructions they took.
@@ -384,7 +386,8 @@ void Interpreter<A>::settle() {
 // did not complete within the timeout, or failed) gets the instruction that issued the operation as context.
 template <typename A>
 void Interpreter<A>::synchronize_all() {
-  for (comm::Communicator* c : {comms.world, comms.tp.get(), comms.pp.get(), comms.dp.get(), comms.embedding.get()}) {
+  for (comm::Communicator* c :
+       {comms.world, comms.tp.get(), comms.pp.get(), comms.dp.get(), comms.embedding.get(), comms.cp.get()}) {
     if (c == nullptr) continue;
     std::vector<std::size_t> pcs = std::move(step_.issued[c]);
     step_.issued[c].clear();

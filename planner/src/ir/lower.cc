@@ -127,8 +127,9 @@ class BodyBuilder {
         graph_(model::build_layer_graph(model.model, model.training)),
         c_(config),
         dtype_(model.training.dtype) {
-    tokens_ = static_cast<std::int64_t>(c_.micro_batch) * m_.seq_len;
+    tokens_ = static_cast<std::int64_t>(c_.micro_batch) * m_.seq_len / c_.cp;  // this rank's chunks
     hidden_count_ = tokens_ * m_.hidden;
+    kv_count_ = tokens_ * c_.cp * 2 * (m_.kv_heads / c_.tp) * m_.head_dim();
   }
 
   std::shared_ptr<const Body> build(const ChunkInfo& chunk, BodyKind kind) const {
@@ -188,6 +189,23 @@ class BodyBuilder {
 
   bool tp() const { return c_.tp > 1; }
   bool sp() const { return c_.sequence_parallel && c_.tp > 1; }
+  bool cp() const { return c_.cp > 1; }
+
+  // Context parallelism: the whole sequences' keys and values gathered over the cp ranks before an attention reads
+  // them (kKv), or their gradients reduce-scattered back to their chunks' ranks after its backward (kKvGrad).
+  void kv_exchange(std::vector<Instr>& out, int layer, int& index, Pass pass, bool gradients = false) const {
+    Instr in;
+    in.op = gradients ? Opcode::kReduceScatter : Opcode::kAllGather;
+    in.on = CommGroup::kCp;
+    in.what = gradients ? What::kKvGrad : What::kKv;
+    in.layer = layer;
+    in.index = index++;
+    in.count = kv_count_;
+    in.dtype = dtype_;
+    in.reduce = gradients ? ReduceOp::kSum : ReduceOp::kNone;
+    in.pass = pass;
+    out.push_back(in);
+  }
 
   // Gather the sequence-split input of a column-parallel layer (sequence parallelism); `what` kSavedInput for the
   // saved input re-gathered for a weight gradient.
@@ -230,6 +248,7 @@ class BodyBuilder {
         continue;
       }
       if (op.split == model::TpSplit::kColumn && sp()) gather(out, layer, index);
+      if (op.kind == model::OpKind::kAttention && cp()) kv_exchange(out, layer, index, pass);
       out.push_back(compute(body_op_of(op), layer, pass));
       if (op.split == model::TpSplit::kRow && tp()) reduce(out, layer, index);
     }
@@ -306,7 +325,11 @@ class BodyBuilder {
         if (op.moe == model::MoePart::kRouter) moe_backward(out, layer, pass, index);
         continue;
       }
-      if (c_.recompute == plan::Recompute::kSelective && op.kind == model::OpKind::kAttention) {
+      // The attention's keys and values: gathered for its recomputation (which keeps them for the backward), or for
+      // the backward itself; a full recomputation gathered them already.
+      const bool attention = op.kind == model::OpKind::kAttention;
+      if (attention && cp() && c_.recompute != plan::Recompute::kFull) kv_exchange(out, layer, index, pass);
+      if (c_.recompute == plan::Recompute::kSelective && attention) {
         out.push_back(compute(body_op_of(op), layer, Pass::kRecompute));
       }
       // Row-parallel: the forward reduce-scatter's gradient is an all-gather (SP); an all-reduce's is the identity.
@@ -317,6 +340,7 @@ class BodyBuilder {
         gather(out, layer, index, What::kSavedInput);
       }
       out.push_back(compute(body_op_of(op), layer, pass));
+      if (attention && cp()) kv_exchange(out, layer, index, pass, true);
       if (op.split == model::TpSplit::kColumn && tp()) reduce(out, layer, index);  // partial input gradients
     }
   }
@@ -365,6 +389,7 @@ class BodyBuilder {
   DType dtype_;
   std::int64_t tokens_ = 0;
   std::int64_t hidden_count_ = 0;
+  std::int64_t kv_count_ = 0;  // context parallelism: the whole sequences' keys and values on this rank's heads
 };
 
 struct Bucket {
@@ -390,7 +415,7 @@ class Lowering {
       first += c_.chunk_layers[static_cast<std::size_t>(ch)];
     }
     if (first != m.layers) throw input_error("plan: chunk_layers do not add up to the model's layers");
-    tokens_ = static_cast<std::int64_t>(c_.micro_batch) * m.seq_len;
+    tokens_ = static_cast<std::int64_t>(c_.micro_batch) * m.seq_len / c_.cp;
     p2p_count_ = tokens_ * m.hidden / (c_.sequence_parallel && c_.tp > 1 ? c_.tp : 1);
     act_dtype_ = plan.model.training.dtype;
     grad_dtype_ = plan.model.training.grad_reduce_fp32 ? DType::kFp32 : act_dtype_;
@@ -415,6 +440,8 @@ class Lowering {
     p.tp_rank = pl.tp_rank;
     p.pp_rank = pl.pp_rank;
     p.dp_rank = pl.dp_rank;
+    p.cp = c_.cp;
+    p.cp_rank = pl.cp_rank;
     p.micro_batch = c_.micro_batch;
     p.num_microbatches = c_.num_microbatches;
     p.layers = static_cast<std::int32_t>(m.layers);
@@ -425,18 +452,23 @@ class Lowering {
     p.tp_group = plan::tp_group_ranks(c_, rank);
     p.pp_group = plan::pp_group_ranks(c_, rank);
     p.dp_group = plan::dp_group_ranks(c_, rank);
+    if (c_.cp > 1) p.cp_group = plan::cp_group_ranks(c_, rank);
     p.etp = plan::CostModel::moe_token_parallel(c_) ? 1 : 0;
     if (c_.ep > 1) {
-      // Expert groups: ep consecutive data-parallel ranks; the ranks holding the same experts, every ep-th one.
+      // Expert groups: ep consecutive data-parallel(-with-cp) ranks; the ranks holding the same experts, every ep-th
+      // one.
       p.ep = c_.ep;
-      p.ep_rank = pl.dp_rank % c_.ep;
-      const int first = pl.dp_rank - p.ep_rank;
+      const int q = p.dp_cp_rank();
+      p.ep_rank = q % c_.ep;
+      const int first = q - p.ep_rank;
       for (int d = first; d < first + c_.ep; ++d) p.ep_group.push_back(p.dp_group[static_cast<std::size_t>(d)]);
-      for (int d = p.ep_rank; d < c_.dp; d += c_.ep) p.edp_group.push_back(p.dp_group[static_cast<std::size_t>(d)]);
+      for (int d = p.ep_rank; d < c_.dp_cp(); d += c_.ep) {
+        p.edp_group.push_back(p.dp_group[static_cast<std::size_t>(d)]);
+      }
     }
     if (tied_across_stages_ && (pl.pp_rank == 0 || pl.pp_rank == c_.pp - 1)) {
-      p.embedding_group = {plan::rank_of(c_, pl.tp_rank, 0, pl.dp_rank),
-                           plan::rank_of(c_, pl.tp_rank, c_.pp - 1, pl.dp_rank)};
+      p.embedding_group = {plan::rank_of(c_, pl.tp_rank, 0, pl.dp_rank, pl.cp_rank),
+                           plan::rank_of(c_, pl.tp_rank, c_.pp - 1, pl.dp_rank, pl.cp_rank)};
     }
     const int s = pl.pp_rank;
     for (int v = 0; v < c_.vpp; ++v) p.chunks.push_back(chunk_info(v * c_.pp + s));
@@ -458,7 +490,7 @@ class Lowering {
           p.bodies.push_back(bodies_.build(ch, BodyKind::kBackward));
         }
       }
-      if (c_.fsdp && c_.dp > 1) {
+      if (c_.fsdp && c_.dp_cp() > 1) {
         for (auto& b : p.bodies) b = with_fsdp(*b, *p.chunk_info(b->chunk));
       }
       if (body_cache) (*body_cache)[s] = p.bodies;
@@ -479,7 +511,7 @@ class Lowering {
   }
 
   int holder(const plan::RankPlacement& pl, int ch) const {
-    return plan::rank_of(c_, pl.tp_rank, ch % c_.pp, pl.dp_rank);
+    return plan::rank_of(c_, pl.tp_rank, ch % c_.pp, pl.dp_rank, pl.cp_rank);
   }
 
   // A chunk's units (-1 the embedding, a layer, `layers` the head) in backward order (head first), with their
@@ -544,7 +576,7 @@ class Lowering {
     const bool split = c_.ep > 1 && u.expert_params > 0;
     in.count = split ? u.params - u.expert_params : u.params;
     if (in.count > 0) out.push_back(in);
-    if (split && c_.dp / c_.ep > 1) {
+    if (split && c_.dp_cp() / c_.ep > 1) {
       in.on = CommGroup::kEdp;
       if (op == Opcode::kReduceScatter) in.what = What::kExpertGradBucket;
       in.count = u.expert_params;
@@ -649,7 +681,7 @@ class Lowering {
     Bucket dense = b;
     dense.params -= b.expert_params;
     if (dense.params > 0) out.push_back(dp_reduction(chunk, index, dense));
-    if (c_.dp / c_.ep > 1) {
+    if (c_.dp_cp() / c_.ep > 1) {
       Instr in = dp_reduction(chunk, index, b);
       in.on = CommGroup::kEdp;
       in.what = What::kExpertGradBucket;
@@ -741,7 +773,7 @@ class Lowering {
                                            : Opcode::kBackwardWeight;
         bool completes_grads = (a.kind == Kind::kB || a.kind == Kind::kBW) && a.mb == M - 1;
         bool sp_grads = c_.sequence_parallel && c_.tp > 1;
-        if (completes_grads && c_.dp > 1 && !c_.fsdp) {
+        if (completes_grads && c_.dp_cp() > 1 && !c_.fsdp) {
           const ChunkInfo* info = p.chunk_info(a.chunk);
           std::vector<Bucket> bs = buckets(*info);
           for (const Bucket& b : bs) all_buckets.emplace_back(a.chunk, b);
@@ -805,7 +837,7 @@ class Lowering {
       in.dtype = grad_dtype_;
       in.reduce = ReduceOp::kSum;
       out.push_back(in);
-      if (c_.dp > 1) {
+      if (c_.dp_cp() > 1) {
         int chunk = pl.pp_rank == 0 ? 0 : C - 1;
         Bucket tied{0, 0, in.count};
         out.push_back(dp_reduction(chunk, bucket_index++, tied, true));
@@ -828,7 +860,7 @@ class Lowering {
     Instr optim;
     optim.op = Opcode::kOptimizerStep;
     out.push_back(optim);
-    if (c_.distributed_optimizer && c_.dp > 1 && !c_.fsdp) {
+    if (c_.distributed_optimizer && c_.dp_cp() > 1 && !c_.fsdp) {
       // The updated shards back to every replica: like the gradients, a bucket's routed experts over edp (ep > 1),
       // the rest over dp.
       int index = 0;
@@ -848,7 +880,7 @@ class Lowering {
         const bool split = c_.ep > 1 && b.expert_params > 0;
         if (split) in.count -= b.expert_params;
         if (in.count > 0) out.push_back(in);
-        if (split && c_.dp / c_.ep > 1) {
+        if (split && c_.dp_cp() / c_.ep > 1) {
           in.on = CommGroup::kEdp;
           in.count = b.expert_params;
           out.push_back(in);

@@ -66,6 +66,8 @@ std::string_view to_string(CommGroup g) {
       return "ep";
     case CommGroup::kEdp:
       return "edp";
+    case CommGroup::kCp:
+      return "cp";
   }
   return "?";
 }
@@ -118,6 +120,10 @@ std::string_view to_string(What w) {
       return "expert_grad_bucket";
     case What::kLayerParams:
       return "layer_params";
+    case What::kKv:
+      return "kv";
+    case What::kKvGrad:
+      return "kv_grad";
   }
   return "?";
 }
@@ -276,6 +282,8 @@ std::vector<std::int32_t> Program::members(CommGroup g) const {
       return ep_group;
     case CommGroup::kEdp:
       return edp_group;
+    case CommGroup::kCp:
+      return cp_group;
     case CommGroup::kWorld: {
       std::vector<std::int32_t> all(static_cast<std::size_t>(world));
       std::iota(all.begin(), all.end(), 0);
@@ -290,8 +298,9 @@ std::vector<std::int32_t> Program::members(CommGroup g) const {
 bool Program::operator==(const Program& o) const {
   if (rank != o.rank || world != o.world || plan_digest != o.plan_digest || model_digest != o.model_digest ||
       tp != o.tp || pp != o.pp || dp != o.dp || vpp != o.vpp || tp_rank != o.tp_rank || pp_rank != o.pp_rank ||
-      dp_rank != o.dp_rank || micro_batch != o.micro_batch || num_microbatches != o.num_microbatches ||
-      layers != o.layers || schedule_name != o.schedule_name || sequence_parallel != o.sequence_parallel ||
+      dp_rank != o.dp_rank || cp != o.cp || cp_rank != o.cp_rank || cp_group != o.cp_group ||
+      micro_batch != o.micro_batch || num_microbatches != o.num_microbatches || layers != o.layers ||
+      schedule_name != o.schedule_name || sequence_parallel != o.sequence_parallel ||
       distributed_optimizer != o.distributed_optimizer || fsdp != o.fsdp || tp_group != o.tp_group ||
       pp_group != o.pp_group || dp_group != o.dp_group || embedding_group != o.embedding_group || ep != o.ep ||
       ep_rank != o.ep_rank || etp != o.etp || ep_group != o.ep_group || edp_group != o.edp_group ||

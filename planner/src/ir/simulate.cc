@@ -159,6 +159,9 @@ class Coster {
       case CommGroup::kEdp:
         g = cm_.edp_group(c_);
         break;
+      case CommGroup::kCp:
+        g = cm_.cp_group(c_);
+        break;
       case CommGroup::kEmbedding:
         g = cm_.pp_neighbours_share_node(c_) ? plan::GroupGeometry{2, 2, 1, true} : plan::GroupGeometry{2, 1, 2, false};
         break;

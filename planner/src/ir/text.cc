@@ -66,6 +66,10 @@ class Parser {
         p.sequence_parallel = boolean(kv, "sequence_parallel");
         p.distributed_optimizer = boolean(kv, "distributed_optimizer");
         p.fsdp = kv.count("fsdp") > 0 && boolean(kv, "fsdp");  // written only when true
+        if (kv.count("cp") > 0) {                              // written only when cp > 1
+          p.cp = integer(kv, "cp");
+          p.cp_rank = integer(kv, "cp_rank");
+        }
       } else if (head == "group") {
         if (words.size() < 2) fail("group needs a name");
         std::vector<std::int32_t> ranks;
@@ -86,8 +90,10 @@ class Parser {
           p.ep_group = ranks;
         else if (g == "edp")
           p.edp_group = ranks;
+        else if (g == "cp")
+          p.cp_group = ranks;
         else
-          fail(fmt::format("unknown group '{}' (tp, pp, dp, embedding, ep, edp)", g));
+          fail(fmt::format("unknown group '{}' (tp, pp, dp, embedding, ep, edp, cp)", g));
       } else if (head == "experts") {
         p.ep = integer(kv, "ep");
         p.ep_rank = integer(kv, "ep_rank");
@@ -217,9 +223,9 @@ class Parser {
           fail(fmt::format("op={}: expected sum or max", value));
         }
       } else if (key == "on") {
-        in.on = enum_value<CommGroup>(value, CommGroup::kEdp, "on");
+        in.on = enum_value<CommGroup>(value, CommGroup::kCp, "on");
       } else if (key == "what") {
-        in.what = enum_value<What>(value, What::kLayerParams, "what");
+        in.what = enum_value<What>(value, What::kKvGrad, "what");
       } else if (key == "pass") {
         in.pass = enum_value<Pass>(value, Pass::kRecompute, "pass");
       } else if (key == "chunk") {
@@ -288,7 +294,9 @@ std::string print_program(const Program& p) {
       "layout tp={} pp={} dp={} vpp={} tp_rank={} pp_rank={} dp_rank={} micro_batch={} "
       "num_microbatches={} layers={} schedule={} sequence_parallel={} distributed_optimizer={}{}\n",
       p.tp, p.pp, p.dp, p.vpp, p.tp_rank, p.pp_rank, p.dp_rank, p.micro_batch, p.num_microbatches, p.layers,
-      p.schedule_name, p.sequence_parallel, p.distributed_optimizer, p.fsdp ? " fsdp=true" : "");
+      p.schedule_name, p.sequence_parallel, p.distributed_optimizer,
+      (p.fsdp ? std::string(" fsdp=true") : std::string()) +
+          (p.cp > 1 ? fmt::format(" cp={} cp_rank={}", p.cp, p.cp_rank) : std::string()));
   out += fmt::format("group tp ranks={}\n", ranks_text(p.tp_group));
   out += fmt::format("group pp ranks={}\n", ranks_text(p.pp_group));
   out += fmt::format("group dp ranks={}\n", ranks_text(p.dp_group));
@@ -300,6 +308,7 @@ std::string print_program(const Program& p) {
     out += fmt::format("group ep ranks={}\n", ranks_text(p.ep_group));
     out += fmt::format("group edp ranks={}\n", ranks_text(p.edp_group));
   }
+  if (p.cp > 1) out += fmt::format("group cp ranks={}\n", ranks_text(p.cp_group));
   for (const auto& c : p.chunks) {
     out += fmt::format("chunk index={} first_layer={} layers={} embedding={} head={}\n", c.index, c.first_layer,
                        c.layers, c.embedding, c.head);

@@ -336,8 +336,8 @@ VerifyReport verify(const std::vector<Program>& programs) {
       reason = fmt::format("rank {} differs from the other ranks of pipeline stage {}", p->rank, p->pp_rank);
     }
     // Communicators must be symmetric: every member of a group sees the same group.
-    for (CommGroup g :
-         {CommGroup::kTp, CommGroup::kPp, CommGroup::kDp, CommGroup::kEmbedding, CommGroup::kEp, CommGroup::kEdp}) {
+    for (CommGroup g : {CommGroup::kTp, CommGroup::kPp, CommGroup::kDp, CommGroup::kEmbedding, CommGroup::kEp,
+                        CommGroup::kEdp, CommGroup::kCp}) {
       auto members = p->members(g);
       if (!members.empty() && std::find(members.begin(), members.end(), p->rank) == members.end()) {
         report.problems.push_back({ProblemKind::kStatic,

@@ -36,6 +36,25 @@ std::string_view to_string(Schedule s) {
 
 std::string_view to_string(PlacementOrder p) { return p == PlacementOrder::kTpDpPp ? "tp-dp-pp" : "tp-pp-dp"; }
 
+std::string_view to_string(CpComm c) {
+  switch (c) {
+    case CpComm::kP2p:
+      return "p2p";
+    case CpComm::kAllGather:
+      return "all_gather";
+    case CpComm::kA2a:
+      return "a2a";
+  }
+  return "?";
+}
+
+std::optional<CpComm> parse_cp_comm(std::string_view t) {
+  if (t == "p2p") return CpComm::kP2p;
+  if (t == "all_gather" || t == "allgather") return CpComm::kAllGather;
+  if (t == "a2a") return CpComm::kA2a;
+  return std::nullopt;
+}
+
 std::optional<Recompute> parse_recompute(std::string_view t) {
   if (t == "none") return Recompute::kNone;
   if (t == "selective") return Recompute::kSelective;
@@ -75,15 +94,16 @@ int ParallelConfig::chunk_first_layer(int chunk) const {
 }
 
 std::string ParallelConfig::summary() const {
-  return fmt::format("tp={} pp={} dp={}{} vpp={} mb={} m={} recompute={} sp={} dopt={}{} schedule={}", tp, pp, dp,
+  return fmt::format("tp={} pp={} dp={}{}{} vpp={} mb={} m={} recompute={} sp={} dopt={}{} schedule={}", tp, pp, dp,
+                     cp > 1 ? fmt::format(" cp={} cp_comm={}", cp, to_string(cp_comm)) : "",
                      etp > 0 ? fmt::format(" ep={} etp={}", ep, etp) : "", vpp, micro_batch, num_microbatches,
                      to_string(recompute), sequence_parallel ? "on" : "off", distributed_optimizer ? "on" : "off",
                      fsdp ? " fsdp=on" : "", to_string(schedule));
 }
 
 bool FixedDims::empty() const {
-  return !tp && !pp && !dp && !vpp && !micro_batch && !ep && !etp && !recompute && !sequence_parallel &&
-         !distributed_optimizer && !fsdp && !schedule && !placement && chunk_layers.empty();
+  return !tp && !pp && !dp && !vpp && !micro_batch && !ep && !etp && !cp && !cp_comm && !recompute &&
+         !sequence_parallel && !distributed_optimizer && !fsdp && !schedule && !placement && chunk_layers.empty();
 }
 
 bool FixedDims::all_pinned() const {
@@ -105,7 +125,9 @@ const std::vector<std::string> kFixKeys = {"tp",
                                            "placement",
                                            "chunk_layers",
                                            "ep",
-                                           "etp"};
+                                           "etp",
+                                           "cp",
+                                           "cp_comm"};
 
 bool parse_bool_word(std::string_view v, bool& out) {
   std::string l = lowercase(v);
@@ -156,7 +178,12 @@ FixedDims parse_fixed(std::string_view text) {
       f.ep = positive();
     else if (key == "etp")
       f.etp = positive();
-    else if (key == "recompute") {
+    else if (key == "cp")
+      f.cp = positive();
+    else if (key == "cp_comm") {
+      f.cp_comm = parse_cp_comm(value);
+      if (!f.cp_comm) throw bad("p2p, all_gather or a2a");
+    } else if (key == "recompute") {
       f.recompute = parse_recompute(value);
       if (!f.recompute) throw bad("none, selective or full");
     } else if (key == "sequence_parallel" || key == "sp") {
@@ -201,6 +228,8 @@ FixedDims merge(FixedDims a, const FixedDims& b) {
   if (b.micro_batch) a.micro_batch = b.micro_batch;
   if (b.ep) a.ep = b.ep;
   if (b.etp) a.etp = b.etp;
+  if (b.cp) a.cp = b.cp;
+  if (b.cp_comm) a.cp_comm = b.cp_comm;
   if (b.recompute) a.recompute = b.recompute;
   if (b.sequence_parallel) a.sequence_parallel = b.sequence_parallel;
   if (b.distributed_optimizer) a.distributed_optimizer = b.distributed_optimizer;
@@ -220,6 +249,8 @@ std::string to_string(const FixedDims& f) {
   if (f.micro_batch) parts.push_back(fmt::format("micro_batch={}", *f.micro_batch));
   if (f.ep) parts.push_back(fmt::format("ep={}", *f.ep));
   if (f.etp) parts.push_back(fmt::format("etp={}", *f.etp));
+  if (f.cp) parts.push_back(fmt::format("cp={}", *f.cp));
+  if (f.cp_comm) parts.push_back(fmt::format("cp_comm={}", to_string(*f.cp_comm)));
   if (f.recompute) parts.push_back(fmt::format("recompute={}", to_string(*f.recompute)));
   if (f.sequence_parallel) parts.push_back(fmt::format("sequence_parallel={}", *f.sequence_parallel));
   if (f.distributed_optimizer) parts.push_back(fmt::format("distributed_optimizer={}", *f.distributed_optimizer));

@@ -92,10 +92,17 @@ CostModel::CostModel(model::ModelDescription model, topology::ClusterSpec cluste
 
 std::optional<std::string> CostModel::structural_problem(const ParallelConfig& c, std::int64_t global_batch) const {
   const auto& m = model_.model;
-  if (c.tp < 1 || c.pp < 1 || c.dp < 1 || c.vpp < 1 || c.micro_batch < 1) return "every degree must be at least 1";
+  if (c.tp < 1 || c.pp < 1 || c.dp < 1 || c.vpp < 1 || c.micro_batch < 1 || c.cp < 1) {
+    return "every degree must be at least 1";
+  }
   if (auto problem = model::layout_fit_problem(m, c.shard_degrees())) return problem;
-  if (m.moe.enabled() && c.dp % c.ep != 0) {
-    return fmt::format("ep={} does not divide dp={} (experts are split over data parallelism)", c.ep, c.dp);
+  if (auto problem = cp_problem(m, c)) return problem;
+  if (m.moe.enabled() && c.dp_cp() % c.ep != 0) {
+    return c.cp > 1 ? fmt::format(
+                          "ep={} does not divide dp*cp={} (experts are split over the data- and "
+                          "context-parallel ranks)",
+                          c.ep, c.dp_cp())
+                    : fmt::format("ep={} does not divide dp={} (experts are split over data parallelism)", c.ep, c.dp);
   }
   int g = cluster_.node.gpus;
   if (c.tp < g ? g % c.tp != 0 : c.tp % g != 0) {
@@ -126,7 +133,7 @@ std::optional<std::string> CostModel::structural_problem(const ParallelConfig& c
   } else if (c.vpp != 1) {
     return fmt::format("vpp={} needs the interleaved schedule", c.vpp);
   }
-  if (c.distributed_optimizer && c.dp == 1) return "the distributed optimizer needs dp > 1";
+  if (c.distributed_optimizer && c.dp_cp() == 1) return "the distributed optimizer needs dp*cp > 1";
   if (c.fsdp && !c.distributed_optimizer) {
     return "fsdp needs the distributed optimizer (it shards the optimizer state as the parameters)";
   }
@@ -161,7 +168,7 @@ struct Partition {
   double tp;
 };
 Partition partition(const ParallelConfig& c, double seq_len) {
-  double tokens = static_cast<double>(c.micro_batch) * seq_len;
+  double tokens = static_cast<double>(c.micro_batch) * seq_len / c.cp;
   return {tokens, c.sequence_parallel ? tokens / c.tp : tokens, static_cast<double>(c.tp)};
 }
 }  // namespace
@@ -183,9 +190,10 @@ double CostModel::op_forward_seconds(const Op& op, const ParallelConfig& c) cons
       double batch = static_cast<double>(c.micro_batch) * heads;
       if (op.causal_fraction < 1.0) return flash_attention_seconds(op, c, false);
       double elementwise = memory_seconds(op.bytes_per_token * p.tokens / p.tp);
-      // QK^T (s x hd by hd x s) and AV (s x s by s x hd), batched over micro-batch and local heads.
-      double scores = gemm_seconds(batch * s, s, hd);
-      double values = gemm_seconds(batch * s, hd, s);
+      // QK^T (s/cp x hd by hd x s) and AV (s/cp x s by s x hd), batched over micro-batch and local heads: the rank's
+      // queries against the whole sequence's keys.
+      double scores = gemm_seconds(batch * s / c.cp, s, hd);
+      double values = gemm_seconds(batch * s / c.cp, hd, s);
       return scores + values + elementwise;
     }
     case OpKind::kTokenEmbedding:
@@ -242,7 +250,8 @@ double CostModel::flash_attention_seconds(const Op& op, const ParallelConfig& c,
   const Partition p = partition(c, seq_len);
   const double tokens = p.tokens / p.tp;
   const double flops = op.flops_per_token * tokens * op.causal_fraction;
-  const double efficiency = gpu.calibration.attention_efficiency_at(seq_len, backward);
+  // With context parallelism the kernel runs on the rank's chunks (seq_len / cp query rows against up to all keys).
+  const double efficiency = gpu.calibration.attention_efficiency_at(seq_len / c.cp, backward);
   return std::max(flops / (gpu.peak_flops(model_.training.dtype) * efficiency),
                   memory_seconds(op.bytes_per_token * tokens));
 }
@@ -298,11 +307,13 @@ GroupGeometry CostModel::data_parallel_ranks(const ParallelConfig& c, int size, 
   return geo;
 }
 
-GroupGeometry CostModel::dp_group(const ParallelConfig& c) const { return data_parallel_ranks(c, c.dp); }
+GroupGeometry CostModel::dp_group(const ParallelConfig& c) const { return data_parallel_ranks(c, c.dp_cp()); }
 
 GroupGeometry CostModel::ep_group(const ParallelConfig& c) const { return data_parallel_ranks(c, c.ep); }
 
-GroupGeometry CostModel::edp_group(const ParallelConfig& c) const { return data_parallel_ranks(c, c.dp / c.ep, c.ep); }
+GroupGeometry CostModel::edp_group(const ParallelConfig& c) const {
+  return data_parallel_ranks(c, c.dp_cp() / c.ep, c.ep);
+}
 
 double CostModel::all_to_all_seconds(double bytes, const GroupGeometry& g) const {
   // Each member keeps 1/size of its bytes and sends the rest, (per_node - 1)/size of them to members on its node
@@ -327,7 +338,7 @@ double CostModel::all_to_all_seconds(double bytes, const GroupGeometry& g) const
 }
 
 bool CostModel::pp_neighbours_share_node(const ParallelConfig& c) const {
-  int stride = c.placement == PlacementOrder::kTpDpPp ? c.tp * c.dp : c.tp;
+  int stride = c.placement == PlacementOrder::kTpDpPp ? c.tp * c.dp_cp() : c.tp * c.cp;
   return static_cast<std::int64_t>(stride) * c.pp <= cluster_.node.gpus;
 }
 
@@ -369,8 +380,7 @@ double CostModel::reduce_scatter_seconds(double bytes, const GroupGeometry& g) c
 }
 
 double CostModel::hidden_bytes(const ParallelConfig& c) const {
-  return static_cast<double>(c.micro_batch) * static_cast<double>(model_.model.seq_len) *
-         static_cast<double>(model_.model.hidden) * activation_bytes(model_.training.dtype);
+  return local_tokens(c) * static_cast<double>(model_.model.hidden) * activation_bytes(model_.training.dtype);
 }
 
 double CostModel::layer_tp_forward_seconds(const ParallelConfig& c) const {
@@ -437,11 +447,12 @@ StageTimes& operator+=(StageTimes& a, const StageTimes& b) {
   a.tp_comm_s += b.tp_comm_s;
   a.ep_comm_s += b.ep_comm_s;
   a.fsdp_comm_s += b.fsdp_comm_s;
+  a.cp_comm_s += b.cp_comm_s;
   return a;
 }
 StageTimes scaled(const StageTimes& a, double n) {
   return {a.forward_s * n, a.backward_input_s * n, a.backward_weight_s * n, a.recompute_s * n,
-          a.tp_comm_s * n, a.ep_comm_s * n,        a.fsdp_comm_s * n};
+          a.tp_comm_s * n, a.ep_comm_s * n,        a.fsdp_comm_s * n,       a.cp_comm_s * n};
 }
 }  // namespace
 
@@ -487,9 +498,17 @@ StageTimes CostModel::layer_times(const std::vector<Op>& ops, const ParallelConf
   StageTimes layer = ops_times(ops, c);
   double tp_f = layer_tp_forward_seconds(c);
   double tp_b = layer_tp_backward_seconds(c);
-  double ep_f = 0;
+  double ep_f = 0, cp_f = 0, cp_b = 0;
+  if (c.cp > 1) {
+    for (const Op& op : ops) {
+      if (op.kind != OpKind::kAttention) continue;
+      const double f = op_forward_seconds(op, c);
+      cp_f += cp_forward_seconds(c, f);
+      cp_b += cp_backward_seconds(c, backward_seconds(op, c, f));
+    }
+  }
   if (&ops == &graph_.moe_layer) {
-    double tokens = static_cast<double>(c.micro_batch) * static_cast<double>(model_.model.seq_len);
+    double tokens = local_tokens(c);
     const double k = static_cast<double>(model_.model.moe.top_k);
     if (moe_token_parallel(c)) {
       // etp = 1: the MLP's gather and reduce-scatter (half of the layer's) are gone; each rank routes its shard.
@@ -510,10 +529,11 @@ StageTimes CostModel::layer_times(const std::vector<Op>& ops, const ParallelConf
       ep_f = 2.0 * (all_to_all_seconds(bytes, g) + all_to_all_seconds(4.0 * c.ep * c.ep, g));
     }
   }
-  if (c.recompute == Recompute::kFull) layer.recompute_s = layer.forward_s + tp_f + ep_f;
+  if (c.recompute == Recompute::kFull) layer.recompute_s = layer.forward_s + tp_f + ep_f + cp_f;
   const double regather = regather_seconds(ops, c);
-  layer.forward_s += tp_f + ep_f;
-  layer.backward_input_s += tp_b + ep_f + layer.recompute_s;
+  layer.forward_s += tp_f + ep_f + cp_f;
+  layer.backward_input_s += tp_b + ep_f + cp_b + layer.recompute_s;
+  layer.cp_comm_s = cp_f + cp_b + (c.recompute == Recompute::kFull ? cp_f : 0.0);
   layer.backward_weight_s += regather;
   layer.tp_comm_s = tp_f + tp_b + regather + (c.recompute == Recompute::kFull ? tp_f : 0.0);
   layer.ep_comm_s = 2.0 * ep_f + (c.recompute == Recompute::kFull ? ep_f : 0.0);
@@ -539,8 +559,7 @@ LayerCosts CostModel::layer_costs(const ParallelConfig& c) const {
     lc.embedding.tp_comm_s += emb;
     // Input of the vocab-parallel logits: all-gathered with SP; its gradient all-reduced (reduce-scattered).
     // Cross entropy: three all-reduces of one fp32 value per token (max, target logit, sum of exponentials).
-    double tokens = static_cast<double>(c.micro_batch) * static_cast<double>(model_.model.seq_len);
-    double ce = 3.0 * all_reduce_seconds(4.0 * tokens, g);
+    double ce = 3.0 * all_reduce_seconds(4.0 * local_tokens(c), g);
     double fwd = (c.sequence_parallel ? all_gather_seconds(hb, g) : 0.0) + ce;
     double bwd = c.sequence_parallel ? reduce_scatter_seconds(hb, g) : all_reduce_seconds(hb, g);
     const double regather = regather_seconds(graph_.head, c);
@@ -632,11 +651,11 @@ double CostModel::stage_params(const ParallelConfig& c, int first_layer, int lay
 }
 
 double CostModel::dp_reduce_seconds(const ParallelConfig& c, double params, double expert_params) const {
-  if (c.dp == 1) return 0;
+  if (c.dp_cp() == 1) return 0;
   if (c.ep <= 1 || expert_params <= 0) return bucket_reduce_seconds(c, params, dp_group(c));
   // The routed experts' gradients are summed over the ranks with the same experts, the rest over dp; one after the
   // other on the same links.
-  const double experts = c.dp / c.ep > 1 ? bucket_reduce_seconds(c, expert_params, edp_group(c)) : 0.0;
+  const double experts = c.dp_cp() / c.ep > 1 ? bucket_reduce_seconds(c, expert_params, edp_group(c)) : 0.0;
   return bucket_reduce_seconds(c, params - expert_params, dp_group(c)) + experts;
 }
 
@@ -715,7 +734,7 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   }
 
   // Saved activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2, generalised by op).
-  double tokens = static_cast<double>(c.micro_batch) * static_cast<double>(m.seq_len);
+  double tokens = local_tokens(c);
   double tp = c.tp;
   double seq_div = c.sequence_parallel ? tp : 1.0;
   // A stage's layers as their mean (dense and MoE layers differ; the peak is reached with all of them held).
@@ -782,6 +801,7 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
     double vocab_shard = static_cast<double>(vocab_shard_rows(m, c.tp));
     transient = std::max(transient, tokens * vocab_shard * e);
   }
+  if (c.cp > 1 && mem.layers > 0) transient = std::max(transient, cp_transient_bytes(c));
   mem.transient_bytes = transient;
   mem.reserved_bytes = cal.runtime_reserved_bytes();
   double tensors = mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes + mem.activations_bytes +
@@ -922,8 +942,9 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
   b.recompute_s = mbs * bottleneck.recompute_s;
   b.tp_comm_s = mbs * bottleneck.tp_comm_s;
   b.ep_comm_s = mbs * bottleneck.ep_comm_s;
+  b.cp_comm_s = mbs * bottleneck.cp_comm_s;
   const double fsdp_s = mbs * bottleneck.fsdp_comm_s;  // the FSDP collectives the passes do not hide
-  b.compute_s = mbs * t_max - b.recompute_s - b.tp_comm_s - b.ep_comm_s - fsdp_s;
+  b.compute_s = mbs * t_max - b.recompute_s - b.tp_comm_s - b.ep_comm_s - b.cp_comm_s - fsdp_s;
   b.bubble_s = pipe - mbs * t_max;
 
   // Pipeline transfers on the critical path: one per micro-batch and model chunk in the steady state, plus the
@@ -932,7 +953,7 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
 
   // Data-parallel reduction of the stage with the most parameters.
   double dp_s = dp_reduce_seconds(c, max_params, max_stage_experts);
-  if (model_.training.overlap_grad_reduce && c.dp > 1) {
+  if (model_.training.overlap_grad_reduce && c.dp_cp() > 1) {
     // Buckets reduce while the last micro-batch's backward is still running; what is left when it ends is exposed,
     // and never less than the last bucket.
     double window = param_stage_times.backward_input_s + param_stage_times.backward_weight_s;

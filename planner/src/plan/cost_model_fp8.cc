@@ -36,13 +36,13 @@ double CostModel::fp8_weight_params(const ParallelConfig& c, int stage) const {
 double CostModel::fp8_step_seconds(const ParallelConfig& c, int stage) const {
   if (!fp8_) return 0;
   double s = fp8_cast_seconds(fp8_weight_params(c, stage));
-  if (model_.training.fp8_recipe == model::Fp8Recipe::kDelayed && c.tp * c.dp > 1) {
+  if (model_.training.fp8_recipe == model::Fp8Recipe::kDelayed && c.tp * c.dp_cp() > 1) {
     // Three amaxes (input, weight, output gradient) per FP8 GEMM of the stage's layers, fp32, in one all-reduce.
     int gemms = 0;
     for (const model::Op& op : graph_.layer) gemms += fp8_gemm(op) ? 1 : 0;
     const double bytes = 3.0 * 4.0 * gemms * c.stage_layers(stage);
     GroupGeometry g;
-    g.size = c.tp * c.dp;
+    g.size = c.tp * c.dp_cp();
     g.per_node = std::min(g.size, cluster_.node.gpus);
     g.nodes = (g.size + g.per_node - 1) / g.per_node;
     g.nvlink = g.per_node <= cluster_.node.nvlink_domain;

@@ -11,7 +11,7 @@ namespace dtrain::plan {
 
 double CostModel::sharded_params(const ParallelConfig& c, double params, double expert_params) const {
   // The experts' share is split over the dp / ep ranks holding them: per GPU, ep times the share of the rest.
-  return (params - expert_params) / c.dp + expert_params * c.ep / c.dp;
+  return (params - expert_params) / c.dp_cp() + expert_params * c.ep / c.dp_cp();
 }
 
 double CostModel::fsdp_unit_params(const ParallelConfig& c, int stage) const {
@@ -27,7 +27,7 @@ double CostModel::fsdp_unit_params(const ParallelConfig& c, int stage) const {
 }
 
 StageTimes CostModel::with_fsdp(const ParallelConfig& c, int stage, StageTimes st) const {
-  if (!c.fsdp || c.dp == 1) return st;
+  if (!c.fsdp || c.dp_cp() == 1) return st;
   const auto& t = model_.training;
   const double wb = weight_bytes_per_param(t.dtype), gb = grad_bytes_per_param(t);
   const GroupGeometry dp = dp_group(c);
@@ -41,7 +41,7 @@ StageTimes CostModel::with_fsdp(const ParallelConfig& c, int stage, StageTimes s
   };
   auto unit = [&](double params, double experts) {
     Collectives u{all_gather_seconds((params - experts) * wb, dp), reduce_scatter_seconds((params - experts) * gb, dp)};
-    if (experts > 0 && c.dp / c.ep > 1) {
+    if (experts > 0 && c.dp_cp() / c.ep > 1) {
       const GroupGeometry edp = edp_group(c);
       u.gather += all_gather_seconds(experts * wb, edp);
       u.scatter += reduce_scatter_seconds(experts * gb, edp);

@@ -3,18 +3,23 @@
 namespace dtrain::plan {
 
 namespace {
+// q: the data-parallel-with-cp index, dp_rank * cp + cp_rank (cp is the faster of the two).
 struct Coords {
-  int tp, pp, dp;
+  int tp, pp, q;
 };
 Coords coords(const ParallelConfig& c, int r) {
-  if (c.placement == PlacementOrder::kTpDpPp) return {r % c.tp, r / (c.tp * c.dp), (r / c.tp) % c.dp};
+  const int dq = c.dp_cp();
+  if (c.placement == PlacementOrder::kTpDpPp) return {r % c.tp, r / (c.tp * dq), (r / c.tp) % dq};
   return {r % c.tp, (r / c.tp) % c.pp, r / (c.tp * c.pp)};
+}
+int rank_of_q(const ParallelConfig& c, int tp_rank, int pp_rank, int q) {
+  if (c.placement == PlacementOrder::kTpDpPp) return tp_rank + c.tp * (q + c.dp_cp() * pp_rank);
+  return tp_rank + c.tp * (pp_rank + c.pp * q);
 }
 }  // namespace
 
-int rank_of(const ParallelConfig& c, int tp_rank, int pp_rank, int dp_rank) {
-  if (c.placement == PlacementOrder::kTpDpPp) return tp_rank + c.tp * (dp_rank + c.dp * pp_rank);
-  return tp_rank + c.tp * (pp_rank + c.pp * dp_rank);
+int rank_of(const ParallelConfig& c, int tp_rank, int pp_rank, int dp_rank, int cp_rank) {
+  return rank_of_q(c, tp_rank, pp_rank, dp_rank * c.cp + cp_rank);
 }
 
 RankPlacement place_rank(const ParallelConfig& c, int gpus_per_node, const std::vector<int>& nic_of_gpu, int nics,
@@ -33,7 +38,8 @@ RankPlacement place_rank(const ParallelConfig& c, int gpus_per_node, const std::
   Coords k = coords(c, rank);
   p.tp_rank = k.tp;
   p.pp_rank = k.pp;
-  p.dp_rank = k.dp;
+  p.dp_rank = k.q / c.cp;
+  p.cp_rank = k.q % c.cp;
   return p;
 }
 
@@ -52,7 +58,7 @@ std::vector<int> tp_group_ranks(const ParallelConfig& c, int rank) {
   Coords k = coords(c, rank);
   std::vector<int> out;
   out.reserve(static_cast<std::size_t>(c.tp));
-  for (int t = 0; t < c.tp; ++t) out.push_back(rank_of(c, t, k.pp, k.dp));
+  for (int t = 0; t < c.tp; ++t) out.push_back(rank_of_q(c, t, k.pp, k.q));
   return out;
 }
 
@@ -60,15 +66,24 @@ std::vector<int> pp_group_ranks(const ParallelConfig& c, int rank) {
   Coords k = coords(c, rank);
   std::vector<int> out;
   out.reserve(static_cast<std::size_t>(c.pp));
-  for (int p = 0; p < c.pp; ++p) out.push_back(rank_of(c, k.tp, p, k.dp));
+  for (int p = 0; p < c.pp; ++p) out.push_back(rank_of_q(c, k.tp, p, k.q));
   return out;
 }
 
 std::vector<int> dp_group_ranks(const ParallelConfig& c, int rank) {
   Coords k = coords(c, rank);
   std::vector<int> out;
-  out.reserve(static_cast<std::size_t>(c.dp));
-  for (int d = 0; d < c.dp; ++d) out.push_back(rank_of(c, k.tp, k.pp, d));
+  out.reserve(static_cast<std::size_t>(c.dp_cp()));
+  for (int q = 0; q < c.dp_cp(); ++q) out.push_back(rank_of_q(c, k.tp, k.pp, q));
+  return out;
+}
+
+std::vector<int> cp_group_ranks(const ParallelConfig& c, int rank) {
+  Coords k = coords(c, rank);
+  std::vector<int> out;
+  out.reserve(static_cast<std::size_t>(c.cp));
+  const int first = k.q - k.q % c.cp;
+  for (int q = first; q < first + c.cp; ++q) out.push_back(rank_of_q(c, k.tp, k.pp, q));
   return out;
 }
 

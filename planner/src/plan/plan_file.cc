@@ -52,6 +52,18 @@ std::string cluster_digest(const topology::ClusterSpec& cluster) {
 }
 
 std::optional<std::string_view> execution_problem(const model::ModelSpec& model, const ParallelConfig& config) {
+  if (config.cp > 1 && config.cp_comm != CpComm::kAllGather) {
+    return "cp_comm = \"p2p\" or \"a2a\": dtrain prices these and writes them for Megatron but runs context "
+           "parallelism with cp_comm = \"all_gather\" only; plan with --fix cp_comm=all_gather";
+  }
+  if (config.cp > 1 && model.moe.enabled() && model.moe.aux_loss_coeff > 0) {
+    return "cp > 1 with the MoE load-balancing loss (per sequence, over all of its tokens): dtrain prices this but "
+           "runs context parallelism without it only; set [model.moe] aux_loss_coeff = 0 or plan with --fix cp=1";
+  }
+  if (config.cp > 1 && model.dropout > 0) {
+    return "cp > 1 with dropout: dtexec draws dropout masks by position in the whole sequence and runs context "
+           "parallelism without dropout only; set dropout = 0 or plan with --fix cp=1";
+  }
   if (!config.fsdp) return std::nullopt;
   if (model.tied_embeddings) {
     return "fsdp = true with tied embeddings (the head reads the embedding's matrix, which fsdp would have released): "
@@ -126,8 +138,9 @@ std::string render_plan(const Plan& p) {
                    to_string(c.recompute), c.sequence_parallel, c.distributed_optimizer, to_string(c.schedule));
   s += fmt::format("placement = \"{}\"\nchunk_layers = {}\n", to_string(c.placement),
                    int_array(c.chunk_layers, [](int v) { return v; }));
-  if (c.etp > 0) s += fmt::format("ep = {}\netp = {}\n", c.ep, c.etp);  // an MoE model's
-  if (c.fsdp) s += "fsdp = true\n";                                     // written only when on
+  if (c.etp > 0) s += fmt::format("ep = {}\netp = {}\n", c.ep, c.etp);                        // an MoE model's
+  if (c.fsdp) s += "fsdp = true\n";                                                           // written only when on
+  if (c.cp > 1) s += fmt::format("cp = {}\ncp_comm = \"{}\"\n", c.cp, to_string(c.cp_comm));  // likewise
   s += "\n";
   s += "[predicted]\n";
   s += fmt::format("iteration_s = {}\ntokens_per_s = {}\ntflops_per_gpu = {}\nmfu = {}\nhfu = {}\n", pr.iteration_s,
@@ -143,7 +156,9 @@ std::string render_plan(const Plan& p) {
   s += fmt::format("compute = {}\nrecompute = {}\ntp_comm = {}\nbubble = {}\npp_comm = {}\ndp_comm = {}\n", b.compute_s,
                    b.recompute_s, b.tp_comm_s, b.bubble_s, b.pp_comm_s, b.dp_comm_s);
   s += fmt::format("optimizer = {}\noverhead = {}\n\n", b.optimizer_s, b.overhead_s);
-  s += "# Rank r runs on node node[r], local GPU gpu[r], NIC nic[r] (-1: none), coordinates (tp, pp, dp).\n";
+  s += fmt::format(
+      "# Rank r runs on node node[r], local GPU gpu[r], NIC nic[r] (-1: none), coordinates (tp, pp, dp{}).\n",
+      c.cp > 1 ? ", cp" : "");
   s += "[placement]\n";
   s += fmt::format("node = {}\n", int_array(p.placement, [](const RankPlacement& r) { return r.node; }));
   s += fmt::format("gpu = {}\n", int_array(p.placement, [](const RankPlacement& r) { return r.gpu; }));
@@ -151,6 +166,8 @@ std::string render_plan(const Plan& p) {
   s += fmt::format("tp_rank = {}\n", int_array(p.placement, [](const RankPlacement& r) { return r.tp_rank; }));
   s += fmt::format("pp_rank = {}\n", int_array(p.placement, [](const RankPlacement& r) { return r.pp_rank; }));
   s += fmt::format("dp_rank = {}\n", int_array(p.placement, [](const RankPlacement& r) { return r.dp_rank; }));
+  if (c.cp > 1)
+    s += fmt::format("cp_rank = {}\n", int_array(p.placement, [](const RankPlacement& r) { return r.cp_rank; }));
   s += "\n# The model and cluster descriptions the plan was made from.\n";
   s += model::model_toml(p.model, "model_description");
   s += "\n";
@@ -243,9 +260,12 @@ Plan parse_plan(const std::string& text, const std::string& name) {
   }
   c.ep = static_cast<int>(config->get_count("ep").value_or(1));
   c.etp = static_cast<int>(config->get_count("etp").value_or(0));
+  c.cp = static_cast<int>(config->get_count("cp").value_or(1));
+  auto cp_comm = config->get_choice("cp_comm", {"p2p", "all_gather", "a2a"});
+  c.cp_comm = cp_comm ? *parse_cp_comm(*cp_comm) : CpComm::kP2p;
   config->reject_unknown();
   if (c.world_size() != in.gpus) {
-    config->fail_table(fmt::format("tp*pp*dp = {} but [inputs] gpus = {}", c.world_size(), in.gpus));
+    config->fail_table(fmt::format("tp*cp*pp*dp = {} but [inputs] gpus = {}", c.world_size(), in.gpus));
   }
 
   PlanPrediction& pr = p.predicted;
@@ -277,6 +297,7 @@ Plan parse_plan(const std::string& text, const std::string& name) {
   placement->get_int_array("tp_rank");
   placement->get_int_array("pp_rank");
   placement->get_int_array("dp_rank");
+  placement->get_int_array("cp_rank");
   placement->reject_unknown();
   if (!nodes || !gpus || !nics || static_cast<int>(nodes->size()) != in.gpus || gpus->size() != nodes->size() ||
       nics->size() != nodes->size()) {

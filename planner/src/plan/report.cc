@@ -23,6 +23,7 @@ constexpr Category kCategories[] = {
     {"recompute", "recomputation", &TimeBreakdown::recompute_s},
     {"tp_comm", "tensor-parallel communication (exposed)", &TimeBreakdown::tp_comm_s},
     {"ep_comm", "expert-parallel all-to-all", &TimeBreakdown::ep_comm_s},
+    {"cp_comm", "context-parallel K/V exchange (exposed)", &TimeBreakdown::cp_comm_s},
     {"bubble", "pipeline bubble", &TimeBreakdown::bubble_s},
     {"pp_comm", "pipeline transfers (exposed)", &TimeBreakdown::pp_comm_s},
     {"dp_comm", "data-parallel reduction (exposed)", &TimeBreakdown::dp_comm_s},
@@ -35,6 +36,7 @@ const char* short_label(const char* key) {
   if (k == "tp_comm") return "tp comm";
   if (k == "pp_comm") return "pp transfers";
   if (k == "ep_comm") return "ep all-to-all";
+  if (k == "cp_comm") return "cp exchange";
   if (k == "dp_comm") return "dp reduction";
   return key;
 }
@@ -84,6 +86,8 @@ nlohmann::json config_json(const ParallelConfig& c) {
   j["sequence_parallel"] = c.sequence_parallel;
   j["distributed_optimizer"] = c.distributed_optimizer;
   j["fsdp"] = c.fsdp;
+  j["cp"] = c.cp;
+  if (c.cp > 1) j["cp_comm"] = std::string(to_string(c.cp_comm));
   j["schedule"] = std::string(to_string(c.schedule));
   j["placement"] = std::string(to_string(c.placement));
   j["chunk_layers"] = c.chunk_layers;
@@ -107,6 +111,8 @@ std::string config_difference(const ParallelConfig& a, const ParallelConfig& b) 
   if (a.ep != b.ep) d.push_back(fmt::format("ep={}", b.ep));
   if (a.etp != b.etp && (b.etp != b.tp || a.tp == b.tp))
     d.push_back(fmt::format("etp={}", b.etp));  // not the etp = tp that goes with a tp change
+  if (a.cp != b.cp) d.push_back(fmt::format("cp={}", b.cp));
+  if (b.cp > 1 && (a.cp_comm != b.cp_comm || a.cp == 1)) d.push_back(fmt::format("cp_comm={}", to_string(b.cp_comm)));
   if (a.dp != b.dp) d.push_back(fmt::format("dp={}", b.dp));
   if (a.vpp != b.vpp) d.push_back(fmt::format("vpp={}", b.vpp));
   if (a.micro_batch != b.micro_batch) d.push_back(fmt::format("micro_batch={}", b.micro_batch));
@@ -198,12 +204,44 @@ std::string why_line(const Explanation& e, const std::string& choice, const Esti
                      config_difference(e.chosen.config, other.config));
 }
 
-// The why-line of the best layout with fsdp on (1) or off (0) when the chosen one is the other way; one dtexec cannot
-// run (plan::execution_problem: fsdp with tied embeddings or zb-h1) says that it is priced only.
+// A why-line that says, of a layout dtexec cannot run (plan::execution_problem), that it is priced only, and why.
+std::string priced_why_line(const Explanation& e, const std::string& choice, const Estimate& other) {
+  std::string line = why_line(e, choice, other);
+  const auto& m = e.model->model().model;
+  const ParallelConfig& o = other.config;
+  if (!execution_problem(m, o)) return line;
+  if (o.cp > 1 && o.cp_comm != CpComm::kAllGather) return line + "; priced only: dtexec runs cp_comm=all_gather only";
+  if (o.cp > 1 && m.dropout > 0) return line + "; priced only: dtexec runs cp > 1 without dropout only";
+  if (o.cp > 1 && m.moe.enabled() && m.moe.aux_loss_coeff > 0) {
+    return line + "; priced only: dtexec runs cp > 1 without the load-balancing loss only";
+  }
+  return line + "; priced only: dtexec does not run fsdp with tied embeddings or zb-h1 yet";
+}
+
+// The why-line of the best layout with fsdp on (1) or off (0) when the chosen one is the other way.
 std::string fsdp_why_line(const Explanation& e, int fsdp, const Estimate& other) {
-  std::string line = why_line(e, fsdp == 1 ? "fsdp=on" : "fsdp=off", other);
-  if (execution_problem(e.model->model().model, other.config)) line += "; priced only: dtexec does not run fsdp yet";
-  return line;
+  return priced_why_line(e, fsdp == 1 ? "fsdp=on" : "fsdp=off", other);
+}
+
+// Why-lines for the context-parallel choices: cp = 1 (what context parallelism buys) and the nearest other cp
+// values, and under cp > 1 the other ways of exchanging keys and values.
+void cp_why_lines(const Explanation& e, std::vector<std::string>& out) {
+  const ParallelConfig& c = e.chosen.config;
+  const auto& per_cp = e.search->best_per_cp;
+  auto line = [&](int cp, const Estimate& est) { out.push_back(priced_why_line(e, fmt::format("cp={}", cp), est)); };
+  auto it = per_cp.find(c.cp);
+  if (it == per_cp.end()) {
+    for (const auto& [cp, est] : per_cp) line(cp, est);
+  } else {
+    if (it != per_cp.begin()) line(std::prev(it)->first, std::prev(it)->second);
+    if (auto n = std::next(it); n != per_cp.end()) line(n->first, n->second);
+    if (auto one = per_cp.find(1); one != per_cp.end() && c.cp > 1 && one != std::prev(it)) line(1, one->second);
+  }
+  if (c.cp > 1) {
+    for (const auto& [comm, est] : e.search->best_per_cp_comm) {
+      if (comm != to_string(c.cp_comm)) out.push_back(priced_why_line(e, "cp_comm=" + comm, est));
+    }
+  }
 }
 
 // A why-line's name for the other way to place the experts under tp > 1, and whether `whole` is that other way.
@@ -232,6 +270,14 @@ std::vector<std::string> why_lines(const Explanation& e) {
   }
   for (const auto& [fsdp, est] : e.search->best_per_fsdp) {
     if ((fsdp == 1) != c.fsdp) lines.push_back(fsdp_why_line(e, fsdp, est));
+  }
+  for (const auto& [cp, est] : e.search->best_per_cp) {
+    if (cp != c.cp) lines.push_back(priced_why_line(e, fmt::format("cp={}", cp), est));
+  }
+  if (c.cp > 1) {
+    for (const auto& [comm, est] : e.search->best_per_cp_comm) {
+      if (comm != to_string(c.cp_comm)) lines.push_back(priced_why_line(e, "cp_comm=" + comm, est));
+    }
   }
   return lines;
 }
@@ -265,6 +311,7 @@ std::vector<std::string> why_lines_short(const Explanation& e) {
   for (const auto& [fsdp, est] : e.search->best_per_fsdp) {
     if ((fsdp == 1) != c.fsdp) out.push_back(fsdp_why_line(e, fsdp, est));
   }
+  cp_why_lines(e, out);
   // The best layout for tp=8 may also be the best for pp=4: say it once, under both names.
   std::vector<std::string> merged;
   for (const auto& line : out) {
@@ -309,6 +356,16 @@ std::string layout_block(const Explanation& e) {
   s += fmt::format("  tensor parallel      tp = {:<5} {}\n", c.tp, tp_where);
   s += fmt::format("  pipeline parallel    pp = {:<5} {}, {}\n", c.pp, layers_words(c), schedule_words(c));
   s += fmt::format("  data parallel        dp = {}\n", c.dp);
+  if (c.cp > 1) {
+    const auto g = e.model->cp_group(c);
+    const char* how = c.cp_comm == CpComm::kP2p         ? "K/V passed around a ring, overlapped with the attention"
+                      : c.cp_comm == CpComm::kAllGather ? "K/V all-gathered before the attention"
+                                                        : "all-to-alls re-splitting the sequence into heads";
+    s += fmt::format("  context parallel     cp = {:<5} {} chunks of {} tokens per sequence, 2 per rank; {} ({}){}\n",
+                     c.cp, 2 * c.cp, e.model->model().model.seq_len / (2 * c.cp), how,
+                     g.nodes == 1 ? "inside one node" : fmt::format("across {} nodes", g.nodes),
+                     fmt::format("; gradients reduced over dp*cp = {}", c.dp_cp()));
+  }
   if (c.etp > 0) {
     const auto& moe = e.model->model().model.moe;
     const auto g = e.model->ep_group(c);
@@ -348,6 +405,7 @@ std::string prediction_block(const Estimate& est, const CostModel& cm) {
   for (const auto& cat : kCategories) {
     double v = est.breakdown.*cat.field;
     if (cat.field == &TimeBreakdown::ep_comm_s && est.config.etp == 0) continue;  // a dense model
+    if (cat.field == &TimeBreakdown::cp_comm_s && est.config.cp == 1) continue;
     s += fmt::format("  {:<44} {:>8.3f} {:>8}\n", cat.label, v * unit, pct(v / est.iteration_s));
   }
   s += fmt::format("  {:<44} {:>8.3f}\n", "total", est.iteration_s * unit);
@@ -414,6 +472,7 @@ std::string explain_text(const Explanation& e) {
     for (const auto& cat : kCategories) {
       double a = e.chosen.breakdown.*cat.field, b = o.breakdown.*cat.field;
       if (cat.field == &TimeBreakdown::ep_comm_s && e.chosen.config.etp == 0) continue;  // a dense model
+      if (cat.field == &TimeBreakdown::cp_comm_s && e.chosen.config.cp == 1 && o.config.cp == 1) continue;
       s += fmt::format("  {:<44} {:>8.3f} {:>10.3f} {:>+8.3f}\n", cat.label, a, b, b - a);
     }
     s += fmt::format("  {:<44} {:>8.2f} {:>10.2f} {:>+8.2f}\n", "peak memory (GiB)", e.chosen.peak_memory_bytes / kGiB,
@@ -536,6 +595,14 @@ nlohmann::json explain_json(const Explanation& e) {
     j["best_per_tp"] = per(r.best_per_tp);
     j["best_per_pp"] = per(r.best_per_pp);
     j["best_per_recompute"] = per(r.best_per_recompute);
+    if (!r.best_per_cp.empty()) j["best_per_cp"] = per(r.best_per_cp);
+    if (!r.best_per_cp_comm.empty()) {
+      nlohmann::json comms;
+      for (const auto& [comm, est] : r.best_per_cp_comm) {
+        comms[comm] = {{"config", config_json(est.config)}, {"iteration_s", est.iteration_s}};
+      }
+      j["best_per_cp_comm"] = comms;
+    }
     if (!r.best_per_fsdp.empty()) {
       nlohmann::json fsdp;
       for (const auto& [on, est] : r.best_per_fsdp) {
@@ -649,6 +716,7 @@ std::string megatron_args(const CostModel& cm, const ParallelConfig& c) {
   }
   a.push_back(fmt::format("--tensor-model-parallel-size {}", c.tp));
   a.push_back(fmt::format("--pipeline-model-parallel-size {}", c.pp));
+  if (c.cp > 1) a.push_back(fmt::format("--context-parallel-size {} --cp-comm-type {}", c.cp, to_string(c.cp_comm)));
   bool even = std::all_of(c.chunk_layers.begin(), c.chunk_layers.end(), [&](int l) { return l == c.chunk_layers[0]; });
   if (c.vpp > 1) a.push_back(fmt::format("--num-layers-per-virtual-pipeline-stage {}", c.chunk_layers[0]));
   if (!even && c.vpp == 1) {
@@ -706,7 +774,7 @@ std::string megatron_args(const CostModel& cm, const ParallelConfig& c) {
   if (t.fp8_enabled())
     a.push_back(fmt::format("--fp8-format {} --fp8-recipe {}", to_string(t.fp8), to_string(t.fp8_recipe)));
   if (t.attention == model::AttentionImpl::kFlash) a.push_back("--use-flash-attn");
-  if (t.overlap_grad_reduce && c.dp > 1) a.push_back("--overlap-grad-reduce");
+  if (t.overlap_grad_reduce && c.dp_cp() > 1) a.push_back("--overlap-grad-reduce");
   std::string out = join(a, " \\\n  ");
   if (!even && c.vpp > 1) {
     out +=

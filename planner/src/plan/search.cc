@@ -86,11 +86,13 @@ class Searcher {
       for (int pp = 1; pp <= std::min<std::int64_t>(m.layers, gpus / tp); ++pp) {
         if (gpus % (tp * pp) != 0) continue;
         if (f.pp && pp != *f.pp) continue;
-        int dp = gpus / (tp * pp);
-        const char* reason = tp_reason;
-        if (!reason && f.dp && dp != *f.dp) reason = "pinned dp";
-        if (!reason && opt_.global_batch % dp != 0) reason = "batch";
-        enumerate_schedules(tp, pp, dp, reason);
+        for (int cp : context_degrees(gpus / (tp * pp))) {
+          int dp = gpus / (tp * pp * cp);
+          const char* reason = tp_reason;
+          if (!reason && f.dp && dp != *f.dp) reason = "pinned dp";
+          if (!reason && opt_.global_batch % dp != 0) reason = "batch";
+          enumerate_schedules(tp, pp, dp, cp, reason);
+        }
       }
     }
     result_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -106,7 +108,25 @@ class Searcher {
     result_.candidates += n;
   }
 
-  void enumerate_schedules(int tp, int pp, int dp, const char* reason) {
+  // The context-parallel degrees to try among the divisors of `n` (the GPUs left by tp and pp): the pinned one, or 1
+  // and every cp that cuts the sequence into 2 * cp chunks of at least kMinCpChunk tokens (shorter chunks make the
+  // exchanges outweigh the attention they split; Megatron-LM recommends cp for long sequences only).
+  std::vector<int> context_degrees(int n) const {
+    const auto& m = cm_.model().model;
+    const FixedDims& f = opt_.fixed;
+    std::vector<int> out;
+    for (int cp : divisors(n)) {
+      if (f.cp) {
+        if (cp == *f.cp) out.push_back(cp);
+        continue;
+      }
+      if (cp == 1 || (m.seq_len % (2 * cp) == 0 && m.seq_len / (2 * cp) >= kMinCpChunk)) out.push_back(cp);
+    }
+    return out;
+  }
+  static constexpr std::int64_t kMinCpChunk = 1024;
+
+  void enumerate_schedules(int tp, int pp, int dp, int cp, const char* reason) {
     const auto& m = cm_.model().model;
     const FixedDims& f = opt_.fixed;
     // (schedule, vpp) pairs: 1f1b with vpp 1; interleaved with vpp >= 2 when pp >= 2; gpipe and zb-h1 only when
@@ -129,6 +149,7 @@ class Searcher {
       base.tp = tp;
       base.pp = pp;
       base.dp = dp;
+      base.cp = cp;
       base.vpp = vpp;
       base.schedule = schedule;
       if (!f.chunk_layers.empty()) {
@@ -153,10 +174,10 @@ class Searcher {
       if (f.recompute && rc != *f.recompute) continue;
       for (int sp = 0; sp < (base.tp > 1 ? 2 : 1); ++sp) {
         if (f.sequence_parallel && (sp != 0) != *f.sequence_parallel) continue;
-        for (int dopt = 0; dopt < (base.dp > 1 ? 2 : 1); ++dopt) {
+        for (int dopt = 0; dopt < (base.dp_cp() > 1 ? 2 : 1); ++dopt) {
           if (f.distributed_optimizer && (dopt != 0) != *f.distributed_optimizer) continue;
           if (f.fsdp && *f.fsdp && dopt == 0) continue;  // fsdp needs the distributed optimizer
-          bool two_orders = base.pp > 1 && base.dp > 1 && base.tp < gpus_per_node();
+          bool two_orders = base.pp > 1 && base.dp_cp() > 1 && base.tp < gpus_per_node();
           for (int order = 0; order < (two_orders ? 2 : 1); ++order) {
             PlacementOrder po = order == 0 ? PlacementOrder::kTpDpPp : PlacementOrder::kTpPpDp;
             if (f.placement && po != *f.placement) {
@@ -172,7 +193,7 @@ class Searcher {
               reject(reason);
               continue;
             }
-            for (int ep : expert_degrees(c.dp)) {
+            for (int ep : expert_degrees(c.dp_cp())) {
               c.ep = ep;
               const EtpChoices etps = expert_tensor_degrees(c.tp, c.sequence_parallel);
               for (int i = 0; i < etps.n; ++i) {
@@ -186,45 +207,72 @@ class Searcher {
     }
   }
 
-  // Times the layouts of c, one per micro-batch, and with the distributed optimizer its fully sharded twin (fsdp: the
-  // same passes, so the layer costs are computed once for both) unless fsdp is pinned off; with fsdp pinned on, only
-  // the twin.
+  // Times the layouts of c, one per micro-batch and (cp > 1) way of exchanging K/V, and with the distributed
+  // optimizer its fully sharded twin (fsdp: the same passes, so the layer costs are computed once for both) unless
+  // fsdp is pinned off; with fsdp pinned on, only the twin.
   void enumerate_micro_batches(ParallelConfig c, const std::vector<int>& micro_batches) {
     const FixedDims& f = opt_.fixed;
     const bool pinned_fsdp = f.fsdp && *f.fsdp;
-    // Per variant (0 without fsdp, 1 with): whether it is searched, and whether a smaller micro-batch ran out of
-    // memory (activations only grow with the micro-batch: larger ones cannot fit either).
+    // Per variant (0 without fsdp, 1 with): whether it is searched, and per exchange and variant whether a smaller
+    // micro-batch ran out of memory (activations only grow with the micro-batch: larger ones cannot fit either).
     const bool searched[2] = {!pinned_fsdp, c.distributed_optimizer && !(f.fsdp && !*f.fsdp)};
-    bool out_of_memory[2] = {false, false};
+    CpComm comms[3] = {CpComm::kAllGather, CpComm::kP2p, CpComm::kA2a};
+    int n_comms = 3;
+    if (c.cp == 1) {
+      comms[0] = CpComm::kP2p;  // unused: the default
+      n_comms = 1;
+    } else if (f.cp_comm) {
+      comms[0] = *f.cp_comm;
+      n_comms = 1;
+    }
+    bool out_of_memory[3][2] = {};
     for (int mb : micro_batches) {
-      if ((!searched[0] || out_of_memory[0]) && (!searched[1] || out_of_memory[1])) {
-        for (int v = 0; v < 2; ++v) {
-          if (searched[v]) reject("memory");
-        }
-        continue;
-      }
       c.micro_batch = mb;
       c.num_microbatches = static_cast<int>(opt_.global_batch / (static_cast<std::int64_t>(mb) * c.dp));
-      c.fsdp = false;
-      if (auto problem = cm_.structural_problem(c, opt_.global_batch)) {
-        const char* reason = classify(*problem);
-        for (int v = 0; v < 2; ++v) {
-          if (searched[v]) reject(reason);
-        }
-        result_.rejected_example.try_emplace(reason, *problem);
-        continue;
-      }
-      const LayerCosts lc = cm_.layer_costs(c);
-      for (int v = 0; v < 2; ++v) {
-        if (!searched[v]) continue;
-        if (out_of_memory[v]) {
-          reject("memory");
+      for (int k = 0; k < n_comms; ++k) {
+        c.cp_comm = comms[k];
+        if ((!searched[0] || out_of_memory[k][0]) && (!searched[1] || out_of_memory[k][1])) {
+          for (int v = 0; v < 2; ++v) {
+            if (searched[v]) reject("memory");
+          }
           continue;
         }
-        c.fsdp = v == 1;
-        out_of_memory[v] = !evaluate(c, lc);
+        c.fsdp = false;
+        if (auto problem = cm_.structural_problem(c, opt_.global_batch)) {
+          const char* reason = classify(*problem);
+          for (int v = 0; v < 2; ++v) {
+            if (searched[v]) reject(reason);
+          }
+          result_.rejected_example.try_emplace(reason, *problem);
+          continue;
+        }
+        const LayerCosts lc = cm_.layer_costs(c);
+        for (int v = 0; v < 2; ++v) {
+          if (!searched[v]) continue;
+          if (out_of_memory[k][v]) {
+            reject("memory");
+            continue;
+          }
+          c.fsdp = v == 1;
+          out_of_memory[k][v] = !evaluate(c, lc);
+        }
       }
     }
+  }
+
+  // Whether c's only obstacle to running is its exchange: with all_gather, dtexec would run it.
+  bool runs_with_all_gather(ParallelConfig c) const {
+    c.cp_comm = CpComm::kAllGather;
+    return !execution_problem(cm_.model().model, c).has_value();
+  }
+
+  // Whether the user pinned the dimension that makes c a layout dtexec cannot run (plan::execution_problem): then it
+  // is chosen like any other (and dtplan plan says why it does not run); else it is only priced and explained.
+  bool pinned_problem(const ParallelConfig& c) const {
+    const FixedDims& f = opt_.fixed;
+    if (c.cp > 1 && c.cp_comm != CpComm::kAllGather) return f.cp_comm.has_value();
+    if (c.cp > 1 && cm_.model().model.dropout > 0) return f.cp.has_value();
+    return c.fsdp && f.fsdp && *f.fsdp;
   }
 
   // Times one layout and offers it; false when it does not fit in memory.
@@ -233,10 +281,10 @@ class Searcher {
     const double memory = cm_.peak_memory_bytes(c);
     const double capacity = cm_.cluster().node.gpu.memory_bytes();
     const Scored s{c, cm_.step_time(c, lc).total(), memory, order_};
-    // A fully sharded layout dtexec cannot run yet (plan::execution_problem: tied embeddings, zb-h1) is priced and
-    // explained (best_per_fsdp) but chosen only when fsdp is pinned (explain --fix fsdp=true).
-    const bool advisory =
-        c.fsdp && !(opt_.fixed.fsdp && *opt_.fixed.fsdp) && execution_problem(cm_.model().model, c).has_value();
+    // A layout dtexec cannot run yet (plan::execution_problem: fsdp with tied embeddings or zb-h1, cp_comm p2p or
+    // a2a, cp with dropout) is priced and explained (best_per_fsdp, best_per_cp_comm) but chosen only when the
+    // dimension is pinned (explain --fix fsdp=true, --fix cp_comm=p2p).
+    const bool advisory = execution_problem(cm_.model().model, c).has_value() && !pinned_problem(c);
     if (memory > capacity) {
       reject("memory");
       if (advisory) return false;
@@ -246,8 +294,15 @@ class Searcher {
     }
     ++result_.candidates;
     ++result_.evaluated;
-    offer(best_fsdp_, c.fsdp ? 1 : 0, s);
+    // The best per fsdp and per exchange include layouts priced only for that dimension's sake (fsdp with tied
+    // embeddings; a ring or all-to-all exchange), not those priced only for another's.
+    const bool other_exchange = c.cp > 1 && c.cp_comm != CpComm::kAllGather;
+    if (!advisory || !other_exchange) offer(best_fsdp_, c.fsdp ? 1 : 0, s);
+    if (c.cp > 1 && (!advisory || (other_exchange && runs_with_all_gather(c)))) {
+      offer(best_cp_comm_, std::string(to_string(c.cp_comm)), s);
+    }
     if (advisory) return true;
+    offer(best_cp_, c.cp, s);
     top_.offer(s);
     offer(best_tp_, c.tp, s);
     offer(best_pp_, c.pp, s);
@@ -322,6 +377,8 @@ class Searcher {
     for (const auto& [k, s] : best_ep_) result_.best_per_ep.emplace(k, full(s));
     for (const auto& [k, s] : best_etp_) result_.best_per_etp.emplace(k, full(s));
     for (const auto& [k, s] : best_fsdp_) result_.best_per_fsdp.emplace(k, full(s));
+    for (const auto& [k, s] : best_cp_) result_.best_per_cp.emplace(k, full(s));
+    for (const auto& [k, s] : best_cp_comm_) result_.best_per_cp_comm.emplace(k, full(s));
   }
 
   const CostModel& cm_;
@@ -330,9 +387,9 @@ class Searcher {
   TopK top_;
   TopK misses_;  // ordered by excess memory (stored in `seconds`)
   std::optional<Scored> fastest_oom_;
-  std::map<int, Scored> best_tp_, best_pp_, best_ep_, best_etp_, best_fsdp_;
+  std::map<int, Scored> best_tp_, best_pp_, best_ep_, best_etp_, best_fsdp_, best_cp_;
   std::map<int, std::vector<int>> expert_degrees_;
-  std::map<std::string, Scored> best_rc_;
+  std::map<std::string, Scored> best_rc_, best_cp_comm_;
   std::int64_t order_ = 0;
 };
 
@@ -366,17 +423,21 @@ void check_options(const CostModel& cm, const SearchOptions& opt) {
           fmt::format("--fix ep={} does not divide the {} experts of model '{}' (experts = {} in [model.moe])", *f.ep,
                       m.moe.experts, m.name, m.moe.experts));
     }
-    // The experts are split over data-parallel ranks: ep must divide some data-parallel degree the GPUs allow.
+    // The experts are split over the data-parallel (with cp: data- and context-parallel) ranks: ep must divide some
+    // dp x cp the GPUs allow.
     bool possible = false;
-    for (int dp : divisors(opt.gpus)) {
-      const bool pinned_dp_ok = !f.dp || *f.dp == dp;
-      possible = possible || (pinned_dp_ok && dp % *f.ep == 0 && opt.global_batch % dp == 0);
+    for (int dq : divisors(opt.gpus)) {
+      for (int cp : divisors(dq)) {
+        const int dp = dq / cp;
+        const bool pinned_ok = (!f.dp || *f.dp == dp) && (!f.cp || *f.cp == cp);
+        possible = possible || (pinned_ok && dq % *f.ep == 0 && opt.global_batch % dp == 0);
+      }
     }
     if (!possible) {
       throw input_error(
           fmt::format("--fix ep={}: no layout of {} GPUs has a data-parallel degree that ep divides (the "
-                      "experts are split over data-parallel ranks: ep must divide dp{})",
-                      *f.ep, opt.gpus, f.dp ? fmt::format(" = {}", *f.dp) : ""));
+                      "experts are split over data-parallel ranks: ep must divide dp{}{})",
+                      *f.ep, opt.gpus, f.cp ? "*cp" : "", f.dp ? fmt::format(" = {}", *f.dp) : ""));
     }
   }
   if (f.etp && *f.etp != 1 && (!f.tp || *f.etp != *f.tp)) {
@@ -392,18 +453,34 @@ void check_options(const CostModel& cm, const SearchOptions& opt) {
                       "distributed_optimizer=true",
                       to_string(f)));
     }
-    if (f.dp && *f.dp == 1) {
+    if (f.dp && *f.dp == 1 && (!f.cp || *f.cp == 1)) {
       throw input_error(
-          fmt::format("--fix {}: fsdp shards over the data-parallel ranks; it needs dp > 1", to_string(f)));
+          fmt::format("--fix {}: fsdp shards over the data-parallel (and context-parallel) ranks; it "
+                      "needs dp*cp > 1",
+                      to_string(f)));
     }
   }
   if (f.pp && *f.pp > m.layers) {
     throw input_error(fmt::format("--fix pp={} exceeds the {} layers of model '{}'", *f.pp, m.layers, m.name));
   }
-  int pinned = (f.tp ? *f.tp : 1) * (f.pp ? *f.pp : 1) * (f.dp ? *f.dp : 1);
-  if (opt.gpus % pinned != 0 || (f.tp && f.pp && f.dp && pinned != opt.gpus)) {
+  if (f.cp && *f.cp > 1) {
+    ParallelConfig c;
+    c.cp = *f.cp;
+    c.tp = f.tp ? *f.tp : 1;
+    c.cp_comm = f.cp_comm ? *f.cp_comm : CpComm::kAllGather;
+    c.sequence_parallel = f.sequence_parallel && *f.sequence_parallel;
+    if (auto problem = cp_problem(m, c)) {
+      throw input_error(fmt::format("--fix {}: {} of model '{}'", to_string(f), *problem, m.name));
+    }
+  }
+  if (f.cp_comm && f.cp && *f.cp == 1) {
+    throw input_error(fmt::format("--fix {}: cp_comm is how cp > 1 exchanges keys and values; with cp=1 there is none",
+                                  to_string(f)));
+  }
+  int pinned = (f.tp ? *f.tp : 1) * (f.pp ? *f.pp : 1) * (f.dp ? *f.dp : 1) * (f.cp ? *f.cp : 1);
+  if (opt.gpus % pinned != 0 || (f.tp && f.pp && f.dp && (f.cp || pinned == opt.gpus) && pinned != opt.gpus)) {
     throw input_error(
-        fmt::format("--fix {}: tp*pp*dp must divide (all three pinned: equal) the {} GPUs", to_string(f), opt.gpus));
+        fmt::format("--fix {}: tp*pp*dp*cp must divide (all pinned: equal) the {} GPUs", to_string(f), opt.gpus));
   }
   // The global batch must leave room for at least one data-parallel layout: dp = gpus/(tp*pp) has to divide it.
   std::int64_t max_model_parallel = 0;

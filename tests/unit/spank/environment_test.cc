@@ -70,6 +70,9 @@ TEST(TaskEnvironment, TaskPerRankContract) {
   EXPECT_EQ(env.at("DTRAIN_PP_SIZE"), "2");
   EXPECT_EQ(env.at("DTRAIN_DP_SIZE"), "2");
   EXPECT_EQ(env.at("DTRAIN_FSDP"), "0");
+  EXPECT_EQ(env.at("DTRAIN_CP_SIZE"), "1");
+  EXPECT_EQ(env.at("DTRAIN_CP_COMM"), "");
+  EXPECT_EQ(env.at("DTRAIN_CP_RANK"), "0");
   // rank 6 in tp-dp-pp order: tp = 6 % 2, dp = (6 / 2) % 2, pp = 6 / 4
   EXPECT_EQ(env.at("DTRAIN_TP_RANK"), "0");
   EXPECT_EQ(env.at("DTRAIN_DP_RANK"), "1");
@@ -86,6 +89,25 @@ TEST(TaskEnvironment, TaskPerRankContract) {
     EXPECT_NE(std::find(contract_variables().begin(), contract_variables().end(), k), contract_variables().end())
         << k << " is not in contract_variables()";
   }
+}
+
+// With context parallelism the cp ranks come right after the tensor-parallel ones (Megatron's order): rank 6 of
+// tp=2 cp=2 dp=1 pp=2 is tp 0, cp 1, dp 0, pp 1.
+TEST(TaskEnvironment, ContextParallelCoordinates) {
+  StepEnvironment s = sample_step();
+  s.config.dp = 1;
+  s.config.cp = 2;
+  s.config.cp_comm = plan::CpComm::kAllGather;
+  s.placement.clear();
+  for (int r = 0; r < 8; ++r) s.placement.push_back(plan::place_rank(s.config, 4, {}, 0, r));
+  auto env = as_map(task_environment(s, 2));
+  EXPECT_EQ(env.at("DTRAIN_CP_SIZE"), "2");
+  EXPECT_EQ(env.at("DTRAIN_CP_COMM"), "all_gather");
+  EXPECT_EQ(env.at("DTRAIN_DP_SIZE"), "1");
+  EXPECT_EQ(env.at("DTRAIN_TP_RANK"), "0");
+  EXPECT_EQ(env.at("DTRAIN_CP_RANK"), "1");
+  EXPECT_EQ(env.at("DTRAIN_DP_RANK"), "0");
+  EXPECT_EQ(env.at("DTRAIN_PP_RANK"), "1");
 }
 
 TEST(TaskEnvironment, OnlyGlobalRankZeroHostsTheStore) {

@@ -53,8 +53,10 @@ enum class Opcode : std::uint8_t {
 
 // The communicator a collective runs on.
 // kEp: the expert-parallel group (ep consecutive data-parallel ranks); kEdp: the expert-data-parallel group (the
-// data-parallel ranks holding the same experts), over which the experts' gradients are reduced.
-enum class CommGroup : std::uint8_t { kNone, kTp, kPp, kDp, kWorld, kEmbedding, kEp, kEdp };
+// data-parallel ranks holding the same experts), over which the experts' gradients are reduced. kCp: the
+// context-parallel group (the cp ranks sharing one replica's sequences). With cp > 1, kDp is the data-parallel group
+// with context parallelism (the dp x cp ranks holding the same parameters).
+enum class CommGroup : std::uint8_t { kNone, kTp, kPp, kDp, kWorld, kEmbedding, kEp, kEdp, kCp };
 
 // What an instruction moves or computes on.
 enum class What : std::uint8_t {
@@ -88,6 +90,10 @@ enum class What : std::uint8_t {
                       // the head; on=edp its routed experts'), one unit ahead of the unit whose ops use them; a pass
                       // keeps a unit until two more were gathered after it. REDUCESCATTER what=grad_bucket (or
                       // expert_grad_bucket) layer=U after the unit's backward sums its gradients into their shards.
+  kKv,                // context parallelism, in a body: ALLGATHER on=cp layer=L of layer L's keys and values (count:
+                      // the whole sequences'), before the attention that reads them (forward, recomputation, backward)
+  kKvGrad,            // REDUCESCATTER on=cp layer=L of the keys' and values' gradients after the attention's backward
+                      // (count: the whole sequences'), each rank keeping its chunks'
 };
 
 // The model op a COMPUTE instruction of a stage body runs: the layer graph's ops (dtrain/model/layer_graph.h) plus
@@ -195,6 +201,12 @@ struct Program {
   // layout
   std::int32_t tp = 1, pp = 1, dp = 1, vpp = 1;
   std::int32_t tp_rank = 0, pp_rank = 0, dp_rank = 0;
+  // Context parallelism: this rank holds chunks cp_rank and 2 * cp - 1 - cp_rank of the 2 * cp chunks of every
+  // sequence. dp_group is then the dp x cp ranks holding the same parameters (group rank dp_rank * cp + cp_rank).
+  std::int32_t cp = 1, cp_rank = 0;
+  // The rank's index in dp_group and its size: over those the gradients are reduced and the optimizer state sharded.
+  std::int32_t dp_cp() const { return dp * cp; }
+  std::int32_t dp_cp_rank() const { return dp_rank * cp + cp_rank; }
   // Expert parallelism (an MoE model's, ep > 1): this rank holds experts [ep_rank * E / ep, (ep_rank + 1) * E / ep).
   std::int32_t ep = 1, ep_rank = 0;
   // Expert tensor parallelism: 0 when the experts are split over tp like a dense MLP; 1 (under tp > 1) when every
@@ -214,6 +226,7 @@ struct Program {
   // communicators, as global ranks in group-rank order
   std::vector<std::int32_t> tp_group, pp_group, dp_group, embedding_group;
   std::vector<std::int32_t> ep_group, edp_group;  // empty unless ep > 1
+  std::vector<std::int32_t> cp_group;             // empty unless cp > 1
   std::vector<ChunkInfo> chunks;
   // Bodies are shared between the ranks of one stage (they differ only in their communicators).
   std::vector<std::shared_ptr<const Body>> bodies;

@@ -38,11 +38,17 @@ inline double grad_bytes_per_param(const model::TrainingSpec& t) {
   return (t.grad_reduce_fp32 || t.dtype == DType::kFp32) ? 4.0 : weight_bytes_per_param(t.dtype);
 }
 
+// Why context parallelism cannot cut `model`'s sequences as `config` asks ("cp=3 needs seq_len=1000 divisible by
+// 2*cp=6"), or nullopt: the sequence must split into 2 * cp equal chunks (and each rank's tokens over tp with
+// sequence parallelism); cp_comm = a2a needs cp to divide each tensor-parallel rank's heads and key/value heads.
+std::optional<std::string> cp_problem(const model::ModelSpec& model, const ParallelConfig& config);
+
 struct TimeBreakdown {
   double compute_s = 0;    // forward + backward math on the slowest stage, all micro-batches
   double recompute_s = 0;  // forward recomputation (selective or full)
   double tp_comm_s = 0;    // exposed tensor-parallel collectives
   double ep_comm_s = 0;    // expert-parallel all-to-all (an MoE model's dispatch and combine)
+  double cp_comm_s = 0;    // context-parallel K/V exchanges the attention does not hide
   double bubble_s = 0;     // pipeline fill and drain
   double pp_comm_s = 0;    // exposed pipeline point-to-point transfers
   double dp_comm_s = 0;    // exposed data-parallel reduction (and parameter all-gather)
@@ -52,8 +58,8 @@ struct TimeBreakdown {
   // say, because the ranks are not all busy at once (a pipeline's fill and drain); 1 otherwise. Applied already.
   double shared_core_speedup = 1;
   double total() const {
-    return compute_s + recompute_s + tp_comm_s + ep_comm_s + bubble_s + pp_comm_s + dp_comm_s + optimizer_s +
-           overhead_s;
+    return compute_s + recompute_s + tp_comm_s + ep_comm_s + cp_comm_s + bubble_s + pp_comm_s + dp_comm_s +
+           optimizer_s + overhead_s;
   }
 };
 
@@ -88,6 +94,7 @@ struct StageTimes {
   double tp_comm_s = 0;          // part of the three passes' times that is tp communication
   double ep_comm_s = 0;          // part of forward_s + backward_input_s that is expert-parallel all-to-all
   double fsdp_comm_s = 0;        // part of the three that is exposed FSDP parameter all-gathers / grad reduce-scatters
+  double cp_comm_s = 0;          // part of the three that is exposed context-parallel K/V exchanges
   double total() const { return forward_s + backward_input_s + backward_weight_s; }
 };
 
@@ -207,6 +214,21 @@ class CostModel {
   // routed experts over the dp / ep ranks holding them (the distributed optimizer's state has the same shards).
   double sharded_params(const ParallelConfig& config, double params, double expert_params) const;
 
+  // ---- Context parallelism (ParallelConfig::cp; cost_model_cp.cc, docs/cost-model.md#context-parallelism) ----
+  // The cp ranks of one replica (consecutive data-parallel-with-cp ranks).
+  GroupGeometry cp_group(const ParallelConfig& config) const;
+  // This rank's keys and values of one layer for one micro-batch (its 2 chunks of every sequence, its kv heads).
+  double cp_kv_bytes(const ParallelConfig& config) const;
+  // The K/V exchanges of one layer's attention that its computation does not hide, forward and backward, given the
+  // attention's own time in that pass: p2p a ring of cp - 1 steps each hidden behind 1/cp of the attention;
+  // all_gather the whole sequence's K/V gathered before (and again for the backward, whose K/V gradients are
+  // reduce-scattered after); a2a four all-to-alls re-splitting the sequence into heads and back.
+  double cp_forward_seconds(const ParallelConfig& config, double attention_s) const;
+  double cp_backward_seconds(const ParallelConfig& config, double attention_s) const;
+  // The largest buffer context parallelism adds to a layer's pass (the gathered K/V and their gradients, or the
+  // ring's chunks in flight).
+  double cp_transient_bytes(const ParallelConfig& config) const;
+
   double all_reduce_seconds(double bytes, const GroupGeometry& g) const;
   double all_gather_seconds(double bytes, const GroupGeometry& g) const;  // bytes: the gathered (full) size
   double reduce_scatter_seconds(double bytes, const GroupGeometry& g) const;
@@ -217,14 +239,18 @@ class CostModel {
   GroupGeometry dp_group(const ParallelConfig& config) const;
   // The expert-parallel group: ep consecutive data-parallel ranks.
   GroupGeometry ep_group(const ParallelConfig& config) const;
-  // The expert data-parallel group: the dp / ep data-parallel ranks that hold the same experts (every ep-th one).
+  // The expert data-parallel group: the dp x cp / ep data-parallel ranks that hold the same experts (every ep-th one).
   GroupGeometry edp_group(const ParallelConfig& config) const;
   // One all-to-all in which every member sends `bytes` in all, split evenly over the members (itself included).
   double all_to_all_seconds(double bytes, const GroupGeometry& g) const;
   // Whether pipeline neighbours always share a node.
   bool pp_neighbours_share_node(const ParallelConfig& config) const;
 
-  // Bytes of the tensor-parallel all-reduce of one layer output (tokens x hidden x activation bytes).
+  // Tokens of one micro-batch this rank's layers see: micro_batch x seq_len / cp.
+  double local_tokens(const ParallelConfig& config) const {
+    return static_cast<double>(config.micro_batch) * static_cast<double>(model_.model.seq_len) / config.cp;
+  }
+  // Bytes of the tensor-parallel all-reduce of one layer output (local tokens x hidden x activation bytes).
   double hidden_bytes(const ParallelConfig& config) const;
   // Tensor-parallel collective time of one transformer layer's forward / backward pass.
   double layer_tp_forward_seconds(const ParallelConfig& config) const;

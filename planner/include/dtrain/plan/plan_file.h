@@ -55,10 +55,10 @@ struct Plan {
 };
 
 // Why a layout the planner prices cannot run (lowering refuses it, dtrain/ir/lower.h), or nullopt: fully sharded
-// data parallelism (fsdp) with tied embeddings or the zb-h1 schedule is priced and explained, not yet lowered.
-// `dtplan plan` and the Slurm plugin refuse such a plan with this message (exit 2) before writing or starting it,
-// so that a plan they write runs; the search chooses such a layout only when fsdp is pinned. (A constant message:
-// the search asks this of every fully sharded candidate.)
+// data parallelism (fsdp) with tied embeddings or the zb-h1 schedule, and context parallelism with cp_comm = p2p or
+// with dropout, are priced and explained, not yet lowered. `dtplan plan` and the Slurm plugin refuse such a plan
+// with this message (exit 2) before writing or starting it, so that a plan they write runs; the search chooses such
+// a layout only when its dimensions are pinned. (A constant message: the search asks this of every candidate.)
 std::optional<std::string_view> execution_problem(const model::ModelSpec& model, const ParallelConfig& config);
 
 // Builds the plan for an evaluated layout. The cluster's node count is the one the layout was planned for.

@@ -1,10 +1,11 @@
 // Exhaustive search over parallel layouts.
 //
 // The space: tp (divides heads, kv_heads and ffn_hidden; groups never straddle a node), pp (1..layers; uneven
-// stages allowed), dp = gpus / (tp * pp), micro_batch (divides global_batch / dp), vpp (model chunks per stage;
-// interleaved schedule), recompute (none | selective | full), sequence parallelism, the distributed optimizer,
-// the placement order, and the schedule (1f1b, or interleaved when vpp > 1). Dimensions pinned with --fix are
-// not searched. Memory prunes early: micro-batches are tried smallest first and a layout's larger micro-batches are
+// stages allowed), cp (1, or cutting the sequence into 2 * cp chunks of at least 1024 tokens) with its K/V exchange
+// (p2p, all_gather, a2a), dp = gpus / (tp * pp * cp), fsdp, micro_batch (divides global_batch / dp), vpp (model chunks
+// per stage; interleaved schedule), recompute (none | selective | full), sequence parallelism, the distributed
+// optimizer, the placement order, and the schedule (1f1b, or interleaved when vpp > 1). Dimensions pinned with --fix
+// are not searched. Memory prunes early: micro-batches are tried smallest first and a layout's larger micro-batches are
 // skipped once one does not fit. Candidates are ranked by predicted iteration time, ties toward less memory, then
 // enumeration order, so the same inputs always give the same plan.
 #pragma once
@@ -53,6 +54,10 @@ struct SearchResult {
   std::map<int, Estimate> best_per_etp;
   // 1: the best fully sharded (fsdp) layout, 0: the best other one.
   std::map<int, Estimate> best_per_fsdp;
+  // The best layout for each context-parallel degree, and among cp > 1 for each way of exchanging K/V (p2p,
+  // all_gather, a2a; those dtexec does not run included).
+  std::map<int, Estimate> best_per_cp;
+  std::map<std::string, Estimate> best_per_cp_comm;
 };
 
 // Throws dtrain::Error (input) for options that contradict each other or the model (pinned tp not dividing heads,

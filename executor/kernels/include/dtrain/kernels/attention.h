@@ -23,13 +23,18 @@
 // Tensor parallelism: heads are split over the group (Megatron), so this rank holds n_heads = heads / tp query heads
 // and n_kv_heads = kv_heads / tp kv heads, taken from the column-parallel QKV projection.
 //
+// Context parallelism: a rank holds chunks of each sequence, and each chunk's queries attend to all keys up to their
+// own position. With q_rows set, every sequence has q_rows queries at positions q_offset .. q_offset + q_rows - 1
+// against `seq` keys at positions 0 .. seq - 1 (causal: query position p sees keys 0..p), so seq >= q_offset +
+// q_rows; q, o, dq and lse then hold q_rows rows per sequence, k, v, dk and dv seq rows. (CPU kernels only.)
+//
 // Layouts (row-major; token t = b * seq + i):
 //   q   : query head h of token t at q[t * q_stride + h * d]        (q_stride >= n_heads * d)
 //   k, v: kv head g of token t at k[t * kv_stride + g * d]          (kv_stride >= n_kv_heads * d)
 //         so q, k and v can point into one fused QKV activation [tokens, (n_heads + 2 n_kv_heads) d] with
 //         q_stride = kv_stride = its row length, k = q + n_heads d, v = k + n_kv_heads d.
 //   o   : [tokens, n_heads * d] contiguous (the input of the row-parallel output projection)
-//   lse : [batch, n_heads, seq]
+//   lse : [batch, n_heads, seq] (q_rows in place of seq when set)
 //   dq, dk, dv: the layouts (and strides) of q, k, v: they can point into one fused d(QKV) buffer. Overwritten.
 #pragma once
 
@@ -47,6 +52,10 @@ struct AttentionShape {
   std::int64_t head_dim = 0;
   std::int64_t q_stride = 0;   // floats between consecutive tokens in q (and dq)
   std::int64_t kv_stride = 0;  // floats between consecutive tokens in k, v (and dk, dv)
+  std::int64_t q_rows = 0;     // queries per sequence: 0 for seq (self-attention over the whole sequence)
+  std::int64_t q_offset = 0;   // the position of the first query (context parallelism)
+
+  std::int64_t query_rows() const { return q_rows > 0 ? q_rows : seq; }
 };
 
 // Dropout on the attention probabilities (p == 0: none). Element (sample, head, i, j) of the probabilities has global

@@ -1,0 +1,143 @@
+// Context parallelism (cp) run by the interpreter: each rank holds two of the 2 * cp chunks of every sequence, the
+// attention gathers the keys and values of all of them; its layouts reproduce the single-rank loss curve of the tiny
+// Llama (and of the tiny MoE with its experts over the dp x cp ranks), its programs exchange keys and values around
+// every attention, and a checkpoint written with cp resumes without it.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "dtrain/ir/lower.h"
+#include "dtrain/ir/text.h"
+#include "dtrain/model/model_spec.h"
+#include "dtrain/topology/local_cpu.h"
+#include "exec_test_support.h"
+
+namespace dtrain::exec {
+namespace {
+
+using namespace exec::testing;
+
+struct CpLayout {
+  int cp, dp, tp, pp;
+  const char* extra;  // further --fix keys
+};
+
+std::string cp_fix(const CpLayout& l) {
+  return fmt::format("cp={},cp_comm=all_gather,dp={},tp={},pp={}{}", l.cp, l.dp, l.tp, l.pp, l.extra);
+}
+
+// `from` (a model file) with its MoE load-balancing loss off, written to `to`.
+void write_model_without_aux_loss(const std::string& from, const std::string& to) {
+  std::ifstream in(from);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string key = "aux_loss_coeff = 0.01";
+  const auto at = text.find(key);
+  ASSERT_NE(at, std::string::npos) << from;
+  text.replace(at, key.size(), "aux_loss_coeff = 0");
+  std::ofstream(to) << text;
+}
+
+class CpParity : public ::testing::TestWithParam<CpLayout> {};
+
+TEST_P(CpParity, LossCurveEqualsSingleRank) {
+  static const std::vector<double> ref = single_rank_curve(kTiny);
+  const CpLayout& l = GetParam();
+  expect_same_curve(
+      losses(train_threads(l.cp * l.dp * l.tp * l.pp, tiny_options(curve_steps(20), cp_fix(l), DType::kFp32))), ref);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, CpParity,
+                         ::testing::Values(CpLayout{2, 1, 1, 1, ""}, CpLayout{2, 1, 2, 1, ",sequence_parallel=true"},
+                                           CpLayout{2, 1, 1, 2, ",schedule=1f1b,recompute=selective"},
+                                           CpLayout{2, 2, 1, 1, ",distributed_optimizer=true,recompute=full"}),
+                         [](const ::testing::TestParamInfo<CpLayout>& p) {
+                           const CpLayout& l = p.param;
+                           return fmt::format("cp{}dp{}tp{}pp{}", l.cp, l.dp, l.tp, l.pp);
+                         });
+
+// The tiny MoE without its load-balancing loss (a per-sequence term dtexec does not split over cp ranks): the experts
+// split over two of the dp x cp ranks.
+TEST(CpMoe, ExpertsOverTheContextParallelRanksEqualTheSingleRank) {
+  const std::string moe = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny-moe.toml";
+  const std::string path = ::testing::TempDir() + "/tiny-moe-no-aux.toml";
+  write_model_without_aux_loss(moe, path);
+  const std::vector<double> ref = single_rank_curve(path);
+  TrainOptions o;
+  o.model_path = path;
+  o.steps = curve_steps(20);
+  o.seed = 7;
+  o.fixed = {"cp=2,cp_comm=all_gather,ep=2,dp=1,tp=1,pp=1"};
+  expect_same_curve(losses(train_threads(2, o)), ref);
+}
+
+// The program of a cp layout: every attention's forward gathers the layer's keys and values over cp, its backward
+// gathers them again and reduce-scatters their gradients; gradients are reduced over the dp x cp ranks.
+TEST(CpProgram, AttentionsExchangeKeysAndValues) {
+  const auto model = model::load_model(kTiny);
+  const auto cluster = topology::local_cpu_cluster(4);
+  plan::ParallelConfig c;
+  c.cp = 2;
+  c.cp_comm = plan::CpComm::kAllGather;
+  c.dp = 2;
+  c.micro_batch = 1;
+  const plan::Plan plan = ir::plan_for_layout(model, cluster, c, model.training.global_batch);
+  const ir::Program p = ir::lower(plan, 3);
+  EXPECT_EQ(p.cp, 2);
+  EXPECT_EQ(p.cp_rank, 1);
+  EXPECT_EQ(p.dp_rank, 1);
+  EXPECT_EQ(p.cp_group, (std::vector<std::int32_t>{2, 3}));
+  EXPECT_EQ(p.dp_group, (std::vector<std::int32_t>{0, 1, 2, 3}));
+  const std::int64_t kv = 4 * 64 * 2 * 2 * 16;  // micro-batch x seq_len x (k, v) x kv_heads x head_dim
+  for (const auto& b : p.bodies) {
+    int gathers = 0, scatters = 0;
+    for (const auto& in : b->instrs) {
+      if (in.on != ir::CommGroup::kCp) continue;
+      EXPECT_EQ(in.count, kv / 4) << ir::to_text(in);
+      if (in.op == ir::Opcode::kAllGather) {
+        EXPECT_EQ(in.what, ir::What::kKv);
+        ++gathers;
+      } else {
+        EXPECT_EQ(in.op, ir::Opcode::kReduceScatter);
+        EXPECT_EQ(in.what, ir::What::kKvGrad);
+        ++scatters;
+      }
+    }
+    EXPECT_EQ(gathers, 4) << "one per layer";
+    EXPECT_EQ(scatters, b->kind == ir::BodyKind::kForward ? 0 : 4);
+  }
+  const std::string text = ir::print_program(p);
+  EXPECT_NE(text.find("cp=2 cp_rank=1"), std::string::npos);
+  EXPECT_NE(text.find("group cp ranks=2,3"), std::string::npos);
+  EXPECT_EQ(ir::parse_program(text, "cp.ir"), p);
+}
+
+// A checkpoint written with cp2 resumes with cp1 (and the other way round) on the uninterrupted curve.
+TEST(CpCheckpoint, ResumesWithoutContextParallelism) {
+  const std::string dir = ::testing::TempDir() + "/cp-ckpt";
+  auto run = [&](int world, const std::string& fix, int steps, bool resume) {
+    TrainOptions o = tiny_options(steps, fix, DType::kFp32, 11);
+    o.deterministic = true;
+    o.checkpoint_dir = world > 1 ? dir : "";
+    o.resume = resume;
+    return losses(train_threads(world, o));
+  };
+  const std::vector<double> ref = run(1, "dp=1,tp=1,pp=1,micro_batch=4", 4, false);
+  const std::string with_cp = "cp=2,cp_comm=all_gather,dp=1,tp=1,pp=1,micro_batch=2,distributed_optimizer=true";
+  const std::string without = "dp=2,tp=1,pp=1,micro_batch=2";
+  for (const auto& [written, resumed_as] : {std::pair{with_cp, without}, std::pair{without, with_cp}}) {
+    SCOPED_TRACE(written + " -> " + resumed_as);
+    std::filesystem::remove_all(dir);
+    run(2, written, 2, false);
+    const std::vector<double> tail = run(2, resumed_as, 4, true);
+    ASSERT_EQ(tail.size(), 2u);
+    EXPECT_NEAR(tail[0], ref[2], 1e-5 * ref[2]) << "step 3";
+    EXPECT_NEAR(tail[1], ref[3], 1e-5 * ref[3]) << "step 4";
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace dtrain::exec
