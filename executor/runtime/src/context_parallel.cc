@@ -105,9 +105,8 @@ void Interpreter<A>::kv_grad_scatter(const Instr& in, ChunkState<A>& st, Tensor&
   }
   ls.dkv.clear();
   Tensor mine(be, static_cast<std::size_t>(T * kv.width), kUninitialized);
-  communicate(*comms.cp, [&] {
-    comms.cp->reduce_scatter(by_rank.data(), mine.data(), mine.size(), kAct, comm::ReduceOp::kSum);
-  });
+  communicate(*comms.cp,
+              [&] { comms.cp->reduce_scatter(by_rank.data(), mine.data(), mine.size(), kAct, comm::ReduceOp::kSum); });
   for (std::int64_t r = 0; r < T; ++r) {
     be.copy(cur.data() + r * qkv_cols + kv.first, mine.data() + r * kv.width,
             static_cast<std::size_t>(kv.width) * sizeof(A));
@@ -151,8 +150,8 @@ void Interpreter<A>::cp_attention_backward(LayerState<A>& ls, const Tensor& dout
       const A* keys = ls.kv.data() + b * m.seq_len * width;
       // The kernel writes the gradients of the keys it saw ((chunk + 1) * c of them); the two chunks of a sequence
       // see overlapping keys, so each adds its part.
-      kern.attention_backward(chunk_shape(chunk, c, Hl, KVl, d, qkv_cols, width), ls.qkv.data() + rows * qkv_cols,
-                              keys, keys + KVl * d, ls.o.data() + rows * Hl * d, ls.lse.data() + rows * Hl,
+      kern.attention_backward(chunk_shape(chunk, c, Hl, KVl, d, qkv_cols, width), ls.qkv.data() + rows * qkv_cols, keys,
+                              keys + KVl * d, ls.o.data() + rows * Hl * d, ls.lse.data() + rows * Hl,
                               dout.data() + rows * Hl * d, dqkv.data() + rows * qkv_cols, part.data(),
                               part.data() + KVl * d, nullptr);
       A* into = ls.dkv.data() + b * m.seq_len * width;
@@ -163,12 +162,12 @@ void Interpreter<A>::cp_attention_backward(LayerState<A>& ls, const Tensor& dout
 }
 
 // This file's members for both activation types (interpreter.h).
-#define DTRAIN_INSTANTIATE_CONTEXT_PARALLEL(A)                                                               \
+#define DTRAIN_INSTANTIATE_CONTEXT_PARALLEL(A)                                                             \
   template std::vector<std::int32_t> Interpreter<A>::local_tokens(const std::vector<std::int32_t>&) const; \
-  template void Interpreter<A>::rope(bool, A*);                                                              \
-  template void Interpreter<A>::kv_gather(const Instr&, ChunkState<A>&, Tensor&, Tensor&);                   \
-  template void Interpreter<A>::kv_grad_scatter(const Instr&, ChunkState<A>&, Tensor&);                      \
-  template void Interpreter<A>::cp_attention_forward(LayerState<A>&);                                        \
+  template void Interpreter<A>::rope(bool, A*);                                                            \
+  template void Interpreter<A>::kv_gather(const Instr&, ChunkState<A>&, Tensor&, Tensor&);                 \
+  template void Interpreter<A>::kv_grad_scatter(const Instr&, ChunkState<A>&, Tensor&);                    \
+  template void Interpreter<A>::cp_attention_forward(LayerState<A>&);                                      \
   template void Interpreter<A>::cp_attention_backward(LayerState<A>&, const Tensor&, Tensor&);
 DTRAIN_INSTANTIATE_CONTEXT_PARALLEL(float)
 DTRAIN_INSTANTIATE_CONTEXT_PARALLEL(bf16)

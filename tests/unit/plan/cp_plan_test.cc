@@ -2,8 +2,8 @@
 // sequence), the key/value exchanges priced three ways (p2p ring, all-gather, all-to-all), the search that weighs cp
 // (Llama 3 405B at 131,072 tokens on 1,024 H100s fits only with it; 70B at 131,072 on 256 H100s is cheaper with it),
 // explain's lines for it, Megatron's flags, the --fix, plan-file and JSON keys, and the requests it refuses.
-#include <gmock/gmock.h>
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "dtrain/common/error.h"
@@ -72,9 +72,9 @@ TEST(CpPlan, TheThreeExchangesArePricedApart) {
   EXPECT_NEAR(cm.cp_backward_seconds(ag, attention), 2 * cm.cp_forward_seconds(ag, attention), 1e-12);
   // With no attention to hide behind, the ring's cp - 1 steps are all exposed.
   EXPECT_GT(cm.cp_forward_seconds(p2p, 0), 0);
-  EXPECT_DOUBLE_EQ(cm.cp_kv_bytes(p2p), 131072.0 / 8 * 2 * 1 * 128 * 2);  // tokens x (k, v) x kv heads/tp x d x bf16
+  EXPECT_DOUBLE_EQ(cm.cp_kv_bytes(p2p), 131072.0 / 8 * 2 * 1 * 128 * 2);    // tokens x (k, v) x kv heads/tp x d x bf16
   EXPECT_DOUBLE_EQ(cm.cp_transient_bytes(ag), 2 * 8 * cm.cp_kv_bytes(ag));  // the whole K/V and their gradients
-  EXPECT_DOUBLE_EQ(cm.cp_transient_bytes(p2p), 4 * cm.cp_kv_bytes(p2p));   // two chunks in flight, with gradients
+  EXPECT_DOUBLE_EQ(cm.cp_transient_bytes(p2p), 4 * cm.cp_kv_bytes(p2p));    // two chunks in flight, with gradients
 }
 
 TEST(CpPlan, Llama405BAt128kFitsOnlyWithContextParallelism) {
@@ -107,8 +107,8 @@ TEST(CpPlan, ExplainSaysWhatContextParallelismBuysLlama70BAt128k) {
   EXPECT_THAT(text, HasSubstr("cp_comm=p2p instead"));
   EXPECT_THAT(text, HasSubstr("priced only: dtexec runs cp_comm=all_gather only"));
   const std::string megatron = megatron_args(cm, e.chosen.config);
-  EXPECT_THAT(megatron, HasSubstr(fmt::format("--context-parallel-size {} --cp-comm-type all_gather",
-                                              e.chosen.config.cp)));
+  EXPECT_THAT(megatron,
+              HasSubstr(fmt::format("--context-parallel-size {} --cp-comm-type all_gather", e.chosen.config.cp)));
   const nlohmann::json j = explain_json(e);
   EXPECT_EQ(j["config"]["cp"], e.chosen.config.cp);
   EXPECT_EQ(j["config"]["cp_comm"], "all_gather");
