@@ -26,7 +26,8 @@ std::vector<std::int32_t> Interpreter<A>::local_tokens(const std::vector<std::in
 }
 
 template <typename A>
-void Interpreter<A>::rope(bool backward, A* qkv) {
+void Interpreter<A>::rope(bool backward, Tensor& qkv_rows) {
+  A* qkv = qkv_rows.data();
   // The query heads, then the key heads (the value heads are not rotated), of the rows of one run of positions.
   auto rotate = [&](std::int64_t batch, std::int64_t seq, std::int64_t pos, A* rows) {
     const float* cos = rope_cos.data() + pos * d / 2;
@@ -59,7 +60,7 @@ template <typename A>
 void Interpreter<A>::kv_gather(const Instr& in, ChunkState<A>& st, Tensor& cur, Tensor& rcur) {
   LayerState<A>& ls = layer_state(st, in.layer);
   const KvColumns kv{Hl * d, 2 * KVl * d};
-  const std::int64_t c = m.seq_len / (2 * prog.cp);
+  const std::int64_t c = cp_chunk_tokens();
   check_count(in, static_cast<std::int64_t>(prog.micro_batch) * m.seq_len * kv.width);
   // The forward's (or a full recomputation's) QKV is the tensor flowing through the body; a backward gathers again
   // from the QKV the forward kept.
@@ -89,7 +90,7 @@ template <typename A>
 void Interpreter<A>::kv_grad_scatter(const Instr& in, ChunkState<A>& st, Tensor& cur) {
   LayerState<A>& ls = layer_state(st, in.layer);
   const KvColumns kv{Hl * d, 2 * KVl * d};
-  const std::int64_t c = m.seq_len / (2 * prog.cp);
+  const std::int64_t c = cp_chunk_tokens();
   check_count(in, static_cast<std::int64_t>(ls.dkv.size()));
   // Every rank's chunks' gradients, in the order the reduce-scatter hands them out (rank by rank).
   Tensor by_rank(be, ls.dkv.size(), kUninitialized);
@@ -127,7 +128,7 @@ k::AttentionShape chunk_shape(std::int64_t chunk, std::int64_t c, std::int64_t h
 
 template <typename A>
 void Interpreter<A>::cp_attention_forward(LayerState<A>& ls) {
-  const std::int64_t c = m.seq_len / (2 * prog.cp), width = 2 * KVl * d;
+  const std::int64_t c = cp_chunk_tokens(), width = 2 * KVl * d;
   for (std::int64_t b = 0; b < prog.micro_batch; ++b) {
     for (std::int64_t piece = 0; piece < 2; ++piece) {
       const std::int64_t rows = (b * 2 + piece) * c;
@@ -141,7 +142,7 @@ void Interpreter<A>::cp_attention_forward(LayerState<A>& ls) {
 
 template <typename A>
 void Interpreter<A>::cp_attention_backward(LayerState<A>& ls, const Tensor& dout, Tensor& dqkv) {
-  const std::int64_t c = m.seq_len / (2 * prog.cp), width = 2 * KVl * d;
+  const std::int64_t c = cp_chunk_tokens(), width = 2 * KVl * d;
   ls.dkv = Tensor(be, ls.kv.size());  // zeros
   Tensor part(be, static_cast<std::size_t>(m.seq_len * width), kUninitialized);
   for (std::int64_t b = 0; b < prog.micro_batch; ++b) {
@@ -164,7 +165,7 @@ void Interpreter<A>::cp_attention_backward(LayerState<A>& ls, const Tensor& dout
 // This file's members for both activation types (interpreter.h).
 #define DTRAIN_INSTANTIATE_CONTEXT_PARALLEL(A)                                                             \
   template std::vector<std::int32_t> Interpreter<A>::local_tokens(const std::vector<std::int32_t>&) const; \
-  template void Interpreter<A>::rope(bool, A*);                                                            \
+  template void Interpreter<A>::rope(bool, Tensor&);                                                       \
   template void Interpreter<A>::kv_gather(const Instr&, ChunkState<A>&, Tensor&, Tensor&);                 \
   template void Interpreter<A>::kv_grad_scatter(const Instr&, ChunkState<A>&, Tensor&);                    \
   template void Interpreter<A>::cp_attention_forward(LayerState<A>&);                                      \

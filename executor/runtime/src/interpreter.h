@@ -174,7 +174,9 @@ class Interpreter final : public InterpreterBase {
   // A micro-batch's token ids (micro_batch x seq_len) narrowed to this rank's chunks, in its row order.
   std::vector<std::int32_t> local_tokens(const std::vector<std::int32_t>& all) const;
   // RoPE forward or backward on the query and key heads of the QKV rows, at each row's position.
-  void rope(bool backward, A* qkv);
+  void rope(bool backward, Tensor& qkv);
+  // Tokens of one of the 2 * cp chunks of a sequence.
+  std::int64_t cp_chunk_tokens() const { return m.seq_len / (2 * std::int64_t{prog.cp}); }
   // ALLGATHER what=kv: the layer's keys and values of every chunk, in position order, into ls.kv.
   void kv_gather(const ir::Instr& in, ChunkState<A>& st, Tensor& cur, Tensor& rcur);
   // REDUCESCATTER what=kv_grad: ls.dkv summed over the cp ranks, this rank's chunks into cur's key and value columns.
@@ -281,7 +283,7 @@ class Interpreter final : public InterpreterBase {
   // parallelism each of this rank's two chunks of it.
   template <typename Fn>
   void for_each_sequence_piece(std::int64_t offset, std::int64_t n, Fn&& fn) const {
-    const std::int64_t run = m.seq_len / (prog.cp > 1 ? 2 * prog.cp : 1), runs = prog.cp > 1 ? 2 : 1;
+    const std::int64_t run = prog.cp > 1 ? cp_chunk_tokens() : m.seq_len, runs = prog.cp > 1 ? 2 : 1;
     std::int64_t t = offset;
     while (t < offset + n) {
       const std::int64_t k = t / run, at = t % run;

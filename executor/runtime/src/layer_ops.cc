@@ -198,7 +198,7 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
       return;
     }
     case BodyOp::kAttnRope:
-      rope(false, cur.data());
+      rope(false, cur);
       return;
     case BodyOp::kAttnCore: {
       LayerState<A>& ls = layer_state(st, l);
@@ -388,7 +388,7 @@ void Interpreter<A>::backward_op(const Instr& in, ChunkState<A>& st, Tensor& cur
       return;
     }
     case BodyOp::kAttnRope:
-      rope(true, cur.data());
+      rope(true, cur);
       return;
     case BodyOp::kAttnQkv: {
       LayerState<A>& ls = layer_state(st, l);

@@ -12,9 +12,10 @@ namespace dtrain::plan {
 
 std::optional<std::string> cp_problem(const model::ModelSpec& m, const ParallelConfig& c) {
   if (c.cp <= 1) return std::nullopt;
-  if (m.seq_len % (2 * c.cp) != 0) {
+  const std::int64_t chunks = 2 * std::int64_t{c.cp};
+  if (m.seq_len % chunks != 0) {
     return fmt::format("cp={} needs seq_len={} divisible by 2*cp={} (each sequence is cut into 2*cp chunks)", c.cp,
-                       m.seq_len, 2 * c.cp);
+                       m.seq_len, chunks);
   }
   if (c.sequence_parallel && c.tp > 1 && (m.seq_len / c.cp) % c.tp != 0) {
     return fmt::format("sequence parallelism needs tp={} to divide seq_len/cp={} (each rank's tokens)", c.tp,

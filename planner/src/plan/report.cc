@@ -362,7 +362,7 @@ std::string layout_block(const Explanation& e) {
                       : c.cp_comm == CpComm::kAllGather ? "K/V all-gathered before the attention"
                                                         : "all-to-alls re-splitting the sequence into heads";
     s += fmt::format("  context parallel     cp = {:<5} {} chunks of {} tokens per sequence, 2 per rank; {} ({}){}\n",
-                     c.cp, 2 * c.cp, e.model->model().model.seq_len / (2 * c.cp), how,
+                     c.cp, 2 * c.cp, e.model->model().model.seq_len / (2 * std::int64_t{c.cp}), how,
                      g.nodes == 1 ? "inside one node" : fmt::format("across {} nodes", g.nodes),
                      fmt::format("; gradients reduced over dp*cp = {}", c.dp_cp()));
   }

@@ -120,7 +120,8 @@ class Searcher {
         if (cp == *f.cp) out.push_back(cp);
         continue;
       }
-      if (cp == 1 || (m.seq_len % (2 * cp) == 0 && m.seq_len / (2 * cp) >= kMinCpChunk)) out.push_back(cp);
+      const std::int64_t chunks = 2 * std::int64_t{cp};
+      if (cp == 1 || (m.seq_len % chunks == 0 && m.seq_len / chunks >= kMinCpChunk)) out.push_back(cp);
     }
     return out;
   }
