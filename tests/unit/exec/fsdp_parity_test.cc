@@ -112,28 +112,9 @@ TEST(FsdpProgram, BodiesGatherUnitByUnitAndTheScheduleNoLongerReduces) {
 // Checkpoints written under fsdp (each rank stores the slices of the parameters and moments it holds) resume without
 // it, and the other way round, on the uninterrupted curve.
 TEST(FsdpCheckpoint, ResumesWithoutFsdpAndTheOtherWayRound) {
-  const std::string dir = ::testing::TempDir() + "/fsdp-ckpt";
-  // `steps` steps of the tiny model under `fix` on `world` ranks, writing checkpoints to dir (or resuming from it).
-  auto run = [&](int world, const std::string& fix, int steps, bool resume) {
-    TrainOptions o = tiny_options(steps, fix, DType::kFp32, 11);
-    o.deterministic = true;
-    o.checkpoint_dir = world > 1 ? dir : "";
-    o.resume = resume;
-    return losses(train_threads(world, o));
-  };
-  const std::vector<double> ref = run(1, "dp=1,tp=1,pp=1,micro_batch=4", 4, false);
-  const std::string fsdp = "dp=4,tp=1,pp=1,micro_batch=1,distributed_optimizer=true,fsdp=true";
-  const std::string plain = "dp=2,tp=2,pp=1,micro_batch=2,distributed_optimizer=false";
-  for (const auto& [written, resumed_as] : {std::pair{fsdp, plain}, std::pair{plain, fsdp}}) {
-    SCOPED_TRACE(written + " -> " + resumed_as);
-    std::filesystem::remove_all(dir);
-    run(4, written, 2, false);
-    const std::vector<double> tail = run(4, resumed_as, 4, true);
-    ASSERT_EQ(tail.size(), 2u);
-    EXPECT_NEAR(tail[0], ref[2], 1e-5 * ref[2]) << "step 3";
-    EXPECT_NEAR(tail[1], ref[3], 1e-5 * ref[3]) << "step 4";
-  }
-  std::filesystem::remove_all(dir);
+  expect_checkpoints_cross(::testing::TempDir() + "/fsdp-ckpt", 4,
+                           "dp=4,tp=1,pp=1,micro_batch=1,distributed_optimizer=true,fsdp=true",
+                           "dp=2,tp=2,pp=1,micro_batch=2,distributed_optimizer=false");
 }
 
 }  // namespace
