@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -74,6 +75,36 @@ std::vector<float> hf_values(const exec::CheckpointReader& reader, const model::
   return out;
 }
 
+// Passes one HF tensor's values to `sink` in bf16 (or fp32), a few megabytes of rows at a time (a transposed one
+// whole); returns how many values.
+std::int64_t write_hf_values(const exec::CheckpointReader& reader, const model::HfTensorMap& t, bool bf16_out,
+                             const model::SafeTensorsSink& sink) {
+  std::vector<bf16> narrow;
+  auto emit = [&](const std::vector<float>& v) {
+    if (!bf16_out) {
+      sink(reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(float));
+      return;
+    }
+    narrow.resize(v.size());
+    for (std::size_t j = 0; j < v.size(); ++j) narrow[j] = to_bf16(v[j]);
+    sink(reinterpret_cast<const std::byte*>(narrow.data()), narrow.size() * sizeof(bf16));
+  };
+  if (t.transpose) {
+    const std::vector<float> v = hf_values(reader, t);
+    emit(v);
+    return static_cast<std::int64_t>(v.size());
+  }
+  std::int64_t n = 1;
+  for (std::int64_t d : t.shape) n *= d;
+  const std::int64_t cols = t.rows > 0 ? n / t.rows : 0;
+  constexpr std::int64_t kChunkValues = std::int64_t{1} << 20;  // 4 MB of fp32 rows a read
+  const std::int64_t step = std::max<std::int64_t>(1, cols > 0 ? kChunkValues / cols : t.rows);
+  for (std::int64_t r = 0; r < t.rows; r += step) {
+    emit(reader.rows(t.source, "param", t.row_begin + r, std::min(step, t.rows - r)));
+  }
+  return n;
+}
+
 int run_export(const ExportOptions& o) {
   if (o.dtype != "bf16" && o.dtype != "fp32")
     throw input_error(fmt::format("--dtype {}: expected bf16 or fp32", o.dtype));
@@ -138,19 +169,9 @@ int run_export(const ExportOptions& o) {
       weight_map[infos[i].name] = file;
     }
     model::write_safetensors((fs::path(partial) / file).string(), part,
-                             [&](std::size_t k, std::vector<std::byte>& out) {
-                               const std::vector<float> v = hf_values(reader, map.tensors[shards[s][k]]);
-                               parameters += static_cast<std::int64_t>(v.size());
-                               if (o.dtype == "fp32") {
-                                 out.resize(v.size() * sizeof(float));
-                                 std::memcpy(out.data(), v.data(), out.size());
-                               } else {
-                                 out.resize(v.size() * sizeof(bf16));
-                                 for (std::size_t j = 0; j < v.size(); ++j) {
-                                   const bf16 b = to_bf16(v[j]);
-                                   std::memcpy(out.data() + j * sizeof(bf16), &b, sizeof(bf16));
-                                 }
-                               }
+                             [&](std::size_t k, const model::SafeTensorsSink& sink) {
+                               parameters +=
+                                   write_hf_values(reader, map.tensors[shards[s][k]], o.dtype == "bf16", sink);
                              },
                              {{"format", "pt"}});
   }

@@ -193,7 +193,7 @@ std::uint64_t safetensors_bytes(const std::string& dtype, const std::vector<std:
 }
 
 void write_safetensors(const std::string& path, const std::vector<SafeTensorData>& tensors,
-                       const std::function<void(std::size_t, std::vector<std::byte>&)>& bytes,
+                       const std::function<void(std::size_t, const SafeTensorsSink&)>& bytes,
                        const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -220,19 +220,19 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorData
   }
   out.write(len, 8);
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  std::vector<std::byte> data;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    data.clear();
-    bytes(i, data);
     const std::uint64_t size = safetensors_bytes(tensors[i].dtype, tensors[i].shape);
-    if (data.size() != size) {
+    std::uint64_t given = 0;
+    bytes(i, [&](const std::byte* data, std::size_t count) {
+      given += count;
+      if (given <= size) out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(count));
+    });
+    if (given != size) {
       out.close();
       std::filesystem::remove(tmp);
       throw input_error(fmt::format("{}: tensor \"{}\": {} bytes for dtype \"{}\" and shape {} ({} bytes)", path,
-                                    tensors[i].name, data.size(), tensors[i].dtype, json(tensors[i].shape).dump(),
-                                    size));
+                                    tensors[i].name, given, tensors[i].dtype, json(tensors[i].shape).dump(), size));
     }
-    out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
   }
   out.flush();
   if (!out) {
@@ -249,7 +249,9 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensorData
 void write_safetensors(const std::string& path, const std::vector<SafeTensorData>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   write_safetensors(
-      path, tensors, [&](std::size_t i, std::vector<std::byte>& out) { out = tensors[i].bytes; }, metadata);
+      path, tensors,
+      [&](std::size_t i, const SafeTensorsSink& sink) { sink(tensors[i].bytes.data(), tensors[i].bytes.size()); },
+      metadata);
 }
 
 }  // namespace dtrain::model

@@ -76,10 +76,15 @@ struct SafeTensorData {
 void write_safetensors(const std::string& path, const std::vector<SafeTensorData>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
-// The same with each tensor's bytes made when its turn comes (one tensor in memory at a time): `bytes(i, out)`
-// fills `out` with tensor i's bytes; `tensors[i].bytes` is not read.
+// Appends bytes to the file being written (SafeTensorsWriter below).
+using SafeTensorsSink = std::function<void(const std::byte*, std::size_t)>;
+
+// The same with each tensor's bytes made when its turn comes, in pieces: `bytes(i, sink)` passes tensor i's bytes to
+// `sink` in order, in as many pieces as it likes (an export converts a gigabyte embedding a few megabytes at a time,
+// never holding it whole); `tensors[i].bytes` is not read. A tensor given more or fewer bytes than its dtype and
+// shape make is refused as above, and nothing is left at `path`.
 void write_safetensors(const std::string& path, const std::vector<SafeTensorData>& tensors,
-                       const std::function<void(std::size_t, std::vector<std::byte>&)>& bytes,
+                       const std::function<void(std::size_t, const SafeTensorsSink&)>& bytes,
                        const std::map<std::string, std::string>& metadata = {});
 
 // Bytes of a tensor of `dtype` and `shape` (0 for an unknown dtype).
