@@ -66,16 +66,28 @@ std::string write_shard(const std::string& path, const std::vector<StoredTensor>
   put_u32(head, 1);
   put_u32(head, 0);
   put_u64(head, index_text.size());
-  std::string bytes = head + index_text;
-  for (const auto& t : tensors) {
-    bytes.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * sizeof(float));
-  }
   std::string tmp = path + ".partial";
-  write_file_synced(tmp, bytes);
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (!out) throw io_error(fmt::format("{}: cannot be written", tmp));
+  Sha256 sha;
+  auto put = [&](const char* data, std::size_t n) {
+    sha.update(data, n);
+    out.write(data, static_cast<std::streamsize>(n));
+  };
+  put(head.data(), head.size());
+  put(index_text.data(), index_text.size());
+  for (const auto& t : tensors) {
+    for (std::span<const float> piece : t.values) {
+      put(reinterpret_cast<const char*>(piece.data()), piece.size() * sizeof(float));
+    }
+  }
+  out.flush();
+  if (!out) throw io_error(fmt::format("{}: write failed (disk full?)", tmp));
+  out.close();
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) throw io_error(fmt::format("{}: cannot be renamed into place: {}", path, ec.message()));
-  return sha256_hex(bytes);
+  return sha.finish_hex();
 }
 
 void commit_checkpoint(const std::string& root, std::int64_t step, nlohmann::json meta,

@@ -73,6 +73,13 @@ std::vector<float> Executor::read(State which) const {
   return host;
 }
 
+std::span<const float> Executor::view(State which, std::vector<float>& copy) const {
+  detail::F32& b = state_buffer(*impl_->interpreter, which);
+  if (impl_->interpreter->backend().host_accessible()) return {b.data(), b.size()};
+  copy = read(which);
+  return copy;
+}
+
 void Executor::write(State which, std::span<const float> host) {
   detail::F32& b = state_buffer(*impl_->interpreter, which);
   if (host.size() != b.size()) {

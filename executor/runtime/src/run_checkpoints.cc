@@ -22,8 +22,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Converts local element range [a, b) of a tensor into full-coordinate blocks (row pieces merged when they stack).
-// Rows outside every block (the padded vocabulary's) are left out.
+// Converts local element range [a, b) of a tensor into full-coordinate blocks (row pieces merged when they stack),
+// `values` pointing at element a: the values go into `out` as pieces of that array (nothing copied). Rows outside
+// every block (the padded vocabulary's) are left out.
 void element_blocks(const TensorSpec& t, std::int64_t a, std::int64_t b, const float* values, StoredTensor& out) {
   for (std::int64_t r = a / t.local_cols; r * t.local_cols < b; ++r) {
     std::int64_t c0 = std::max(a, r * t.local_cols) - r * t.local_cols;
@@ -34,17 +35,23 @@ void element_blocks(const TensorSpec& t, std::int64_t a, std::int64_t b, const f
       if (r >= bl.local_row && r < bl.local_row + bl.rows) blk = &bl;
     }
     if (blk == nullptr) continue;  // a padding row of the vocabulary (params.h): not part of the checkpoint
+    const float* first = values + (r * t.local_cols + c0 - a);
+    const auto n = static_cast<std::size_t>(c1 - c0);
+    // Consecutive in the array: one piece (whole rows of a tensor are one run).
+    if (!out.values.empty() && out.values.back().data() + out.values.back().size() == first) {
+      out.values.back() = {out.values.back().data(), out.values.back().size() + n};
+    } else {
+      out.values.emplace_back(first, n);
+    }
     Block piece{blk->full_row + (r - blk->local_row), 1, blk->full_col + c0, c1 - c0, 0};
     if (!out.blocks.empty()) {
       Block& last = out.blocks.back();
       if (last.full_col == piece.full_col && last.cols == piece.cols && last.full_row + last.rows == piece.full_row) {
         ++last.rows;
-        out.values.insert(out.values.end(), values + r * t.local_cols + c0, values + r * t.local_cols + c1);
         continue;
       }
     }
     out.blocks.push_back(piece);
-    out.values.insert(out.values.end(), values + r * t.local_cols + c0, values + r * t.local_cols + c1);
   }
 }
 
@@ -113,54 +120,53 @@ void save_checkpoint(const CheckpointContext& ctx, const Executor& executor, con
   }
   ctx.world.barrier();
   const ParamLayout& layout = executor.layout();
-  const std::vector<float> host_params = executor.read(Executor::State::kParams);
-  const float* params = host_params.data();
+  // The states as host memory: on the CPU backend the executor's own (no copy), so that taking a checkpoint needs
+  // little beyond the training state itself.
+  std::vector<float> params_copy, m_copy, v_copy;
+  const float* params = executor.view(Executor::State::kParams, params_copy).data();
+  const float* m = executor.view(Executor::State::kExpAvg, m_copy).data();  // the owned elements, in owned() order
+  const float* v = executor.view(Executor::State::kExpAvgSq, v_copy).data();
   std::vector<StoredTensor> stored;
   bool sharded = program.distributed_optimizer && program.dp_cp() > 1;
-  // The moments of the owned elements, addressed by flat offset.
-  std::vector<float> m(static_cast<std::size_t>(layout.size()), 0.0f), v(m.size(), 0.0f);
-  {
-    const std::vector<float> owned_m = executor.read(Executor::State::kExpAvg);
-    const std::vector<float> owned_v = executor.read(Executor::State::kExpAvgSq);
-    std::int64_t pos = 0;
-    for (auto [b, e] : executor.owned()) {
-      std::copy(owned_m.begin() + pos, owned_m.begin() + pos + (e - b), m.begin() + b);
-      std::copy(owned_v.begin() + pos, owned_v.begin() + pos + (e - b), v.begin() + b);
-      pos += e - b;
-    }
-  }
   for (const auto& t : layout.tensors()) {
     if (t.tied_copy || (t.tp_replicated && program.tp_rank != 0)) continue;
     // Data-parallel replicas hold the same values: the first writes them (an expert's: the first of its group).
     const bool writer = t.expert ? program.dp_cp_rank() < program.ep : program.dp_cp_rank() == 0;
-    auto whole = [&](const std::string& kind, const float* src) {
+    // The tensor's owned elements, from a flat array (parameters) or the moments' packed owned elements.
+    auto owned_blocks = [&](const std::string& kind, const float* src, bool packed) {
+      StoredTensor s{t.name, kind, t.full_rows, t.full_cols, {}, {}};
+      std::int64_t pos = 0;  // of range (b, e)'s first element among the packed owned elements
+      for (auto [b, e] : executor.owned()) {
+        std::int64_t lo = std::max(b, t.offset), hi = std::min(e, t.offset + t.numel());
+        if (lo < hi) element_blocks(t, lo - t.offset, hi - t.offset, packed ? src + pos + (lo - b) : src + lo, s);
+        pos += e - b;
+      }
+      if (!s.blocks.empty()) stored.push_back(std::move(s));
+    };
+    auto whole = [&](const std::string& kind, const float* src, bool packed) {
+      if (packed) {  // every element owned (one range): the packed array is the flat one
+        owned_blocks(kind, src, true);
+        return;
+      }
       StoredTensor s{t.name, kind, t.full_rows, t.full_cols, {}, {}};
       element_blocks(t, 0, t.numel(), src + t.offset, s);
       stored.push_back(std::move(s));
     };
     // Owned blocks, as the moments below: with fsdp only this rank's slice of a unit's parameters is held between
     // passes (the rest zeroed); the reader merges the blocks of all shards, so any layout loads them.
-    auto owned_blocks = [&](const std::string& kind, const float* src) {
-      StoredTensor s{t.name, kind, t.full_rows, t.full_cols, {}, {}};
-      for (auto [b, e] : executor.owned()) {
-        std::int64_t lo = std::max(b, t.offset), hi = std::min(e, t.offset + t.numel());
-        if (lo < hi) element_blocks(t, lo - t.offset, hi - t.offset, src + t.offset, s);
-      }
-      if (!s.blocks.empty()) stored.push_back(std::move(s));
-    };
     if (program.fsdp && sharded)
-      owned_blocks("param", params);
+      owned_blocks("param", params, false);
     else if (writer)
-      whole("param", params);
+      whole("param", params, false);
     if (!sharded) {
       if (writer) {
-        whole("exp_avg", m.data());
-        whole("exp_avg_sq", v.data());
+        whole("exp_avg", m, true);
+        whole("exp_avg_sq", v, true);
       }
       continue;
     }
-    owned_blocks("exp_avg", m.data());
-    owned_blocks("exp_avg_sq", v.data());
+    owned_blocks("exp_avg", m, true);
+    owned_blocks("exp_avg_sq", v, true);
   }
   std::string file = fmt::format("rank-{:05d}.bin", ctx.world.rank());
   write_shard((fs::path(tmp) / file).string(), stored);
@@ -204,14 +210,13 @@ void dump_gradients(const CheckpointContext& ctx, const Executor& executor, std:
   for (const auto& t : layout.tensors()) {
     if (t.tied_copy || (t.tp_replicated && program.tp_rank != 0)) continue;
     StoredTensor st{t.name, "grad", t.full_rows, t.full_cols, {}, {}};
-    const float* g = grads.data() + t.offset;
     if (program.distributed_optimizer && program.dp_cp() > 1) {
       for (auto [b, e] : executor.owned()) {
         std::int64_t lo = std::max(b, t.offset), hi = std::min(e, t.offset + t.numel());
-        if (lo < hi) element_blocks(t, lo - t.offset, hi - t.offset, g, st);
+        if (lo < hi) element_blocks(t, lo - t.offset, hi - t.offset, grads.data() + lo, st);
       }
     } else if (t.expert ? program.dp_cp_rank() < program.ep : program.dp_cp_rank() == 0) {
-      element_blocks(t, 0, t.numel(), g, st);
+      element_blocks(t, 0, t.numel(), grads.data() + t.offset, st);
     }
     if (!st.blocks.empty()) stored.push_back(std::move(st));
   }

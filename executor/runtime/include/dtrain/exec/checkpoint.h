@@ -17,6 +17,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,16 +28,17 @@
 namespace dtrain::exec {
 
 // One stored tensor part: the blocks of `name` (kind: "param", "exp_avg", "exp_avg_sq") with their values
-// (block after block, each row-major rows x cols).
+// (block after block, each row-major rows x cols), as pieces of the caller's arrays: nothing is copied before the
+// shard file is written, so a checkpoint of a model that nearly fills host memory can still be taken.
 struct StoredTensor {
   std::string name;
   std::string kind;
   std::int64_t full_rows = 0, full_cols = 0;
-  std::vector<Block> blocks;  // local_row unused
-  std::vector<float> values;
+  std::vector<Block> blocks;                   // local_row unused
+  std::vector<std::span<const float>> values;  // alive until write_shard returns
 };
 
-// Writes a shard file (atomically: a temporary name, then rename); returns its SHA-256.
+// Writes a shard file (atomically: a temporary name, then rename), streaming the values; returns its SHA-256.
 std::string write_shard(const std::string& path, const std::vector<StoredTensor>& tensors);
 
 struct ShardInfo {

@@ -61,6 +61,10 @@ class Executor {
   // floats, the moments the owned elements.
   enum class State { kParams, kGrads, kExpAvg, kExpAvgSq };
   std::vector<float> read(State which) const;
+  // The same state as host memory, without a copy where the host reads the backend's memory (the CPU backend): a
+  // view of it, valid until the state next changes; on other backends `copy` receives read()'s copy and the view is
+  // of that. (A checkpoint of a model that nearly fills host memory cannot afford a copy of every state.)
+  std::span<const float> view(State which, std::vector<float>& copy) const;
   // Replaces a state with `host` (the size read() returns; else dtrain::Error, internal). Weight copies of another
   // type are refreshed from the parameters at the start of the next step.
   void write(State which, std::span<const float> host);
