@@ -38,7 +38,7 @@ if [[ ! -d $work/ckpt ]]; then
 fi
 
 echo "== export"
-printf '%-8s %10s %10s %10s %14s\n' dtype bytes seconds MB/s "peak RSS MB"
+printf '%-8s %12s %10s %10s %14s\n' dtype bytes seconds MB/s "peak RSS MB"
 for dtype in bf16 fp32; do
   out=$work/hf-$dtype
   rm -rf "$out"
@@ -49,7 +49,7 @@ for dtype in bf16 fp32; do
   t1=$(date +%s.%N)
   bytes=$(du -b -c "$out"/* | tail -1 | cut -f1)
   awk -v d="$dtype" -v b="$bytes" -v t0="$t0" -v t1="$t1" -v p="$(peak_mb "$work/export-$dtype.err")" \
-    'BEGIN { s = t1 - t0; printf "%-8s %10d %10.2f %10.0f %14s\n", d, b, s, b / 1e6 / s, p }'
+    'BEGIN { s = t1 - t0; printf "%-8s %12.0f %10.2f %10.0f %14s\n", d, b, s, b / 1e6 / s, p }'
 done
 
 echo "== --init-from the bf16 export: memory while loading, per rank"
