@@ -6,10 +6,9 @@
 #   bench/hf_weights_bench.sh [BUILD_DIR] [WORK_DIR]
 #
 # 1. A checkpoint of bench/models/llama-1b.toml's shape with LAYERS of its 16 layers (default 2: 0.38 B parameters,
-#    its 128256 x 2048 embedding whole; seq_len 128, global batch 1, fp32, so that one CPU step makes it). More does
-#    not fit a 24 GiB machine: the training state is 16 bytes a parameter and the checkpoint writer holds host copies
-#    of the parameters and both moments on top of it (the kernel's OOM killer stopped 16 layers, 1.24 B, and 6
-#    layers, 0.63 B, at 24.4 GB while writing). LAYERS=16 on a machine with about 64 GB.
+#    its 128256 x 2048 embedding whole; seq_len 128, global batch 1, fp32, so that one CPU step makes it). LAYERS=16,
+#    the whole 1.24 B model, fits a 24 GiB machine (the training state is 16 bytes a parameter, 18.8 GiB at the step's
+#    peak; the checkpoint writer adds no copy of it) and needs about 30 GB of disk.
 # 2. export --dtype bf16 (one 2.5 GB file) and --dtype fp32 (5 GB in 2 GB shards): MB/s = bytes written / wall time,
 #    with the exporter's peak resident memory (/usr/bin/time).
 # 3. train --init-from the bf16 export, 1 step, on 1 rank and on 2 ranks (tp=2): each rank's log line from the loader
