@@ -2,6 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "dtrain/common/error.h"
+
 namespace dtrain {
 namespace {
 
@@ -15,6 +22,27 @@ TEST(Digest, IncrementalEqualsOneShot) {
   h.update("a");
   h.update("bc");
   EXPECT_EQ(h.finish_hex(), sha256_hex("abc"));
+}
+
+// A file's hash is its bytes' (read through mmap windows; an empty file, which cannot be mapped, and a pipe are read),
+// and a missing file is an I/O error naming it.
+TEST(Digest, FilesHashAsTheirBytes) {
+  const std::string dir = ::testing::TempDir() + "/digest-test";
+  std::filesystem::create_directories(dir);
+  std::string bytes;
+  for (std::uint32_t i = 0; i < 300000; ++i) bytes += static_cast<char>((i * 7919U) % 251U);
+  std::ofstream(dir + "/data", std::ios::binary) << bytes;
+  std::ofstream(dir + "/empty", std::ios::binary).close();
+  EXPECT_EQ(sha256_file_hex(dir + "/data"), sha256_hex(bytes));
+  EXPECT_EQ(sha256_file_hex(dir + "/empty"), sha256_hex(""));
+  EXPECT_EQ(sha256_file_hex("/dev/null"), sha256_hex(""));  // a character device: read, not mapped
+  try {
+    sha256_file_hex(dir + "/missing");
+    FAIL() << "hashed a missing file";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), ErrorCategory::kIo);
+    EXPECT_NE(std::string(e.what()).find(dir + "/missing"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

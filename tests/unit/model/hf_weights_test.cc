@@ -4,6 +4,7 @@
 // are refused with the reason.
 #include "dtrain/model/hf_weights.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -76,6 +77,38 @@ TEST(Safetensors, AWrittenFileReadsBackAsTheFormatLaysItOut) {
   EXPECT_EQ(all.size(), 8 + n + 28);
   EXPECT_THAT(all.substr(8, n), HasSubstr("\"data_offsets\":[24,28]"));
   EXPECT_FALSE(fs::exists(path + ".tmp"));
+}
+
+// Tensors given to the file piece by piece (as dtexec export streams a large one) make the same file as whole; a
+// tensor given more or fewer bytes than its shape is refused naming it, and leaves nothing behind.
+TEST(Safetensors, TensorsWrittenInPiecesEqualTensorsWrittenWhole) {
+  const std::vector<SafeTensorData> tensors = {{"w", "F32", {3, 2}, bytes_of({1, 2, 3, 4, 5, 6})},
+                                               {"b", "F32", {2}, bytes_of({7, 8})}};
+  const std::string whole = scratch("whole.safetensors"), pieces = scratch("pieces.safetensors");
+  write_safetensors(whole, tensors);
+  write_safetensors(pieces, tensors, [&](std::size_t i, const SafeTensorsSink& sink) {
+    const auto& b = tensors[i].bytes;
+    for (std::size_t at = 0; at < b.size(); at += 4) sink(b.data() + at, 4);  // one float at a time
+  });
+  auto contents = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(contents(pieces), contents(whole));
+  const std::string short_path = scratch("short.safetensors");
+  for (std::size_t given : {std::size_t{20}, std::size_t{28}}) {
+    SCOPED_TRACE(given);
+    const std::string message = dtrain::testing::input_error_of([&] {
+      write_safetensors(short_path, tensors, [&](std::size_t i, const SafeTensorsSink& sink) {
+        std::vector<std::byte> b = tensors[i].bytes;
+        if (i == 0) b.resize(given);
+        sink(b.data(), b.size());
+      });
+    });
+    EXPECT_THAT(message, HasSubstr(fmt::format("tensor \"w\": {} bytes for dtype \"F32\"", given)));
+    EXPECT_FALSE(fs::exists(short_path));
+    EXPECT_FALSE(fs::exists(short_path + ".tmp"));
+  }
 }
 
 TEST(Safetensors, MalformedFilesAreRefusedNamingFileAndTensor) {
