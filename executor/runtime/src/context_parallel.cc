@@ -57,61 +57,66 @@ struct KvColumns {
 }  // namespace
 
 template <typename A>
-void Interpreter<A>::kv_gather(const Instr& in, ChunkState<A>& st, Tensor& cur, Tensor& rcur) {
-  LayerState<A>& ls = layer_state(st, in.layer);
+void Interpreter<A>::copy_kv_columns(Tensor& qkv, Tensor& packed, bool to_packed) {
   const KvColumns kv{Hl * d, 2 * KVl * d};
-  const std::int64_t c = cp_chunk_tokens();
-  check_count(in, static_cast<std::int64_t>(prog.micro_batch) * m.seq_len * kv.width);
-  // The forward's (or a full recomputation's) QKV is the tensor flowing through the body; a backward gathers again
-  // from the QKV the forward kept.
-  const Tensor& qkv = in.pass == ir::Pass::kForward ? cur : in.pass == ir::Pass::kRecompute ? rcur : ls.qkv;
-  Tensor mine(be, static_cast<std::size_t>(T * kv.width), kUninitialized);
+  const auto bytes = static_cast<std::size_t>(kv.width) * sizeof(A);
   for (std::int64_t r = 0; r < T; ++r) {
-    be.copy(mine.data() + r * kv.width, qkv.data() + r * qkv_cols + kv.first,
-            static_cast<std::size_t>(kv.width) * sizeof(A));
+    A* row = qkv.data() + r * qkv_cols + kv.first;
+    A* out = packed.data() + r * kv.width;
+    if (to_packed)
+      be.copy(out, row, bytes);
+    else
+      be.copy(row, out, bytes);
   }
-  Tensor all(be, static_cast<std::size_t>(prog.cp * T * kv.width), kUninitialized);
-  communicate(*comms.cp, [&] { comms.cp->all_gather(mine.data(), all.data(), mine.size(), kAct); });
-  // Rank ρ's rows are its two chunks of every sequence: put each chunk at its positions.
-  sized(ls.kv, static_cast<std::size_t>(prog.micro_batch * m.seq_len * kv.width), kUninitialized);
-  const auto chunk_bytes = static_cast<std::size_t>(c * kv.width) * sizeof(A);
+}
+
+template <typename A>
+void Interpreter<A>::reorder_kv_chunks(Tensor& by_rank, Tensor& by_position, bool to_positions) {
+  // Rank r's rows of the gathered tensor are its two chunks of every sequence of the micro-batch, in its row order.
+  const std::int64_t c = cp_chunk_tokens(), width = 2 * KVl * d;
+  const auto bytes = static_cast<std::size_t>(c * width) * sizeof(A);
   for (std::int64_t rank = 0; rank < prog.cp; ++rank) {
     for (std::int64_t b = 0; b < prog.micro_batch; ++b) {
       for (std::int64_t piece = 0; piece < 2; ++piece) {
-        const std::int64_t chunk = piece == 0 ? rank : 2 * prog.cp - 1 - rank;
-        be.copy(ls.kv.data() + (b * m.seq_len + chunk * c) * kv.width,
-                all.data() + (rank * T + (b * 2 + piece) * c) * kv.width, chunk_bytes);
+        A* gathered = by_rank.data() + (rank * T + (b * 2 + piece) * c) * width;
+        A* placed = by_position.data() + (b * m.seq_len + cp_chunk_of(rank, piece) * c) * width;
+        if (to_positions)
+          be.copy(placed, gathered, bytes);
+        else
+          be.copy(gathered, placed, bytes);
       }
     }
   }
 }
 
 template <typename A>
+void Interpreter<A>::kv_gather(const Instr& in, ChunkState<A>& st, Tensor& cur, Tensor& rcur) {
+  LayerState<A>& ls = layer_state(st, in.layer);
+  const std::int64_t width = 2 * KVl * d;
+  check_count(in, static_cast<std::int64_t>(prog.micro_batch) * m.seq_len * width);
+  // The forward's (or a full recomputation's) QKV is the tensor flowing through the body; a backward gathers again
+  // from the QKV the forward kept.
+  Tensor& qkv = in.pass == ir::Pass::kForward ? cur : in.pass == ir::Pass::kRecompute ? rcur : ls.qkv;
+  Tensor mine(be, static_cast<std::size_t>(T * width), kUninitialized);
+  copy_kv_columns(qkv, mine, true);
+  Tensor all(be, static_cast<std::size_t>(prog.cp * T * width), kUninitialized);
+  communicate(*comms.cp, [&] { comms.cp->all_gather(mine.data(), all.data(), mine.size(), kAct); });
+  sized(ls.kv, all.size(), kUninitialized);
+  reorder_kv_chunks(all, ls.kv, true);
+}
+
+template <typename A>
 void Interpreter<A>::kv_grad_scatter(const Instr& in, ChunkState<A>& st, Tensor& cur) {
   LayerState<A>& ls = layer_state(st, in.layer);
-  const KvColumns kv{Hl * d, 2 * KVl * d};
-  const std::int64_t c = cp_chunk_tokens();
   check_count(in, static_cast<std::int64_t>(ls.dkv.size()));
   // Every rank's chunks' gradients, in the order the reduce-scatter hands them out (rank by rank).
   Tensor by_rank(be, ls.dkv.size(), kUninitialized);
-  const auto chunk_bytes = static_cast<std::size_t>(c * kv.width) * sizeof(A);
-  for (std::int64_t rank = 0; rank < prog.cp; ++rank) {
-    for (std::int64_t b = 0; b < prog.micro_batch; ++b) {
-      for (std::int64_t piece = 0; piece < 2; ++piece) {
-        const std::int64_t chunk = piece == 0 ? rank : 2 * prog.cp - 1 - rank;
-        be.copy(by_rank.data() + (rank * T + (b * 2 + piece) * c) * kv.width,
-                ls.dkv.data() + (b * m.seq_len + chunk * c) * kv.width, chunk_bytes);
-      }
-    }
-  }
+  reorder_kv_chunks(by_rank, ls.dkv, false);
   ls.dkv.clear();
-  Tensor mine(be, static_cast<std::size_t>(T * kv.width), kUninitialized);
+  Tensor mine(be, static_cast<std::size_t>(T * 2 * KVl * d), kUninitialized);
   communicate(*comms.cp,
               [&] { comms.cp->reduce_scatter(by_rank.data(), mine.data(), mine.size(), kAct, comm::ReduceOp::kSum); });
-  for (std::int64_t r = 0; r < T; ++r) {
-    be.copy(cur.data() + r * qkv_cols + kv.first, mine.data() + r * kv.width,
-            static_cast<std::size_t>(kv.width) * sizeof(A));
-  }
+  copy_kv_columns(cur, mine, false);
 }
 
 namespace {
@@ -166,6 +171,8 @@ void Interpreter<A>::cp_attention_backward(LayerState<A>& ls, const Tensor& dout
 #define DTRAIN_INSTANTIATE_CONTEXT_PARALLEL(A)                                                             \
   template std::vector<std::int32_t> Interpreter<A>::local_tokens(const std::vector<std::int32_t>&) const; \
   template void Interpreter<A>::rope(bool, Tensor&);                                                       \
+  template void Interpreter<A>::copy_kv_columns(Tensor&, Tensor&, bool);                                   \
+  template void Interpreter<A>::reorder_kv_chunks(Tensor&, Tensor&, bool);                                 \
   template void Interpreter<A>::kv_gather(const Instr&, ChunkState<A>&, Tensor&, Tensor&);                 \
   template void Interpreter<A>::kv_grad_scatter(const Instr&, ChunkState<A>&, Tensor&);                    \
   template void Interpreter<A>::cp_attention_forward(LayerState<A>&);                                      \

@@ -169,14 +169,22 @@ class Interpreter final : public InterpreterBase {
   }
 
   // ---- context_parallel.cc: context parallelism (prog.cp > 1; every helper also serves cp = 1) ----
-  // The chunk of the 2 * cp chunks of a sequence that this rank holds as its piece 0 or 1.
-  std::int64_t cp_chunk(std::int64_t piece) const { return piece == 0 ? prog.cp_rank : 2 * prog.cp - 1 - prog.cp_rank; }
+  // The chunk of the 2 * cp chunks of a sequence that cp rank `rank` holds as its piece 0 or 1; this rank's.
+  std::int64_t cp_chunk_of(std::int64_t rank, std::int64_t piece) const {
+    return piece == 0 ? rank : 2 * std::int64_t{prog.cp} - 1 - rank;
+  }
+  std::int64_t cp_chunk(std::int64_t piece) const { return cp_chunk_of(prog.cp_rank, piece); }
   // A micro-batch's token ids (micro_batch x seq_len) narrowed to this rank's chunks, in its row order.
   std::vector<std::int32_t> local_tokens(const std::vector<std::int32_t>& all) const;
   // RoPE forward or backward on the query and key heads of the QKV rows, at each row's position.
   void rope(bool backward, Tensor& qkv);
   // Tokens of one of the 2 * cp chunks of a sequence.
   std::int64_t cp_chunk_tokens() const { return m.seq_len / (2 * std::int64_t{prog.cp}); }
+  // The keys' and values' columns of the T rows of a fused QKV tensor, copied into (or back from) a packed tensor.
+  void copy_kv_columns(Tensor& qkv, Tensor& packed, bool to_packed);
+  // Whole sequences' keys and values (or their gradients) between the gathered order (cp rank by rank, each its
+  // chunks in its row order) and position order.
+  void reorder_kv_chunks(Tensor& by_rank, Tensor& by_position, bool to_positions);
   // ALLGATHER what=kv: the layer's keys and values of every chunk, in position order, into ls.kv.
   void kv_gather(const ir::Instr& in, ChunkState<A>& st, Tensor& cur, Tensor& rcur);
   // REDUCESCATTER what=kv_grad: ls.dkv summed over the cp ranks, this rank's chunks into cur's key and value columns.

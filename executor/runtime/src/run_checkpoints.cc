@@ -143,30 +143,21 @@ void save_checkpoint(const CheckpointContext& ctx, const Executor& executor, con
       }
       if (!s.blocks.empty()) stored.push_back(std::move(s));
     };
-    auto whole = [&](const std::string& kind, const float* src, bool packed) {
-      if (packed) {  // every element owned (one range): the packed array is the flat one
-        owned_blocks(kind, src, true);
-        return;
-      }
-      StoredTensor s{t.name, kind, t.full_rows, t.full_cols, {}, {}};
-      element_blocks(t, 0, t.numel(), src + t.offset, s);
-      stored.push_back(std::move(s));
-    };
     // Owned blocks, as the moments below: with fsdp only this rank's slice of a unit's parameters is held between
     // passes (the rest zeroed); the reader merges the blocks of all shards, so any layout loads them.
-    if (program.fsdp && sharded)
+    if (program.fsdp && sharded) {
       owned_blocks("param", params, false);
-    else if (writer)
-      whole("param", params, false);
-    if (!sharded) {
-      if (writer) {
-        whole("exp_avg", m, true);
-        whole("exp_avg_sq", v, true);
-      }
-      continue;
+    } else if (writer) {
+      StoredTensor s{t.name, "param", t.full_rows, t.full_cols, {}, {}};
+      element_blocks(t, 0, t.numel(), params + t.offset, s);
+      stored.push_back(std::move(s));
     }
-    owned_blocks("exp_avg", m, true);
-    owned_blocks("exp_avg_sq", v, true);
+    // Unsharded, every element is owned (one range) and the replicas' first writes the moments; sharded, each rank
+    // its slices.
+    if (sharded || writer) {
+      owned_blocks("exp_avg", m, true);
+      owned_blocks("exp_avg_sq", v, true);
+    }
   }
   std::string file = fmt::format("rank-{:05d}.bin", ctx.world.rank());
   write_shard((fs::path(tmp) / file).string(), stored);
