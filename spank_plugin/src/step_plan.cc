@@ -111,7 +111,7 @@ StepPlan make_step_plan(const UserRequest& request, const LoadedInputs& in,
                               plan::no_feasible_plan(planned).what()));
     }
     if (auto problem = plan::execution_problem(planned.plan->model.model, planned.plan->config)) {
-      throw input_error(fmt::format("{}: {}", request.plan_source, *problem));
+      throw input_error(fmt::format("{}: {}", request.plan_source, problem->message));
     }
     s.cost_model = planned.job.cost_model;
     s.options = planned.job.options;

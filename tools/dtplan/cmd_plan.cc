@@ -86,7 +86,7 @@ void run_plan(const PlanOptions& o) {
   Explanation e = plan_and_explain(in, o.json, &p);
   // A plan written here must run (dtexec lowers it): explain weighs what cannot run yet, plan does not write it.
   if (auto problem = plan::execution_problem(p.model.model, p.config))
-    throw input_error(fmt::format("dtplan plan: {}", *problem));
+    throw input_error(fmt::format("dtplan plan: {}", problem->message));
   if (!o.output.empty()) write_file_whole(o.output, plan::render_plan(p));
   if (o.json) {
     std::cout << plan::explain_json(e).dump(2) << "\n";

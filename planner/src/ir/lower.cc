@@ -407,7 +407,7 @@ class Lowering {
       throw input_error(fmt::format("plan {} cannot be lowered: {}", plan.digest, *problem));
     }
     if (auto problem = plan::execution_problem(plan.model.model, c_)) {
-      throw input_error(fmt::format("plan {} cannot be lowered: {}", plan.digest, *problem));
+      throw input_error(fmt::format("plan {} cannot be lowered: {}", plan.digest, problem->message));
     }
     int first = 0;
     for (int ch = 0; ch < c_.chunks(); ++ch) {

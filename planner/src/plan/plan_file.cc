@@ -51,27 +51,37 @@ std::string cluster_digest(const topology::ClusterSpec& cluster) {
   return sha256_hex(topology::canonical_text(cluster));
 }
 
-std::optional<std::string_view> execution_problem(const model::ModelSpec& model, const ParallelConfig& config) {
+std::optional<ExecutionProblem> execution_problem(const model::ModelSpec& model, const ParallelConfig& config) {
   if (config.cp > 1 && config.cp_comm != CpComm::kAllGather) {
-    return "cp_comm = \"p2p\" or \"a2a\": dtrain prices these and writes them for Megatron but runs context "
-           "parallelism with cp_comm = \"all_gather\" only; plan with --fix cp_comm=all_gather";
+    return ExecutionProblem{
+        "cp_comm = \"p2p\" or \"a2a\": dtrain prices these and writes them for Megatron but runs context "
+        "parallelism with cp_comm = \"all_gather\" only; plan with --fix cp_comm=all_gather",
+        "dtexec runs cp_comm=all_gather only", "cp_comm"};
   }
   if (config.cp > 1 && model.moe.enabled() && model.moe.aux_loss_coeff > 0) {
-    return "cp > 1 with the MoE load-balancing loss (per sequence, over all of its tokens): dtrain prices this but "
-           "runs context parallelism without it only; set [model.moe] aux_loss_coeff = 0 or plan with --fix cp=1";
+    return ExecutionProblem{
+        "cp > 1 with the MoE load-balancing loss (per sequence, over all of its tokens): dtrain prices this but "
+        "runs context parallelism without it only; set [model.moe] aux_loss_coeff = 0 or plan with --fix cp=1",
+        "dtexec runs cp > 1 without the load-balancing loss only", "cp"};
   }
   if (config.cp > 1 && model.dropout > 0) {
-    return "cp > 1 with dropout: dtexec draws dropout masks by position in the whole sequence and runs context "
-           "parallelism without dropout only; set dropout = 0 or plan with --fix cp=1";
+    return ExecutionProblem{
+        "cp > 1 with dropout: dtexec draws dropout masks by position in the whole sequence and runs context "
+        "parallelism without dropout only; set dropout = 0 or plan with --fix cp=1",
+        "dtexec runs cp > 1 without dropout only", "cp"};
   }
   if (!config.fsdp) return std::nullopt;
   if (model.tied_embeddings) {
-    return "fsdp = true with tied embeddings (the head reads the embedding's matrix, which fsdp would have released): "
-           "dtrain prices this but does not run it yet; plan with --fix fsdp=false";
+    return ExecutionProblem{
+        "fsdp = true with tied embeddings (the head reads the embedding's matrix, which fsdp would have released): "
+        "dtrain prices this but does not run it yet; plan with --fix fsdp=false",
+        "dtexec does not run fsdp with tied embeddings or zb-h1 yet", "fsdp"};
   }
   if (config.schedule == Schedule::kZbH1) {
-    return "fsdp = true with the zb-h1 schedule (weight gradients apart from input gradients): dtrain prices this "
-           "but does not run it yet; plan with --fix fsdp=false or another schedule";
+    return ExecutionProblem{
+        "fsdp = true with the zb-h1 schedule (weight gradients apart from input gradients): dtrain prices this "
+        "but does not run it yet; plan with --fix fsdp=false or another schedule",
+        "dtexec does not run fsdp with tied embeddings or zb-h1 yet", "fsdp"};
   }
   return std::nullopt;
 }

@@ -207,15 +207,10 @@ std::string why_line(const Explanation& e, const std::string& choice, const Esti
 // A why-line that says, of a layout dtexec cannot run (plan::execution_problem), that it is priced only, and why.
 std::string priced_why_line(const Explanation& e, const std::string& choice, const Estimate& other) {
   std::string line = why_line(e, choice, other);
-  const auto& m = e.model->model().model;
-  const ParallelConfig& o = other.config;
-  if (!execution_problem(m, o)) return line;
-  if (o.cp > 1 && o.cp_comm != CpComm::kAllGather) return line + "; priced only: dtexec runs cp_comm=all_gather only";
-  if (o.cp > 1 && m.dropout > 0) return line + "; priced only: dtexec runs cp > 1 without dropout only";
-  if (o.cp > 1 && m.moe.enabled() && m.moe.aux_loss_coeff > 0) {
-    return line + "; priced only: dtexec runs cp > 1 without the load-balancing loss only";
+  if (auto problem = execution_problem(e.model->model().model, other.config)) {
+    line += fmt::format("; priced only: {}", problem->limit);
   }
-  return line + "; priced only: dtexec does not run fsdp with tied embeddings or zb-h1 yet";
+  return line;
 }
 
 // The why-line of the best layout with fsdp on (1) or off (0) when the chosen one is the other way.

@@ -267,13 +267,13 @@ class Searcher {
     return !execution_problem(cm_.model().model, c).has_value();
   }
 
-  // Whether the user pinned the dimension that makes c a layout dtexec cannot run (plan::execution_problem): then it
+  // Whether the user pinned the dimension (problem.key) that makes a layout one dtexec cannot run: then it
   // is chosen like any other (and dtplan plan says why it does not run); else it is only priced and explained.
-  bool pinned_problem(const ParallelConfig& c) const {
+  bool pinned_problem(const ExecutionProblem& problem) const {
     const FixedDims& f = opt_.fixed;
-    if (c.cp > 1 && c.cp_comm != CpComm::kAllGather) return f.cp_comm.has_value();
-    if (c.cp > 1 && cm_.model().model.dropout > 0) return f.cp.has_value();
-    return c.fsdp && f.fsdp && *f.fsdp;
+    if (problem.key == "cp_comm") return f.cp_comm.has_value();
+    if (problem.key == "cp") return f.cp.has_value();
+    return f.fsdp && *f.fsdp;
   }
 
   // Times one layout and offers it; false when it does not fit in memory.
@@ -285,7 +285,8 @@ class Searcher {
     // A layout dtexec cannot run yet (plan::execution_problem: fsdp with tied embeddings or zb-h1, cp_comm p2p or
     // a2a, cp with dropout) is priced and explained (best_per_fsdp, best_per_cp_comm) but chosen only when the
     // dimension is pinned (explain --fix fsdp=true, --fix cp_comm=p2p).
-    const bool advisory = execution_problem(cm_.model().model, c).has_value() && !pinned_problem(c);
+    const auto problem = execution_problem(cm_.model().model, c);
+    const bool advisory = problem && !pinned_problem(*problem);
     if (memory > capacity) {
       reject("memory");
       if (advisory) return false;

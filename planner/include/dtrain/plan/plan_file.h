@@ -58,8 +58,13 @@ struct Plan {
 // data parallelism (fsdp) with tied embeddings or the zb-h1 schedule, and context parallelism with cp_comm = p2p or
 // with dropout, are priced and explained, not yet lowered. `dtplan plan` and the Slurm plugin refuse such a plan
 // with this message (exit 2) before writing or starting it, so that a plan they write runs; the search chooses such
-// a layout only when its dimensions are pinned. (A constant message: the search asks this of every candidate.)
-std::optional<std::string_view> execution_problem(const model::ModelSpec& model, const ParallelConfig& config);
+// a layout only when its dimensions are pinned. (Constant texts: the search asks this of every candidate.)
+struct ExecutionProblem {
+  std::string_view message;  // the whole sentence, with what to change (dtplan plan, the plugin, lowering)
+  std::string_view limit;    // what dtexec runs instead, for explain's "priced only" ("dtexec runs cp_comm=...")
+  std::string_view key;      // the --fix key that makes the search choose such a layout anyway: fsdp, cp or cp_comm
+};
+std::optional<ExecutionProblem> execution_problem(const model::ModelSpec& model, const ParallelConfig& config);
 
 // Builds the plan for an evaluated layout. The cluster's node count is the one the layout was planned for.
 Plan make_plan(const Estimate& estimate, const CostModel& model, const FixedDims& fixed);
