@@ -16,6 +16,12 @@ if(DTRAIN_SANITIZE)
   string(REPLACE ";" "," _dtrain_san "${DTRAIN_SANITIZE}")
   add_compile_options($<$<COMPILE_LANGUAGE:CXX,C>:-fsanitize=${_dtrain_san}> $<$<COMPILE_LANGUAGE:CXX,C>:-fno-omit-frame-pointer>)
   add_link_options(-fsanitize=${_dtrain_san})
+  # UBSan without its null and alignment checks: with GCC they are most of its cost, doubling the compile time of
+  # an ASan+UBSan build (planner/src/ir's unity file: 39.8 s with them, 23.3 s without, 19.9 s with ASan alone). A
+  # null dereference still stops an ASan run (SEGV on address 0x0, with its stack); x86 loads misaligned data.
+  if("undefined" IN_LIST DTRAIN_SANITIZE)
+    add_compile_options($<$<COMPILE_LANGUAGE:CXX,C>:-fno-sanitize=null,alignment>)
+  endif()
 endif()
 
 # Hardening for everything dtrain builds (the SPANK plugin runs inside root's slurmstepd; the programs are run by
@@ -57,6 +63,10 @@ function(dtrain_test name)
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest_main GTest::gmock)
   _dtrain_common_target_settings(${name})
+  # The tests' own sources are compiled with -Og (after the configuration's -O2, so it wins): the code they time and
+  # train with is the libraries', optimised as shipped; their own is assertions and fixtures, which -O2 made the
+  # slowest part of the build (356 of its 695 CPU seconds; -Og takes about 40% less).
+  target_compile_options(${name} PRIVATE $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<NOT:$<CONFIG:Debug>>>:-Og>)
   target_compile_definitions(${name} PRIVATE
     DTRAIN_SOURCE_DIR="${PROJECT_SOURCE_DIR}" DTRAIN_BINARY_DIR="${PROJECT_BINARY_DIR}")
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)

@@ -76,7 +76,17 @@ echo "== clang-tidy over ${#files[@]} library and program sources (${checks:-all
 # Clang 22 flags libstdc++ 12's own use of get_temporary_buffer (deprecated in C++17, inside std::stable_sort) as
 # deprecated; under the build's -Werror that would stop the file. A warning it stays: in system headers it is not
 # shown, in dtrain's files it fails the check below like any other diagnostic.
-tidy() { xargs -r -P "$jobs" -n 4 "$tidy_bin" --quiet --extra-arg=-Wno-error=deprecated-declarations "$@" >>"$log" 2>>"$work/stderr" || true; }
+# Its exit status is left to the checks below (a file with a diagnostic exits 1 too), except a clang-tidy killed by
+# a signal or exiting 255 (xargs: 125, 124), which checked nothing.
+tidy() {
+  local rc=0
+  xargs -r -P "$jobs" -n 4 "$tidy_bin" --quiet --extra-arg=-Wno-error=deprecated-declarations "$@" >>"$log" 2>>"$work/stderr" || rc=$?
+  if ((rc == 124 || rc == 125 || rc == 126 || rc == 127)); then
+    cat "$work/stderr" >&2
+    echo "clang-tidy: $tidy_bin failed to run (xargs exit $rc)" >&2
+    exit 1
+  fi
+}
 printf '%s\n' "${files[@]}" | tidy -p "$build" ${checks:+--checks=$checks}
 printf '%s\n' "${plugin[@]}" | tidy -p "$build"
 if ((${#cuda[@]})); then

@@ -3,7 +3,17 @@
 # and runs them. Which test programs: tests/sanitizer-targets.txt (one CMake target per line, "# comments" allowed);
 # which tests inside them: the ctest labels "concurrent" and "sanitized" (a fuzz test of a file reader), less, under
 # TSan, the layouts tests/sanitizer-skip.txt lists (their threads and communicators are another layout's).
+#   scripts/sanitizer-tests.sh [all|build|test] [thread|address ...]
+#       the builds and their tests (all, the default), or only the builds, or only the tests of builds made before
+#       (scripts/test.sh builds them while the main tests run, and tests them after); of both sanitizers (default), or
+#       of ThreadSanitizer (thread) or AddressSanitizer + UBSan (address) only
 set -euo pipefail
+usage() { echo "usage: $0 [all|build|test] [thread|address ...]" >&2; exit 2; }
+phase=${1:-all}
+case $phase in all | build | test) ;; *) usage ;; esac
+sanitizers=("${@:2}")
+((${#sanitizers[@]})) || sanitizers=(thread address)
+for san in "${sanitizers[@]}"; do [[ $san == thread || $san == address ]] || usage; done
 cd "$(dirname "$0")/.."
 mapfile -t targets < <(grep -v '^\s*#' tests/sanitizer-targets.txt | sed 's/\s//g' | grep -v '^$' || true)
 if [[ ${#targets[@]} -eq 0 ]]; then
@@ -19,13 +29,17 @@ tsan_skip=$(grep -v '^\s*#' tests/sanitizer-skip.txt | sed 's/^\s*//; s/\s*$//' 
 # headers once per batch: the TSan build of these targets took 3.0 min instead of 5.3 on 2 cores. The main build stays
 # file by file, for clang-tidy's compile database; sources of one target must not define the same name in an
 # anonymous namespace (shared constants live in a header).
-for san in thread "address;undefined"; do
+for san in "${sanitizers[@]}"; do
   dir=build-tsan flags="-O1 -g1 -DNDEBUG" skip=(${tsan_skip:+-E "$tsan_skip"})
-  [[ $san == thread ]] || dir=build-asan flags="-Og -g1 -DNDEBUG" skip=()
-  echo "== sanitizer tests ($san) in $dir: ${targets[*]}"
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON "-DDTRAIN_SANITIZE=$san" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$flags" -DDTRAIN_ENABLE_CUDA=OFF \
-    -DDTRAIN_BUILD_BENCH=OFF -DDTRAIN_BUILD_SPANK=OFF >/dev/null
-  cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+  [[ $san == thread ]] || san="address;undefined" dir=build-asan flags="-Og -g1 -DNDEBUG" skip=()
+  if [[ $phase != test ]]; then
+    echo "== sanitizer build ($san) in $dir: ${targets[*]}"
+    cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON "-DDTRAIN_SANITIZE=$san" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$flags" -DDTRAIN_ENABLE_CUDA=OFF \
+      -DDTRAIN_BUILD_BENCH=OFF -DDTRAIN_BUILD_SPANK=OFF >/dev/null
+    cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+  fi
+  [[ $phase != build ]] || continue
+  echo "== sanitizer tests ($san) in $dir"
   # Loss-curve tests run 4 steps instead of 20 here (tests/unit/exec/exec_test_support.h): every step exercises the
   # same threads and communicators, and 20 steps of every layout under TSan took 15 of CI's minutes.
   DTRAIN_TEST_SHORT_CURVES=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
