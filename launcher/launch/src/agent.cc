@@ -138,9 +138,11 @@ void Agent::Impl::rendezvous() {
   monitor->watch(end_key(attempt));
   const std::string my_key = fmt::format("node/{}/facts", job.node_rank);
   auto cs = client->compare_set(my_key, std::nullopt, facts.to_json());
+  node_rank_claimed = cs.swapped;
   if (!cs.swapped) {
     NodeFacts other = NodeFacts::from_json(cs.current.value_or(""), my_key);
-    if (other.agent_id != facts.agent_id) {
+    node_rank_claimed = other.agent_id == facts.agent_id;
+    if (!node_rank_claimed) {
       fail_job(fmt::format("node rank {} is claimed by two agents: this one on {} (pid {}) and one on {} (pid "
                            "{}); give each node its own --node-rank (under Slurm: one dtlaunch per node, srun "
                            "--ntasks-per-node=1)",
@@ -188,7 +190,7 @@ void Agent::Impl::fail_job(const std::string& message, int code) {
 }
 
 void Agent::Impl::say_goodbye() {
-  if (!client || store_lost) return;
+  if (!client || store_lost || !node_rank_claimed) return;
   try {
     client->set(fmt::format("bye/{}", job.node_rank), "1");
     if (job.node_rank != 0) return;

@@ -86,6 +86,9 @@ struct Agent::Impl {
   Membership members;  // the nodes the job runs on now (all of them, unless an elastic job lost some)
   double heartbeat_interval_s = 1;
   bool rendezvous_done = false;
+  // This agent's facts are the ones under its node rank: a second agent claiming the rank fails the job but must not
+  // say goodbye for the node, or node 0 would close the store before the rightful agent read the outcome.
+  bool node_rank_claimed = false;
 
   // The current attempt.
   int attempt = 0;
