@@ -30,9 +30,10 @@ tsan_skip=$(grep -v '^\s*#' tests/sanitizer-skip.txt | sed 's/^\s*//; s/\s*$//' 
 # headers once per batch: the TSan build of these targets took 3.0 min instead of 5.3 on 2 cores. The main build stays
 # file by file, for clang-tidy's compile database; sources of one target must not define the same name in an
 # anonymous namespace (shared constants live in a header).
+flags="-Og -g1 -DNDEBUG"
 for san in "${sanitizers[@]}"; do
-  dir=build-tsan flags="-Og -g1 -DNDEBUG" skip=(${tsan_skip:+-E "$tsan_skip"})
-  [[ $san == thread ]] || san="address;undefined" dir=build-asan flags="-Og -g1 -DNDEBUG" skip=()
+  dir=build-tsan skip=(${tsan_skip:+-E "$tsan_skip"})
+  [[ $san == thread ]] || san="address;undefined" dir=build-asan skip=()
   if [[ $phase != test ]]; then
     echo "== sanitizer build ($san) in $dir: ${targets[*]}"
     cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON "-DDTRAIN_SANITIZE=$san" "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$flags" -DDTRAIN_ENABLE_CUDA=OFF \
