@@ -194,6 +194,23 @@ class Interpreter final : public InterpreterBase {
   void cp_attention_forward(LayerState<A>& ls);
   void cp_attention_backward(LayerState<A>& ls, const Tensor& dout, Tensor& dqkv);
 
+  // ---- cp_ring.cc: context parallelism's ring exchange (cp_comm = p2p) ----
+  // RING what=kv arms the attention that follows (ls.ring); RING what=kv_grad sends the last block's summed gradients
+  // (ls.dkv) home and puts this rank's own into cur's key and value columns.
+  void kv_ring(const ir::Instr& in, ChunkState<A>& st, Tensor& cur);
+  // One ring step's sends to the next cp rank and receives from the previous one: a key/value block and (one step
+  // behind) a block's summed gradients, each pair where its send buffer is given.
+  std::vector<comm::P2POp> ring_step_ops(int layer, std::int64_t step, Tensor* send_kv, Tensor* recv_kv,
+                                         Tensor* send_grad, Tensor* recv_grad) const;
+  // fn(shape, query row, key row) for every (query chunk, key chunk) pair of the block held at ring step `step`
+  // that the causal mask leaves anything of.
+  template <typename Fn>
+  void for_each_ring_part(std::int64_t step, Fn&& fn) const;
+  // The attention of this rank's queries (ls.qkv) over every cp rank's block as the ring brings it, into ls.o and
+  // ls.lse; its backward: dq into dqkv's query columns, the last block's summed gradients into ls.dkv.
+  void ring_attention_forward(LayerState<A>& ls, int layer);
+  void ring_attention_backward(LayerState<A>& ls, int layer, const Tensor& dout, Tensor& dqkv);
+
   // ---- moe_ops.cc ----
   void moe_forward(const ir::Instr& in, ChunkState<A>& st, Tensor& cur);
   void moe_backward(const ir::Instr& in, ChunkState<A>& st, Tensor& cur);

@@ -207,8 +207,16 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
       sized(ls.o, static_cast<std::size_t>(T * Hl * d), kUninitialized);
       sized(ls.lse, static_cast<std::size_t>(T * Hl), kUninitialized);
       if (prog.cp > 1) {
-        cp_attention_forward(ls);
-        if (in.pass == ir::Pass::kForward) ls.kv.clear();  // a recomputation keeps them for the backward
+        if (ls.ring)
+          ring_attention_forward(ls, l);
+        else if (!ls.kv.empty())
+          cp_attention_forward(ls);
+        else
+          throw input_error(fmt::format("attn.core layer={}: cp = {} but no key/value exchange before it", l, prog.cp));
+        if (in.pass == ir::Pass::kForward) {  // a recomputation keeps them (or the ring armed) for the backward
+          ls.kv.clear();
+          ls.ring = false;
+        }
         if (!recompute) cur = ls.o;
         return;
       }
@@ -373,8 +381,15 @@ void Interpreter<A>::backward_op(const Instr& in, ChunkState<A>& st, Tensor& cur
     case BodyOp::kAttnCore: {
       LayerState<A>& ls = layer_state(st, l);
       Tensor dqkv(be, static_cast<std::size_t>(T * qkv_cols), kUninitialized);
-      if (prog.cp > 1) {
-        cp_attention_backward(ls, cur, dqkv);  // the keys' and values' columns come with kv_grad
+      if (prog.cp > 1) {  // the keys' and values' columns come with kv_grad
+        if (ls.ring)
+          ring_attention_backward(ls, l, cur, dqkv);
+        else if (!ls.kv.empty())
+          cp_attention_backward(ls, cur, dqkv);
+        else
+          throw input_error(
+              fmt::format("attn.core layer={} backward: cp = {} but no key/value exchange before it", l, prog.cp));
+        ls.ring = false;
         cur.swap(dqkv);
         return;
       }
@@ -454,6 +469,10 @@ void Interpreter<A>::body_collective(const Instr& in, ChunkState<A>& st, Tensor&
   }
   if (in.on == ir::CommGroup::kDp || in.on == ir::CommGroup::kEdp) {
     fsdp_collective(in);
+    return;
+  }
+  if (in.op == Opcode::kRing) {
+    kv_ring(in, st, cur);
     return;
   }
   if (in.what == What::kKv) {

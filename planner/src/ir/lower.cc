@@ -192,17 +192,19 @@ class BodyBuilder {
   bool cp() const { return c_.cp > 1; }
 
   // Context parallelism: the whole sequences' keys and values gathered over the cp ranks before an attention reads
-  // them (kKv), or their gradients reduce-scattered back to their chunks' ranks after its backward (kKvGrad).
+  // them (kKv), or their gradients reduce-scattered back to their chunks' ranks after its backward (kKvGrad); with
+  // cp_comm=p2p the ring that passes one rank's block at a time instead (RING, the count one block).
   void kv_exchange(std::vector<Instr>& out, int layer, int& index, Pass pass, bool gradients = false) const {
+    const bool ring = c_.cp_comm == plan::CpComm::kP2p;
     Instr in;
-    in.op = gradients ? Opcode::kReduceScatter : Opcode::kAllGather;
+    in.op = ring ? Opcode::kRing : gradients ? Opcode::kReduceScatter : Opcode::kAllGather;
     in.on = CommGroup::kCp;
     in.what = gradients ? What::kKvGrad : What::kKv;
     in.layer = layer;
     in.index = index++;
-    in.count = kv_count_;
+    in.count = ring ? kv_count_ / c_.cp : kv_count_;
     in.dtype = dtype_;
-    in.reduce = gradients ? ReduceOp::kSum : ReduceOp::kNone;
+    in.reduce = gradients && !ring ? ReduceOp::kSum : ReduceOp::kNone;
     in.pass = pass;
     out.push_back(in);
   }

@@ -34,6 +34,8 @@ std::string_view to_string(Opcode op) {
       return "CKPT";
     case Opcode::kAllToAll:
       return "ALLTOALL";
+    case Opcode::kRing:
+      return "RING";
     case Opcode::kCompute:
       return "COMPUTE";
   }
@@ -41,7 +43,7 @@ std::string_view to_string(Opcode op) {
 }
 
 std::optional<Opcode> parse_opcode(std::string_view t) {
-  for (int i = 0; i <= static_cast<int>(Opcode::kAllToAll); ++i) {
+  for (int i = 0; i <= static_cast<int>(Opcode::kRing); ++i) {
     auto op = static_cast<Opcode>(i);
     if (to_string(op) == t) return op;
   }

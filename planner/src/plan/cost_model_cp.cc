@@ -86,8 +86,11 @@ double CostModel::cp_backward_seconds(const ParallelConfig& c, double attention_
   const double kv = cp_kv_bytes(c);
   switch (c.cp_comm) {
     case CpComm::kP2p: {
-      // The ring again, carrying the K/V chunk and its accumulating gradient.
-      return (c.cp - 1) * exposed(ring_step_seconds(cluster_, 2.0 * kv, g), attention_s / c.cp);
+      // The ring again (cp steps, each hidden behind 1/cp of the attention's backward), each block's gradient one
+      // step behind it: the first step carries the next block, the last the previous block's gradient, the others
+      // both; then the last hop, each block's summed gradient to its rank, exposed.
+      const double one = ring_step_seconds(cluster_, kv, g), hide = attention_s / c.cp;
+      return 2.0 * exposed(one, hide) + (c.cp - 2) * exposed(ring_step_seconds(cluster_, 2.0 * kv, g), hide) + one;
     }
     case CpComm::kAllGather:
       // K/V gathered again (the forward's are not kept), their gradients reduce-scattered to their chunks' ranks.

@@ -282,9 +282,9 @@ class Searcher {
     const double memory = cm_.peak_memory_bytes(c);
     const double capacity = cm_.cluster().node.gpu.memory_bytes();
     const Scored s{c, cm_.step_time(c, lc).total(), memory, order_};
-    // A layout dtexec cannot run yet (plan::execution_problem: fsdp with tied embeddings or zb-h1, cp_comm p2p or
-    // a2a, cp with dropout) is priced and explained (best_per_fsdp, best_per_cp_comm) but chosen only when the
-    // dimension is pinned (explain --fix fsdp=true, --fix cp_comm=p2p).
+    // A layout dtexec cannot run yet (plan::execution_problem: fsdp with tied embeddings or zb-h1, cp_comm a2a,
+    // cp with dropout) is priced and explained (best_per_fsdp, best_per_cp_comm) but chosen only when the dimension
+    // is pinned (explain --fix fsdp=true, --fix cp_comm=a2a).
     const auto problem = execution_problem(cm_.model().model, c);
     const bool advisory = problem && !pinned_problem(*problem);
     if (memory > capacity) {

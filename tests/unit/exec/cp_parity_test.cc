@@ -11,6 +11,7 @@
 
 #include "dtrain/ir/lower.h"
 #include "dtrain/ir/text.h"
+#include "dtrain/ir/verify.h"
 #include "dtrain/model/model_spec.h"
 #include "dtrain/topology/local_cpu.h"
 #include "exec_test_support.h"
@@ -22,11 +23,12 @@ using namespace exec::testing;
 
 struct CpLayout {
   int cp, dp, tp, pp;
-  const char* extra;  // further --fix keys
+  const char* extra;                // further --fix keys
+  const char* comm = "all_gather";  // cp_comm: the all-gather or the ring (p2p)
 };
 
 std::string cp_fix(const CpLayout& l) {
-  return fmt::format("cp={},cp_comm=all_gather,dp={},tp={},pp={}{}", l.cp, l.dp, l.tp, l.pp, l.extra);
+  return fmt::format("cp={},cp_comm={},dp={},tp={},pp={}{}", l.cp, l.comm, l.dp, l.tp, l.pp, l.extra);
 }
 
 // `from` (a model file) with its MoE load-balancing loss off, written to `to`.
@@ -52,10 +54,17 @@ TEST_P(CpParity, LossCurveEqualsSingleRank) {
 INSTANTIATE_TEST_SUITE_P(Layouts, CpParity,
                          ::testing::Values(CpLayout{2, 1, 1, 1, ""}, CpLayout{2, 1, 2, 1, ",sequence_parallel=true"},
                                            CpLayout{2, 1, 1, 2, ",schedule=1f1b,recompute=selective"},
-                                           CpLayout{2, 2, 1, 1, ",distributed_optimizer=true,recompute=full"}),
+                                           CpLayout{2, 2, 1, 1, ",distributed_optimizer=true,recompute=full"},
+                                           // The ring: with cp = 4 a block passes three ranks and its gradients
+                                           // travel behind it.
+                                           CpLayout{2, 1, 1, 1, "", "p2p"}, CpLayout{4, 1, 1, 1, "", "p2p"},
+                                           CpLayout{2, 1, 2, 1, ",sequence_parallel=true", "p2p"},
+                                           CpLayout{2, 1, 1, 2, ",schedule=1f1b,recompute=selective", "p2p"},
+                                           CpLayout{4, 2, 1, 1, ",distributed_optimizer=true,recompute=full", "p2p"}),
                          [](const ::testing::TestParamInfo<CpLayout>& p) {
                            const CpLayout& l = p.param;
-                           return fmt::format("cp{}dp{}tp{}pp{}", l.cp, l.dp, l.tp, l.pp);
+                           return fmt::format("cp{}dp{}tp{}pp{}{}", l.cp, l.dp, l.tp, l.pp,
+                                              std::string_view(l.comm) == "p2p" ? "_ring" : "");
                          });
 
 // The tiny MoE without its load-balancing loss (a per-sequence term dtexec does not split over cp ranks): the experts
@@ -112,6 +121,38 @@ TEST(CpProgram, AttentionsExchangeKeysAndValues) {
   EXPECT_NE(text.find("cp=2 cp_rank=1"), std::string::npos);
   EXPECT_NE(text.find("group cp ranks=2,3"), std::string::npos);
   EXPECT_EQ(ir::parse_program(text, "cp.ir"), p);
+}
+
+// The ring (cp_comm = p2p): every attention is armed by a RING what=kv of one rank's block (forward, and again in
+// the backward, which passes the blocks around with their gradients), and every attention's backward is followed by
+// the gradients' last hop, RING what=kv_grad; the programs verify deadlock-free, and round-trip through the text.
+TEST(CpProgram, TheRingPassesOneBlockAtATime) {
+  const auto model = model::load_model(kTiny);
+  const auto cluster = topology::local_cpu_cluster(4);
+  plan::ParallelConfig c;
+  c.cp = 4;
+  c.cp_comm = plan::CpComm::kP2p;
+  c.micro_batch = 1;
+  c.recompute = plan::Recompute::kSelective;
+  const plan::Plan plan = ir::plan_for_layout(model, cluster, c, model.training.global_batch);
+  const std::vector<ir::Program> programs = ir::lower_all(plan);
+  const std::int64_t block = 64 / 4 * 2 * 2 * 16;  // seq_len / cp x (k, v) x kv_heads x head_dim
+  for (const auto& b : programs[1].bodies) {
+    int kv = 0, grads = 0;
+    for (const auto& in : b->instrs) {
+      if (in.on != ir::CommGroup::kCp) continue;
+      EXPECT_EQ(in.op, ir::Opcode::kRing) << ir::to_text(in);
+      EXPECT_EQ(in.count, block) << ir::to_text(in);
+      (in.what == ir::What::kKv ? kv : grads)++;
+    }
+    EXPECT_EQ(kv, 4) << "one per layer";
+    EXPECT_EQ(grads, b->kind == ir::BodyKind::kForward ? 0 : 4);
+  }
+  const std::string text = ir::print_program(programs[1]);
+  EXPECT_NE(text.find("RING on=cp what=kv_grad"), std::string::npos);
+  EXPECT_EQ(ir::parse_program(text, "ring.ir"), programs[1]);
+  const ir::VerifyReport report = ir::verify(programs);
+  EXPECT_TRUE(report.ok) << (report.problems.empty() ? "" : report.problems.front().message);
 }
 
 // A checkpoint written with cp2 resumes with cp1 (and the other way round) on the uninterrupted curve.

@@ -85,8 +85,9 @@ TEST(CpPlan, Llama405BAt128kFitsOnlyWithContextParallelism) {
   const SearchResult r = search(cm, o);
   ASSERT_TRUE(r.best.has_value());
   EXPECT_GT(r.best->config.cp, 1);
-  EXPECT_EQ(r.best->config.cp_comm, CpComm::kAllGather);  // what dtexec runs; p2p is priced and explained
+  EXPECT_NE(r.best->config.cp_comm, CpComm::kA2a);  // what dtexec runs; a2a is priced and explained
   EXPECT_TRUE(r.best_per_cp_comm.count("p2p") > 0);
+  EXPECT_TRUE(r.best_per_cp_comm.count("all_gather") > 0);
   o.fixed = parse_fixed("cp=1");
   const SearchResult none = search(cm, o);
   EXPECT_FALSE(none.best.has_value());
@@ -103,17 +104,21 @@ TEST(CpPlan, ExplainSaysWhatContextParallelismBuysLlama70BAt128k) {
   EXPECT_THAT(text, HasSubstr("context-parallel K/V exchange (exposed)"));
   const Explanation without = explained(cm, 256, "cp=1");
   EXPECT_GT(without.chosen.iteration_s, e.chosen.iteration_s * 1.05);
-  // The ring is priced and named, not chosen: dtexec runs the all-gather.
-  EXPECT_THAT(text, HasSubstr("cp_comm=p2p instead"));
-  EXPECT_THAT(text, HasSubstr("priced only: dtexec runs cp_comm=all_gather only"));
+  // At 131,072 tokens the ring hides behind the attention, which the all-gather cannot: the ring is chosen, the
+  // all-gather priced beside it, and the all-to-all named as priced only (dtexec does not run it).
+  EXPECT_EQ(e.chosen.config.cp_comm, CpComm::kP2p);
+  EXPECT_THAT(text, HasSubstr("K/V passed around a ring, overlapped with the attention"));
+  EXPECT_THAT(text, HasSubstr("cp_comm=all_gather instead: +"));
+  EXPECT_THAT(text, HasSubstr("cp_comm=a2a instead"));
+  EXPECT_THAT(text, HasSubstr("priced only: dtexec runs cp_comm=p2p or all_gather only"));
   const std::string megatron = megatron_args(cm, e.chosen.config);
-  EXPECT_THAT(megatron,
-              HasSubstr(fmt::format("--context-parallel-size {} --cp-comm-type all_gather", e.chosen.config.cp)));
+  EXPECT_THAT(megatron, HasSubstr(fmt::format("--context-parallel-size {} --cp-comm-type p2p", e.chosen.config.cp)));
   const nlohmann::json j = explain_json(e);
   EXPECT_EQ(j["config"]["cp"], e.chosen.config.cp);
-  EXPECT_EQ(j["config"]["cp_comm"], "all_gather");
+  EXPECT_EQ(j["config"]["cp_comm"], "p2p");
   EXPECT_TRUE(j.contains("best_per_cp"));
-  EXPECT_TRUE(j["best_per_cp_comm"].contains("p2p"));
+  EXPECT_TRUE(j["best_per_cp_comm"].contains("all_gather"));
+  EXPECT_TRUE(j["best_per_cp_comm"].contains("a2a"));
 }
 
 TEST(CpPlan, RanksAreOrderedTensorContextDataPipeline) {

@@ -49,6 +49,12 @@ enum class Opcode : std::uint8_t {
   // (the micro-batch's routed rows spread evenly); the executor sends the rows the router chose, whose per-peer
   // numbers the expert_counts all-to-all before it exchanged.
   kAllToAll,
+  // RING on=cp what=kv|kv_grad count=N dtype=D: context parallelism's ring exchange (cp_comm=p2p), a collective of
+  // the cp group in program order. what=kv, before an attention: the attention runs over the cp ranks' key/value
+  // blocks (count: one rank's) in cp steps, each sending the block in hand to the next cp rank and receiving the
+  // previous one's while it computes on it (in a backward the blocks' gradients travel one step behind them).
+  // what=kv_grad, after an attention's backward: the last hop, each block's summed gradients to its own rank.
+  kRing,
 };
 
 // The communicator a collective runs on.
@@ -91,9 +97,11 @@ enum class What : std::uint8_t {
                       // keeps a unit until two more were gathered after it. REDUCESCATTER what=grad_bucket (or
                       // expert_grad_bucket) layer=U after the unit's backward sums its gradients into their shards.
   kKv,                // context parallelism, in a body: ALLGATHER on=cp layer=L of layer L's keys and values (count:
-                      // the whole sequences'), before the attention that reads them (forward, recomputation, backward)
+                      // the whole sequences'), before the attention that reads them (forward, recomputation, backward);
+                      // with cp_comm=p2p RING on=cp layer=L (count: this rank's block)
   kKvGrad,            // REDUCESCATTER on=cp layer=L of the keys' and values' gradients after the attention's backward
-                      // (count: the whole sequences'), each rank keeping its chunks'
+                      // (count: the whole sequences'), each rank keeping its chunks'; with cp_comm=p2p RING on=cp
+                      // layer=L, the gradients' last hop (count: one block)
 };
 
 // The model op a COMPUTE instruction of a stage body runs: the layer graph's ops (dtrain/model/layer_graph.h) plus
@@ -159,7 +167,7 @@ struct Instr {
   bool is_p2p() const { return op == Opcode::kSend || op == Opcode::kRecv; }
   bool is_collective() const {
     return op == Opcode::kAllReduce || op == Opcode::kAllGather || op == Opcode::kReduceScatter ||
-           op == Opcode::kAllToAll;
+           op == Opcode::kAllToAll || op == Opcode::kRing;
   }
   bool is_compute_pass() const {
     return op == Opcode::kForward || op == Opcode::kBackward || op == Opcode::kBackwardInput ||

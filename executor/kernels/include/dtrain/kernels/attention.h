@@ -25,8 +25,9 @@
 //
 // Context parallelism: a rank holds chunks of each sequence, and each chunk's queries attend to all keys up to their
 // own position. With q_rows set, every sequence has q_rows queries at positions q_offset .. q_offset + q_rows - 1
-// against `seq` keys at positions 0 .. seq - 1 (causal: query position p sees keys 0..p), so seq >= q_offset +
-// q_rows; q, o, dq and lse then hold q_rows rows per sequence, k, v, dk and dv seq rows. (CPU kernels only.)
+// against `seq` keys at positions 0 .. seq - 1 (causal: query position p sees keys 0..p; a query at or past position
+// seq - 1 sees them all, as a block of keys wholly before a block of queries in the ring exchange: cp_ring.cc);
+// q, o, dq and lse then hold q_rows rows per sequence, k, v, dk and dv seq rows. (CPU kernels only.)
 //
 // Layouts (row-major; token t = b * seq + i):
 //   q   : query head h of token t at q[t * q_stride + h * d]        (q_stride >= n_heads * d)
