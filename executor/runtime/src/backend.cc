@@ -3,9 +3,21 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
 #include "dtrain/common/error.h"
 
 namespace dtrain::exec {
+
+void Backend::release(void* x, std::size_t bytes) {
+  static const std::vector<std::uint8_t> zeros(std::size_t{1} << 20);
+  auto* to = static_cast<std::uint8_t*>(x);
+  for (std::size_t done = 0; done < bytes; done += zeros.size()) {
+    copy_to_backend(to + done, zeros.data(), std::min(zeros.size(), bytes - done));
+  }
+}
 
 bool Backend::supports(DType dtype) {
   switch (dtype) {

@@ -82,16 +82,16 @@ void Interpreter<A>::kv_ring(const Instr& in, ChunkState<A>& st, Tensor& cur) {
   const auto block = static_cast<std::size_t>(T * 2 * KVl * d);
   check_count(in, static_cast<std::int64_t>(block));
   if (!be.host_accessible()) {
-    throw input_error(fmt::format("RING on=cp layer={}: the {} backend does not run context parallelism", in.layer,
-                                  be.name()));
+    throw input_error(
+        fmt::format("RING on=cp layer={}: the {} backend does not run context parallelism", in.layer, be.name()));
   }
   if (in.what == What::kKv) {
     ls.ring = true;  // the attention that follows runs the ring
     return;
   }
   if (ls.dkv.size() != block) {
-    throw input_error(fmt::format("RING on=cp what=kv_grad layer={}: no attention backward ran the ring before it",
-                                  in.layer));
+    throw input_error(
+        fmt::format("RING on=cp what=kv_grad layer={}: no attention backward ran the ring before it", in.layer));
   }
   const int next = (prog.cp_rank + 1) % prog.cp, prev = (prog.cp_rank + prog.cp - 1) % prog.cp;
   const comm::Tag tag = comm::message_tag(fmt::format("cp ring kv_grad layer={} home", in.layer));
@@ -191,9 +191,9 @@ void Interpreter<A>::ring_attention_backward(LayerState<A>& ls, int layer, const
     be.fill(static_cast<std::int64_t>(block), 0.0f, own.data());
     for_each_ring_part(s, [&](const k::AttentionShape& shape, std::int64_t q_row, std::int64_t k_row) {
       const A* keys = held.data() + k_row * width;
-      kern.attention_backward(shape, ls.qkv.data() + q_row * qkv_cols, keys, keys + KVl * d,
-                              ls.o.data() + q_row * od, ls.lse.data() + q_row * Hl, dout.data() + q_row * od,
-                              dq_part.data(), dkv_part.data(), dkv_part.data() + KVl * d, nullptr);
+      kern.attention_backward(shape, ls.qkv.data() + q_row * qkv_cols, keys, keys + KVl * d, ls.o.data() + q_row * od,
+                              ls.lse.data() + q_row * Hl, dout.data() + q_row * od, dq_part.data(), dkv_part.data(),
+                              dkv_part.data() + KVl * d, nullptr);
       for (std::int64_t i = 0; i < c; ++i) {
         float* into = dq.data() + (q_row + i) * od;
         const A* from = dq_part.data() + i * qkv_cols;
@@ -215,11 +215,11 @@ void Interpreter<A>::ring_attention_backward(LayerState<A>& ls, int layer, const
 }
 
 // This file's members for both activation types (interpreter.h).
-#define DTRAIN_INSTANTIATE_CP_RING(A)                                                                             \
-  template void Interpreter<A>::kv_ring(const Instr&, ChunkState<A>&, Tensor&);                                  \
+#define DTRAIN_INSTANTIATE_CP_RING(A)                                                                           \
+  template void Interpreter<A>::kv_ring(const Instr&, ChunkState<A>&, Tensor&);                                 \
   template std::vector<comm::P2POp> Interpreter<A>::ring_step_ops(int, std::int64_t, Tensor*, Tensor*, Tensor*, \
-                                                                  Tensor*) const;                                \
-  template void Interpreter<A>::ring_attention_forward(LayerState<A>&, int);                                     \
+                                                                  Tensor*) const;                               \
+  template void Interpreter<A>::ring_attention_forward(LayerState<A>&, int);                                    \
   template void Interpreter<A>::ring_attention_backward(LayerState<A>&, int, const Tensor&, Tensor&);
 DTRAIN_INSTANTIATE_CP_RING(float)
 DTRAIN_INSTANTIATE_CP_RING(bf16)

@@ -2,12 +2,20 @@
 // what it computed when it called them directly; and bf16 kernels that emulate the CUDA backend's numerics on top of
 // them. The element-wise work keeps the loops it replaced (same order, same
 // accumulator types): the executor's results are compared bit-for-bit across layouts and against PyTorch.
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <new>
+#include <utility>
 #include <vector>
 
+#include "dtrain/common/error.h"
 #include "dtrain/exec/backend.h"
 #include "dtrain/kernels/activation.h"
 #include "dtrain/kernels/attention.h"
@@ -450,6 +458,27 @@ class CpuBackend final : public Backend {
     in_use_.fetch_sub(static_cast<std::int64_t>(bytes));
   }
   MemoryUse memory_use() const override { return {in_use_.load(), peak_.load()}; }
+  void reset_peak() override { peak_.store(in_use_.load()); }
+  void release(void* x, std::size_t bytes) override {
+    auto [first, last] = whole_pages(x, bytes);
+    auto* begin = static_cast<std::uint8_t*>(x);
+    if (first >= last) {
+      std::memset(x, 0, bytes);
+      return;
+    }
+    std::memset(begin, 0, static_cast<std::size_t>(first - begin));
+    std::memset(last, 0, static_cast<std::size_t>(begin + bytes - last));
+    // Private anonymous memory (operator new's) reads as zeros after MADV_DONTNEED, its pages given back.
+    if (::madvise(first, static_cast<std::size_t>(last - first), MADV_DONTNEED) != 0) {
+      throw internal_error(
+          fmt::format("madvise(MADV_DONTNEED) of {} bytes failed: {}", last - first, std::strerror(errno)));
+    }
+    in_use_.fetch_sub(last - first);
+  }
+  void hold(void* x, std::size_t bytes) override {
+    auto [first, last] = whole_pages(x, bytes);
+    if (first < last) count_in(last - first);
+  }
   void copy(void* dst, const void* src, std::size_t bytes) override {
     if (bytes > 0) std::memcpy(dst, src, bytes);
   }
@@ -489,11 +518,21 @@ class CpuBackend final : public Backend {
   void* take(std::size_t bytes, int fill) {
     void* p = ::operator new(bytes);
     std::memset(p, fill, bytes);
-    const std::int64_t now = in_use_.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
+    count_in(static_cast<std::int64_t>(bytes));
+    return p;
+  }
+  void count_in(std::int64_t bytes) {
+    const std::int64_t now = in_use_.fetch_add(bytes) + bytes;
     std::int64_t peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
     }
-    return p;
+  }
+  // The memory pages wholly inside [x, x + bytes): [first, last), empty when first >= last.
+  static std::pair<std::uint8_t*, std::uint8_t*> whole_pages(void* x, std::size_t bytes) {
+    static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto begin = reinterpret_cast<std::uintptr_t>(x), end = begin + bytes;
+    const std::uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+    return {reinterpret_cast<std::uint8_t*>(first), reinterpret_cast<std::uint8_t*>(std::max(first, last))};
   }
 
   // One instance per process (cpu_backend()): ranks run as threads of one process share these counts.

@@ -35,10 +35,8 @@ double Interpreter<A>::evaluate(const DataSource& source, std::int64_t batch, st
     ~Recording() { g.set_recording(true); }
   } recording{gemm};
   gemm.set_recording(false);
-  if constexpr (!std::is_same_v<A, float>) {
-    // The optimizer has updated params since the weights were rounded at the start of the step.
-    kern.from_fp32(static_cast<std::int64_t>(params.size()), params.data(), weights.data());
-  }
+  if (prog.fsdp) fsdp_shed();
+  round_weights();  // the optimizer has updated params since the weights were rounded at the start of the step
   for (std::size_t pc = 0; pc < prog.schedule.size();) {
     const Instr& in = prog.schedule[pc];
     arrive_at(pc);

@@ -81,6 +81,7 @@ std::span<const float> Executor::view(State which, std::vector<float>& copy) con
 }
 
 void Executor::write(State which, std::span<const float> host) {
+  impl_->interpreter->hold_state();
   detail::F32& b = state_buffer(*impl_->interpreter, which);
   if (host.size() != b.size()) {
     throw internal_error(fmt::format("Executor::write: {} floats given for a state of {}", host.size(), b.size()));
@@ -89,6 +90,7 @@ void Executor::write(State which, std::span<const float> host) {
 }
 
 void Executor::write(State which, std::int64_t offset, std::span<const float> host) {
+  impl_->interpreter->hold_state();
   detail::F32& b = state_buffer(*impl_->interpreter, which);
   if (offset < 0 || static_cast<std::size_t>(offset) + host.size() > b.size()) {
     throw internal_error(fmt::format("Executor::write: floats [{}, {}) of a state of {}", offset,

@@ -1,9 +1,11 @@
 // Fully sharded data parallelism in the interpreter (interpreter.h; the IR's What::kLayerParams, docs/ir.md): each
 // data-parallel rank keeps only its slice of a unit's parameters (the distributed optimizer's Sharded slice, one per
 // unit) outside the passes that use them. A body gathers a unit's parameters one unit ahead of its ops; the pass
-// keeps a unit until two more were gathered after it, then zeroes the other ranks' slices again. After a unit's
-// backward its gradients are reduce-scattered into this rank's slice, where the micro-batches accumulate, and the
-// rest is zeroed so that the next micro-batch starts from nothing there.
+// keeps a unit until two more were gathered after it, then releases the other ranks' slices again (Backend::release:
+// they read as zeros, and on the CPU their memory pages go back to the system, so that a rank holds what the cost
+// model prices: its slices, plus the units in use). After a unit's backward its gradients are reduce-scattered into
+// this rank's slice, where the micro-batches accumulate, and the rest is released, so that the next micro-batch
+// starts from nothing there.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -18,16 +20,65 @@ using ir::Opcode;
 using ir::What;
 
 template <typename A>
-void Interpreter<A>::zero_unowned(const Sharded& s, F32& buffer, bool with_weights) {
+void Interpreter<A>::apply_unowned(const Sharded& s, bool gradients, bool release) {
   const std::int64_t lo = s.member * s.shard, hi = std::min(s.size, lo + s.shard);
-  auto zero = [&](std::int64_t flat, std::int64_t, std::int64_t n) {
-    be.fill(n, 0.0f, buffer.data() + flat);
+  auto apply = [&](void* x, std::int64_t bytes) {
+    if (release)
+      be.release(x, static_cast<std::size_t>(bytes));
+    else
+      be.hold(x, static_cast<std::size_t>(bytes));
+  };
+  auto run = [&](std::int64_t flat, std::int64_t, std::int64_t n) {
+    apply((gradients ? grads : params).data() + flat, n * std::int64_t{sizeof(float)});
     if constexpr (!std::is_same_v<A, float>) {
-      if (with_weights) kern.from_fp32(n, buffer.data() + flat, weights.data() + flat);
+      if (!gradients) apply(weights.data() + flat, n * std::int64_t{sizeof(A)});
     }
   };
-  for_each_packed(s.pieces, 0, std::min(lo, s.size), zero);
-  if (hi < s.size) for_each_packed(s.pieces, hi, s.size, zero);
+  for_each_packed(s.pieces, 0, std::min(lo, s.size), run);
+  if (hi < s.size) for_each_packed(s.pieces, hi, s.size, run);
+}
+
+template <typename A>
+void Interpreter<A>::release_unowned(Sharded& s, bool gradients) {
+  bool& released = gradients ? s.grads_released : s.params_released;
+  if (released) return;
+  apply_unowned(s, gradients, true);
+  released = true;
+}
+
+template <typename A>
+void Interpreter<A>::hold_unowned(Sharded& s, bool gradients) {
+  bool& released = gradients ? s.grads_released : s.params_released;
+  if (!released) return;
+  apply_unowned(s, gradients, false);
+  released = false;
+}
+
+template <typename A>
+void Interpreter<A>::fsdp_shed() {
+  for (auto& [key, s] : sharded_buckets) {
+    release_unowned(s, false);
+    release_unowned(s, true);
+  }
+}
+
+template <typename A>
+void Interpreter<A>::fsdp_hold_all() {
+  for (auto& [key, s] : sharded_buckets) {
+    hold_unowned(s, false);
+    hold_unowned(s, true);
+  }
+}
+
+template <typename A>
+void Interpreter<A>::round_weights() {
+  if constexpr (!std::is_same_v<A, float>) {
+    if (!prog.fsdp) {
+      kern.from_fp32(static_cast<std::int64_t>(params.size()), params.data(), weights.data());
+      return;
+    }
+    for (auto [b, e] : owned_ranges) kern.from_fp32(e - b, params.data() + b, weights.data() + b);
+  }
 }
 
 template <typename A>
@@ -36,18 +87,21 @@ void Interpreter<A>::fsdp_collective(const Instr& in) {
   const std::pair<std::int64_t, bool> key{bucket_range(in).first, experts};
   const auto it = sharded_buckets.find(key);
   if (it == sharded_buckets.end()) throw input_error("an fsdp collective without its unit's reduce-scatter");
-  const Sharded& s = it->second;
+  Sharded& s = it->second;
   if (in.op == Opcode::kReduceScatter) {
     if (in.what != What::kGradBucket && in.what != What::kExpertGradBucket) {
       throw input_error("an fsdp reduce-scatter of something other than gradients");
     }
     sharded_collective(in);
-    zero_unowned(s, grads, /*with_weights=*/false);
+    release_unowned(s, /*gradients=*/true);
     return;
   }
   if (in.op != Opcode::kAllGather || in.what != What::kLayerParams) {
     throw input_error("a data-parallel collective in a body that is neither fsdp's gather nor its reduce-scatter");
   }
+  hold_unowned(s, /*gradients=*/false);
+  // A backward's ops write the unit's gradients whole, until its reduce-scatter.
+  if (step_.body != nullptr && step_.body->kind != ir::BodyKind::kForward) hold_unowned(s, /*gradients=*/true);
   sharded_collective(in);
   if constexpr (!std::is_same_v<A, float>) {
     for (auto [flat, n] : s.pieces) kern.from_fp32(n, params.data() + flat, weights.data() + flat);
@@ -63,18 +117,23 @@ void Interpreter<A>::fsdp_collective(const Instr& in) {
 template <typename A>
 void Interpreter<A>::fsdp_release(std::size_t keep) {
   while (fsdp_held.size() > keep) {
-    for (const auto& key : fsdp_held.front().second)
-      zero_unowned(sharded_buckets.at(key), params, /*with_weights=*/true);
+    for (const auto& key : fsdp_held.front().second) release_unowned(sharded_buckets.at(key), /*gradients=*/false);
     fsdp_held.erase(fsdp_held.begin());
   }
 }
 
 // This file's members for both activation types (interpreter.h).
-template void Interpreter<float>::zero_unowned(const Sharded&, F32&, bool);
-template void Interpreter<float>::fsdp_collective(const Instr&);
-template void Interpreter<float>::fsdp_release(std::size_t);
-template void Interpreter<bf16>::zero_unowned(const Sharded&, F32&, bool);
-template void Interpreter<bf16>::fsdp_collective(const Instr&);
-template void Interpreter<bf16>::fsdp_release(std::size_t);
+#define DTRAIN_INSTANTIATE_FSDP(A)                                         \
+  template void Interpreter<A>::apply_unowned(const Sharded&, bool, bool); \
+  template void Interpreter<A>::release_unowned(Sharded&, bool);           \
+  template void Interpreter<A>::hold_unowned(Sharded&, bool);              \
+  template void Interpreter<A>::fsdp_shed();                               \
+  template void Interpreter<A>::fsdp_hold_all();                           \
+  template void Interpreter<A>::round_weights();                           \
+  template void Interpreter<A>::fsdp_collective(const Instr&);             \
+  template void Interpreter<A>::fsdp_release(std::size_t);
+DTRAIN_INSTANTIATE_FSDP(float)
+DTRAIN_INSTANTIATE_FSDP(bf16)
+#undef DTRAIN_INSTANTIATE_FSDP
 
 }  // namespace dtrain::exec::detail

@@ -85,6 +85,7 @@ Interpreter<A>::Interpreter(const model::ModelDescription& model, const ir::Prog
   for (auto [b, e] : owned_ranges) n += e - b;
   m1 = F32(be, static_cast<std::size_t>(n));
   m2 = F32(be, static_cast<std::size_t>(n));
+  if (prog.fsdp) fsdp_shed();  // each rank holds its slices between the passes that gather a unit
   sched.lr = md.training.lr;
   sched.min_lr = md.training.min_lr;
   sched.warmup_steps = md.training.warmup_steps;

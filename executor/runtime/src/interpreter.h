@@ -67,6 +67,9 @@ class InterpreterBase {
   virtual F32& exp_avg_sq_buffer() = 0;
   virtual const std::vector<std::pair<std::int64_t, std::int64_t>>& owned() const = 0;
   virtual const std::vector<ir::Slice>& trace() const = 0;
+  // Before Executor::write fills the parameters or gradients whole: with fsdp, the other ranks' slices it released
+  // are counted in again (the next step releases them anew).
+  virtual void hold_state() = 0;
 };
 
 // The interpreter for the options' activation type on their backend (cpu_backend() when none). Throws dtrain::Error
@@ -95,6 +98,9 @@ class Interpreter final : public InterpreterBase {
   F32& exp_avg_sq_buffer() override { return m2; }
   const std::vector<std::pair<std::int64_t, std::int64_t>>& owned() const override { return owned_ranges; }
   const std::vector<ir::Slice>& trace() const override { return step_.slices; }
+  void hold_state() override {
+    if (prog.fsdp) fsdp_hold_all();
+  }
 
  private:
   // Pieces of the flat buffer, (offset, elements), that a collective takes in this order as one packed vector.
@@ -105,6 +111,9 @@ class Interpreter final : public InterpreterBase {
     Pieces pieces;
     std::int64_t size = 0, shard = 0;
     int members = 1, member = 0;
+    // fsdp: whether the elements outside this member's slice are released (Backend::release) in the parameters (and
+    // the weights) and in the gradients.
+    bool params_released = false, grads_released = false;
   };
 
   // ---- interpreter.cc: construction and the parameter layout ----
@@ -129,15 +138,24 @@ class Interpreter final : public InterpreterBase {
   void sharded_collective(const ir::Instr& in);
 
   // ---- fsdp.cc: fully sharded data parallelism's collectives in the bodies ----
-  // ALLGATHER what=layer_params: a unit's parameters whole (and for A != float its weights); REDUCESCATTER of a
-  // unit's gradients into their shards, the rest of them zeroed for the next micro-batch.
+  // ALLGATHER what=layer_params: a unit's parameters whole (and for A != float its weights; in a backward body its
+  // gradients held for the ops that write them); REDUCESCATTER of a unit's gradients into their shards, the rest of
+  // them released (reading as zeros for the next micro-batch).
   void fsdp_collective(const ir::Instr& in);
-  // The parameters of the units a pass gathered, back to this rank's shards (the rest zeroed): all of them at the
+  // The parameters of the units a pass gathered, back to this rank's shards (the rest released): all of them at the
   // end of a pass, the oldest when a third unit is gathered.
   void fsdp_release(std::size_t keep);
-  // Zeroes the elements of `s` outside this member's slice in `buffer` (params: with_weights, also in the weights
-  // the passes read, for A != float).
-  void zero_unowned(const Sharded& s, F32& buffer, bool with_weights);
+  // The elements of `s` outside this member's slice in the parameters (with the weights the passes read, for A !=
+  // float) or the gradients: released (Backend::release: zeros, their memory given back) or held again before they
+  // are written. Each does nothing when the elements already are so.
+  void release_unowned(Sharded& s, bool gradients);
+  void hold_unowned(Sharded& s, bool gradients);
+  void apply_unowned(const Sharded& s, bool gradients, bool release);
+  // Every unit's: released at the start of a step and after construction, held before Executor::write.
+  void fsdp_shed();
+  void fsdp_hold_all();
+  // For A != float: the weights the passes read, params rounded (with fsdp this rank's slices; the rest released).
+  void round_weights();
   void check_count(const ir::Instr& in, std::int64_t actual) const;
   void reduce_tensor_grads(const ir::Instr& in, comm::Communicator& group, const Pieces& pieces);
   void settle();

@@ -26,10 +26,13 @@ template <typename A>
 StepMetrics Interpreter<A>::run(std::int64_t step_index) {
   step_ = StepState<A>{};
   step_.index = step_index;
-  be.fill(static_cast<std::int64_t>(grads.size()), 0.0f, grads.data());
-  if constexpr (!std::is_same_v<A, float>) {
-    kern.from_fp32(static_cast<std::int64_t>(params.size()), params.data(), weights.data());
+  if (prog.fsdp) {
+    fsdp_shed();  // the other ranks' slices: released (zeros) since the last step, or after Executor::write
+    for (auto [b, e] : owned_ranges) be.fill(e - b, 0.0f, grads.data() + b);
+  } else {
+    be.fill(static_cast<std::int64_t>(grads.size()), 0.0f, grads.data());
   }
+  round_weights();
   gemm.begin_step();
   step_.start = Clock::now();
   for (std::size_t pc = 0; pc < prog.schedule.size();) {

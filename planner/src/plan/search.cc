@@ -297,8 +297,8 @@ class Searcher {
     ++result_.candidates;
     ++result_.evaluated;
     // The best per fsdp and per exchange include layouts priced only for that dimension's sake (fsdp with tied
-    // embeddings; a ring or all-to-all exchange), not those priced only for another's.
-    const bool other_exchange = c.cp > 1 && c.cp_comm != CpComm::kAllGather;
+    // embeddings; an all-to-all exchange), not those priced only for another's.
+    const bool other_exchange = c.cp > 1 && c.cp_comm == CpComm::kA2a;
     if (!advisory || !other_exchange) offer(best_fsdp_, c.fsdp ? 1 : 0, s);
     if (c.cp > 1 && (!advisory || (other_exchange && runs_with_all_gather(c)))) {
       offer(best_cp_comm_, std::string(to_string(c.cp_comm)), s);

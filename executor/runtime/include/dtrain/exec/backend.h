@@ -198,6 +198,20 @@ class Backend {
     std::int64_t peak = 0;
   };
   virtual MemoryUse memory_use() const = 0;
+  // The peak counts from now on (from what is in use now): dtexec train calls it once its setup (the executor's
+  // buffers, a checkpoint or weights loaded whole) is done, so that the peak it reports is the training steps'.
+  // The CUDA backend's pool keeps its own peak.
+  virtual void reset_peak() {}
+  // Memory a buffer keeps without using it for a while (fully sharded data parallelism: the other ranks' slices of a
+  // unit's parameters and gradients between their uses). release: [x, x + bytes) of a buffer from allocate() reads
+  // as zero bytes afterwards; the CPU backend gives the memory pages wholly inside it back to the system and counts
+  // them out of memory_use until hold() counts them in again, which the caller does before it writes the range
+  // (with the same x and bytes). The default zeroes the range and counts nothing.
+  virtual void release(void* x, std::size_t bytes);
+  virtual void hold(void* x, std::size_t bytes) {
+    (void)x;
+    (void)bytes;
+  }
   // Copies within backend memory; the ranges must not overlap.
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
   // Host -> backend and backend -> host. Both have finished with the host memory when they return.
