@@ -820,6 +820,15 @@ ParallelConfig CostModel::complete(ParallelConfig c, std::int64_t global_batch) 
   return c;
 }
 
+bool CostModel::repeats_previous_stage(const ParallelConfig& c, int s) const {
+  if (!graph_.moe.empty() || s < 2 || s >= c.pp - 1) return false;
+  for (int j = 0; j < c.vpp; ++j) {
+    const auto ch = static_cast<std::size_t>(j * c.pp + s);
+    if (c.chunk_layers[ch] != c.chunk_layers[ch - 1]) return false;
+  }
+  return true;
+}
+
 StageTimes CostModel::stage_pass_times(const ParallelConfig& c, const LayerCosts& lc, int s, int* layers) const {
   const int p = c.pp, chunks = c.chunks();
   StageTimes st;
@@ -873,9 +882,15 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
   int param_stage = 0;
   StageTimes param_stage_times;
   int slowest = 0;
+  StageTimes st;
+  int layers = 0;
+  double params = 0;
   for (int s = 0; s < p; ++s) {
-    int layers = 0;
-    StageTimes st = stage_pass_times(c, lc, s, &layers);
+    if (!repeats_previous_stage(c, s)) {  // else the previous stage's st, layers and params hold for this one
+      layers = 0;
+      st = stage_pass_times(c, lc, s, &layers);
+      params = lc.moe != nullptr ? stage_params(c, s) : stage_params(c, 0, layers, s == 0, s == p - 1);
+    }
     if (stage_times != nullptr) (*stage_times)[static_cast<std::size_t>(s)] = st;
     double t = st.total() + overhead_per_mb;
     // Zero-bubble H1 fills the fill/drain with weight-gradient work: what remains per stage is
@@ -889,7 +904,6 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
       fill_at_max = fill;
       slowest = s;
     }
-    double params = lc.moe != nullptr ? stage_params(c, s) : stage_params(c, 0, layers, s == 0, s == p - 1);
     if (params > max_params) {
       max_params = params;
       max_stage_experts = lc.moe != nullptr ? stage_expert_params(c, s) : 0.0;
@@ -931,9 +945,9 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
     const double shared = shared_core_pipe(pipe, mbs * t_max, t_sum / p / t_max, contention, p, mbs * v);
     speedup = pipe / shared;
     t_max /= speedup;
-    for (StageTimes* st : {&bottleneck, &param_stage_times}) *st = scaled(*st, 1 / speedup);
+    for (StageTimes* times : {&bottleneck, &param_stage_times}) *times = scaled(*times, 1 / speedup);
     if (stage_times != nullptr) {
-      for (auto& st : *stage_times) st = scaled(st, 1 / speedup);
+      for (auto& times : *stage_times) times = scaled(times, 1 / speedup);
     }
     pipe = shared;
   }
@@ -978,6 +992,7 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
 double CostModel::peak_memory_bytes(const ParallelConfig& c, int* peak_stage) const {
   double peak = 0;
   for (int s = 0; s < c.pp; ++s) {
+    if (repeats_previous_stage(c, s)) continue;  // never more than the stage before it
     double total = stage_memory(c, s).total_bytes();
     if (total > peak) {
       peak = total;

@@ -78,8 +78,8 @@ class CompareMemoryTest : public ::testing::Test {
                                          "synthetic --steps 2 --trace {} --metrics {}",
                                          kBin, kBin, model, plan, trace, metrics));
     EXPECT_EQ(t.exit_code, 0) << t.err;
-    ShellResult c = shell(d, fmt::format("{}/dtplan compare --plan {} --measured {} --metrics {} --json", kBin, plan,
-                                         trace, metrics));
+    ShellResult c = shell(
+        d, fmt::format("{}/dtplan compare --plan {} --measured {} --metrics {} --json", kBin, plan, trace, metrics));
     EXPECT_EQ(c.exit_code, 0) << c.err;
     if (c.exit_code != 0) return {};
     const auto j = nlohmann::json::parse(c.out);

@@ -264,6 +264,11 @@ class CostModel {
   // slowest one's time; `contention`: the share of a pass that is subgroup_sync_us, gone while no more ranks than
   // cores are busy; `passes`: micro-batches x vpp.
   double shared_core_pipe(double pipe, double work, double balance, double contention, int p, int passes) const;
+  // Whether pipeline stage s (1 < s < pp - 1) of a dense model is stage s - 1 again: its chunks hold the same layers
+  // and neither the embedding nor the head, so its pass times, parameters and memory but for its in-flight
+  // micro-batches (never more than s - 1's) are the same. The search's inner loops skip such stages (most of them
+  // with pp = 64 or 128).
+  bool repeats_previous_stage(const ParallelConfig& config, int s) const;
   // Per-micro-batch time of pipeline stage s (its chunks' sum); adds its layers to *layers when given.
   StageTimes stage_pass_times(const ParallelConfig& config, const LayerCosts& costs, int s,
                               int* layers = nullptr) const;
