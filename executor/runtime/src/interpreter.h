@@ -233,6 +233,11 @@ class Interpreter final : public InterpreterBase {
   void moe_forward(const ir::Instr& in, ChunkState<A>& st, Tensor& cur);
   void moe_backward(const ir::Instr& in, ChunkState<A>& st, Tensor& cur);
   void moe_route_forward(const ir::Instr& in, MoeState<A>& ms, const Tensor& x);
+  // The load-balancing loss from its per-(sequence, expert) statistics: ms.aux_grad, and the loss once.
+  void moe_aux_loss(const ir::Instr& in, MoeState<A>& ms, const std::vector<double>& chosen,
+                    const std::vector<double>& prob);
+  // ALLREDUCE on=cp what=router_stats.
+  void moe_router_stats(const ir::Instr& in, ChunkState<A>& st);
   void moe_route_backward(MoeState<A>& ms, Tensor& cur, int layer);
   void moe_experts_forward(MoeState<A>& ms, int layer);
   void moe_experts_backward(MoeState<A>& ms, int layer);

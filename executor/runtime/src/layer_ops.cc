@@ -475,6 +475,10 @@ void Interpreter<A>::body_collective(const Instr& in, ChunkState<A>& st, Tensor&
     kv_ring(in, st, cur);
     return;
   }
+  if (in.what == What::kRouterStats) {
+    moe_router_stats(in, st);
+    return;
+  }
   if (in.what == What::kKv) {
     kv_gather(in, st, cur, rcur);
     return;

@@ -53,7 +53,8 @@ void Interpreter<A>::activation_backward(std::int64_t rows, std::int64_t width, 
 template <typename A>
 void Interpreter<A>::moe_route_forward(const Instr& in, MoeState<A>& ms, const Tensor& x) {
   const model::MoeSpec& moe = m.moe;
-  const std::int64_t E = moe.experts, K = moe.top_k, S = m.seq_len;
+  // A sequence's rows on this rank: all of it, or with context parallelism its two chunks.
+  const std::int64_t E = moe.experts, K = moe.top_k, S = m.seq_len / prog.cp;
   const std::int64_t sequences = Tm / S;
   Tensor logits(be, static_cast<std::size_t>(Tm * E));
   kern.linear_forward({Tm, h, E}, x.data(), W(L(in.layer, "moe.router.weight")), nullptr, logits.data());
@@ -96,36 +97,74 @@ void Interpreter<A>::moe_route_forward(const Instr& in, MoeState<A>& ms, const T
   ms.rows = upload(rows);
   ms.slot = upload(slot);
 
-  // The load-balancing loss per sequence (moe.h's formula, on the choices before any drop), and its gradient on the
-  // probabilities, scaled as the loss is: a mean over the batch's sequences.
+  // The load-balancing loss per sequence (moe.h's formula, on the choices before any drop): with context
+  // parallelism once its statistics were summed over the cp ranks (ALLREDUCE what=router_stats, moe_router_stats).
   ms.aux_grad.clear();
+  ms.aux_stats.clear();
   if (moe.aux_loss_coeff > 0) {
     std::vector<float> probs(static_cast<std::size_t>(Tm * E));
     be.copy_to_host(probs.data(), ms.probs.data(), probs.size() * sizeof(float));
-    const double scale = moe.aux_loss_coeff * static_cast<double>(E) /
-                         (static_cast<double>(K) * static_cast<double>(S) * static_cast<double>(S)) /
-                         static_cast<double>(opt.global_batch);
-    std::vector<float> grad(static_cast<std::size_t>(sequences * E));
-    double loss = 0;
+    std::vector<double> chosen(static_cast<std::size_t>(sequences * E)), prob(chosen.size());
     for (std::int64_t s = 0; s < sequences; ++s) {
       for (std::int64_t e = 0; e < E; ++e) {
         double p = 0;
         for (std::int64_t t = s * S; t < (s + 1) * S; ++t) p += probs[static_cast<std::size_t>(t * E + e)];
-        const auto c = static_cast<double>(count[static_cast<std::size_t>(s * E + e)]);
-        loss += scale * c * p;
-        grad[static_cast<std::size_t>(s * E + e)] = static_cast<float>(scale * c);
+        const auto i = static_cast<std::size_t>(s * E + e);
+        chosen[i] = static_cast<double>(count[i]);
+        prob[i] = p;
       }
     }
-    ms.aux_grad = upload(grad);
-    // Once per micro-batch (not again when recomputed), by one rank of the tensor-parallel group (with etp = 1 by
-    // each: its own sequences).
-    // A validation pass reports the language-model loss alone.
-    if (in.pass != ir::Pass::kRecompute && !step_.eval && (prog.tp_rank == 0 || prog.moe_token_parallel())) {
-      step_.loss_sum += loss;
+    if (prog.cp == 1) {
+      moe_aux_loss(in, ms, chosen, prob);
+    } else {
+      ms.aux_stats.assign(chosen.begin(), chosen.end());  // fp32: counts below 2^24 are exact
+      ms.aux_stats.insert(ms.aux_stats.end(), prob.begin(), prob.end());
     }
   }
   sized(ms.xe, static_cast<std::size_t>(ms.offsets.back() * h));
   kern.moe_gather_rows(ms.offsets.back(), h, x.data(), ms.rows.data(), ms.xe.data());
+}
+
+// The load-balancing loss of the micro-batch's sequences from their choices and router probability sums per
+// (sequence, expert), and its gradient on the probabilities, scaled as the loss is: a mean over the batch's sequences.
+template <typename A>
+void Interpreter<A>::moe_aux_loss(const Instr& in, MoeState<A>& ms, const std::vector<double>& chosen,
+                                  const std::vector<double>& prob) {
+  const model::MoeSpec& moe = m.moe;
+  const std::int64_t E = moe.experts, K = moe.top_k, S = m.seq_len;
+  const double scale = moe.aux_loss_coeff * static_cast<double>(E) /
+                       (static_cast<double>(K) * static_cast<double>(S) * static_cast<double>(S)) /
+                       static_cast<double>(opt.global_batch);
+  std::vector<float> grad(chosen.size());
+  double loss = 0;
+  for (std::size_t i = 0; i < chosen.size(); ++i) {
+    loss += scale * chosen[i] * prob[i];
+    grad[i] = static_cast<float>(scale * chosen[i]);
+  }
+  ms.aux_grad = upload(grad);
+  // Once per micro-batch (not again when recomputed), by one rank of the tensor-parallel group (with etp = 1 by
+  // each: its own sequences) and of the context-parallel group. A validation pass reports the language-model loss
+  // alone.
+  if (in.pass != ir::Pass::kRecompute && !step_.eval && (prog.tp_rank == 0 || prog.moe_token_parallel()) &&
+      prog.cp_rank == 0) {
+    step_.loss_sum += loss;
+  }
+}
+
+// ALLREDUCE on=cp what=router_stats: the statistics of the sequences' chunks summed over the cp ranks, then the loss.
+template <typename A>
+void Interpreter<A>::moe_router_stats(const Instr& in, ChunkState<A>& st) {
+  MoeState<A>& ms = layer_state(st, in.layer).moe;
+  std::vector<float>& stats = ms.aux_stats;
+  check_count(in, static_cast<std::int64_t>(stats.size()));
+  if (!be.host_accessible()) {
+    throw input_error(fmt::format("{}: the {} backend does not run context parallelism", ir::to_text(in), be.name()));
+  }
+  communicate(*comms.cp, [&] { comms.cp->all_reduce(stats.data(), stats.data(), stats.size(), comm::ReduceOp::kSum); });
+  const auto half = static_cast<std::ptrdiff_t>(stats.size() / 2);
+  moe_aux_loss(in, ms, std::vector<double>(stats.begin(), stats.begin() + half),
+               std::vector<double>(stats.begin() + half, stats.end()));
+  stats.clear();
 }
 
 // This rank's experts as groups of rows: the rows of each local expert (from its offsets) and the pointers to its
@@ -341,7 +380,7 @@ void Interpreter<A>::moe_route_backward(MoeState<A>& ms, Tensor& cur, int layer)
   const std::int64_t E = moe.experts, K = moe.top_k;
   Tensor dlogits(be, static_cast<std::size_t>(Tm * E));
   kern.moe_route_backward({Tm, E, K, moe.normalize_top_k}, ms.probs.data(), ms.expert.data(), ms.dgate.data(),
-                          ms.aux_grad.empty() ? nullptr : ms.aux_grad.data(), m.seq_len, dlogits.data());
+                          ms.aux_grad.empty() ? nullptr : ms.aux_grad.data(), m.seq_len / prog.cp, dlogits.data());
   sized(cur, static_cast<std::size_t>(Tm * h));
   if (!ms.dx.empty()) {
     be.copy(cur.data(), ms.dx.data(), cur.size() * sizeof(A));
@@ -409,6 +448,9 @@ void Interpreter<A>::moe_backward(const Instr& in, ChunkState<A>& st, Tensor& cu
   template void Interpreter<A>::activation_forward(std::int64_t, std::int64_t, const Tensor&, Tensor&);       \
   template void Interpreter<A>::activation_backward(std::int64_t, std::int64_t, const Tensor&, Tensor&);      \
   template void Interpreter<A>::moe_route_forward(const Instr&, MoeState<A>&, const Tensor&);                 \
+  template void Interpreter<A>::moe_aux_loss(const Instr&, MoeState<A>&, const std::vector<double>&,          \
+                                             const std::vector<double>&);                                     \
+  template void Interpreter<A>::moe_router_stats(const Instr&, ChunkState<A>&);                               \
   template void Interpreter<A>::moe_route_backward(MoeState<A>&, Tensor&, int);                               \
   template Interpreter<A>::ExpertGroups Interpreter<A>::expert_groups(const std::vector<std::int64_t>&, int); \
   template void Interpreter<A>::moe_experts_forward(MoeState<A>&, int);                                       \

@@ -21,6 +21,7 @@ struct MoeState {
   Buffer<std::int32_t> slot;          // row of each choice [T, k], -1 when dropped
   std::vector<std::int64_t> offsets;  // host: expert e's rows are [offsets[e], offsets[e + 1])
   Buffer<float> aux_grad;             // the load-balancing loss's gradient on the probabilities [sequences, E]
+  std::vector<float> aux_stats;       // host, cp > 1: [sequences, E] choices then probability sums, for router_stats
   Buffer<A> xe, ae, ge, ye;           // experts: input rows, fc1 output, activation output, fc2 output
   Buffer<A> sa, sg, sy;               // shared experts: fc1 output, activation output, fc2 output (partial over tp)
   Buffer<float> shared_gate;          // sigmoid(x . w) per token (shared_gate)

@@ -263,6 +263,20 @@ class BodyBuilder {
   void moe_forward(std::vector<Instr>& out, int layer, Pass pass, int& index) const {
     if (sp() && !moe_local()) gather(out, layer, index);
     out.push_back(compute(BodyOp::kMoeRoute, layer, pass));
+    if (cp() && m_.moe.aux_loss_coeff > 0) {
+      // The load-balancing loss is per sequence: its statistics summed over the ranks holding the chunks.
+      Instr in;
+      in.op = Opcode::kAllReduce;
+      in.on = CommGroup::kCp;
+      in.what = What::kRouterStats;
+      in.layer = layer;
+      in.index = index++;
+      in.count = std::int64_t{c_.micro_batch} * m_.moe.experts * 2;
+      in.dtype = DType::kFp32;
+      in.reduce = ReduceOp::kSum;
+      in.pass = pass;
+      out.push_back(in);
+    }
     if (ep()) {
       out.push_back(expert_exchange(What::kExpertCounts, layer, index++));
       out.push_back(expert_exchange(What::kExpertTokens, layer, index++));  // dispatch

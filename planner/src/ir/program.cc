@@ -126,6 +126,8 @@ std::string_view to_string(What w) {
       return "kv";
     case What::kKvGrad:
       return "kv_grad";
+    case What::kRouterStats:
+      return "router_stats";
   }
   return "?";
 }

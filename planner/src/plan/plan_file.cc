@@ -58,11 +58,18 @@ std::optional<ExecutionProblem> execution_problem(const model::ModelSpec& model,
         "\"p2p\" or \"all_gather\" only; plan with --fix cp_comm=p2p or cp_comm=all_gather",
         "dtexec runs cp_comm=p2p or all_gather only", "cp_comm"};
   }
-  if (config.cp > 1 && model.moe.enabled() && model.moe.aux_loss_coeff > 0) {
+  if (config.cp > 1 && model.moe.enabled() && model.moe.capacity_factor > 0) {
     return ExecutionProblem{
-        "cp > 1 with the MoE load-balancing loss (per sequence, over all of its tokens): dtrain prices this but "
-        "runs context parallelism without it only; set [model.moe] aux_loss_coeff = 0 or plan with --fix cp=1",
-        "dtexec runs cp > 1 without the load-balancing loss only", "cp"};
+        "cp > 1 with an expert capacity (a sequence's earliest choices kept first, over all of its chunks): dtrain "
+        "prices this but runs context parallelism with dropless experts only; set [model.moe] capacity_factor = 0 or "
+        "plan with --fix cp=1",
+        "dtexec runs cp > 1 with dropless experts only", "cp"};
+  }
+  if (config.cp > 1 && model.moe.enabled() && model.moe.aux_loss_coeff > 0 && config.etp == 1 && config.tp > 1) {
+    return ExecutionProblem{
+        "cp > 1 with the MoE load-balancing loss and etp = 1 (each tensor-parallel rank routing a shard of its "
+        "chunks): dtrain prices this but does not run it; plan with --fix etp equal to tp, or cp=1",
+        "dtexec runs cp > 1 with the load-balancing loss at etp = tp only", "cp"};
   }
   if (config.cp > 1 && model.dropout > 0) {
     return ExecutionProblem{

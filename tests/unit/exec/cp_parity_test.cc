@@ -1,13 +1,12 @@
 // Context parallelism (cp) run by the interpreter: each rank holds two of the 2 * cp chunks of every sequence, the
-// attention gathers the keys and values of all of them; its layouts reproduce the single-rank loss curve of the tiny
-// Llama (and of the tiny MoE with its experts over the dp x cp ranks), its programs exchange keys and values around
-// every attention, and a checkpoint written with cp resumes without it.
+// attention gathers the keys and values of all of them (all_gather) or passes them around the cp ranks block by
+// block (p2p, the ring); its layouts reproduce the single-rank loss curve of the tiny Llama (and of the tiny MoE with
+// its experts over the dp x cp ranks and its load-balancing loss), its programs exchange keys and values around every
+// attention, and a checkpoint written with cp resumes without it.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "dtrain/ir/lower.h"
 #include "dtrain/ir/text.h"
@@ -29,17 +28,6 @@ struct CpLayout {
 
 std::string cp_fix(const CpLayout& l) {
   return fmt::format("cp={},cp_comm={},dp={},tp={},pp={}{}", l.cp, l.comm, l.dp, l.tp, l.pp, l.extra);
-}
-
-// `from` (a model file) with its MoE load-balancing loss off, written to `to`.
-void write_model_without_aux_loss(const std::string& from, const std::string& to) {
-  std::ifstream in(from);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::string key = "aux_loss_coeff = 0.01";
-  const auto at = text.find(key);
-  ASSERT_NE(at, std::string::npos) << from;
-  text.replace(at, key.size(), "aux_loss_coeff = 0");
-  std::ofstream(to) << text;
 }
 
 class CpParity : public ::testing::TestWithParam<CpLayout> {};
@@ -67,19 +55,19 @@ INSTANTIATE_TEST_SUITE_P(Layouts, CpParity,
                                               std::string_view(l.comm) == "p2p" ? "_ring" : "");
                          });
 
-// The tiny MoE without its load-balancing loss (a per-sequence term dtexec does not split over cp ranks): the experts
-// split over two of the dp x cp ranks.
+// The tiny MoE, its load-balancing loss included (per sequence: its statistics summed over the cp ranks, ALLREDUCE
+// what=router_stats): the experts split over two of the dp x cp ranks, with the all-gather and with the ring.
 TEST(CpMoe, ExpertsOverTheContextParallelRanksEqualTheSingleRank) {
   const std::string moe = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny-moe.toml";
-  const std::string path = ::testing::TempDir() + "/tiny-moe-no-aux.toml";
-  write_model_without_aux_loss(moe, path);
-  const std::vector<double> ref = single_rank_curve(path);
-  TrainOptions o;
-  o.model_path = path;
-  o.steps = curve_steps(20);
-  o.seed = 7;
-  o.fixed = {"cp=2,cp_comm=all_gather,ep=2,dp=1,tp=1,pp=1"};
-  expect_same_curve(losses(train_threads(2, o)), ref);
+  const std::vector<double> ref = single_rank_curve(moe);
+  for (const char* comm : {"all_gather", "p2p"}) {
+    TrainOptions o;
+    o.model_path = moe;
+    o.steps = curve_steps(20);
+    o.seed = 7;
+    o.fixed = {fmt::format("cp=2,cp_comm={},ep=2,dp=1,tp=1,pp=1", comm)};
+    expect_same_curve(losses(train_threads(2, o)), ref);
+  }
 }
 
 // The program of a cp layout: every attention's forward gathers the layer's keys and values over cp, its backward

@@ -102,6 +102,9 @@ enum class What : std::uint8_t {
   kKvGrad,            // REDUCESCATTER on=cp layer=L of the keys' and values' gradients after the attention's backward
                       // (count: the whole sequences'), each rank keeping its chunks'; with cp_comm=p2p RING on=cp
                       // layer=L, the gradients' last hop (count: one block)
+  kRouterStats,       // ALLREDUCE on=cp layer=L after a MoE layer's router with a load-balancing loss: per sequence of
+                      // the micro-batch and expert, the rank's routed choices and router probabilities (count:
+                      // micro_batch x experts x 2, fp32), summed over the cp ranks that hold the sequence's chunks
 };
 
 // The model op a COMPUTE instruction of a stage body runs: the layer graph's ops (dtrain/model/layer_graph.h) plus
