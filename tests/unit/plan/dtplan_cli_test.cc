@@ -580,6 +580,22 @@ INSTANTIATE_TEST_SUITE_P(
                 "--fix cp=2,cp_comm=a2a",
                 {"dtplan plan: cp_comm = \"a2a\"",
                  "runs context parallelism with cp_comm = \"p2p\" or \"all_gather\" only"}},
+        // Context parallelism with what dtexec cannot split over a sequence's chunks: an expert capacity (a
+        // sequence's earliest choices first), the load-balancing loss when each tensor-parallel rank routes a shard.
+        BadCase{"CpWithAnExpertCapacityIsNotWritten",
+                true,
+                "arch = \"gpt\"\nlayers = 24\nhidden = 2048\nheads = 16\nvocab = 51200\nseq_len = 2048\n",
+                "arch = \"llama\"\nlayers = 24\nhidden = 2048\nheads = 16\nvocab = 51200\nseq_len = 2048\n"
+                "\n[model.moe]\nexperts = 4\ntop_k = 2\nffn_hidden = 96\ncapacity_factor = 1.25\n",
+                "--fix cp=2",
+                {"dtplan plan: cp > 1 with an expert capacity", "set [model.moe] capacity_factor = 0"}},
+        BadCase{"CpWithTheLoadBalancingLossAtEtpOneIsNotWritten",
+                true,
+                "arch = \"gpt\"\nlayers = 24\nhidden = 2048\nheads = 16\nvocab = 51200\nseq_len = 2048\n",
+                "arch = \"llama\"\nlayers = 24\nhidden = 2048\nheads = 16\nvocab = 51200\nseq_len = 2048\n"
+                "\n[model.moe]\nexperts = 4\ntop_k = 2\nffn_hidden = 96\naux_loss_coeff = 0.01\n",
+                "--fix cp=2,tp=2,etp=1,sp=true",
+                {"dtplan plan: cp > 1 with the MoE load-balancing loss and etp = 1", "--fix etp equal to tp, or cp=1"}},
         BadCase{"FsdpWithoutTheDistributedOptimizer",
                 false,
                 "",
