@@ -70,18 +70,22 @@ TEST(CpMoe, ExpertsOverTheContextParallelRanksEqualTheSingleRank) {
   }
 }
 
+// The tiny Llama's plan on 4 CPU ranks with context parallelism (one sequence a micro-batch).
+plan::Plan tiny_cp_plan(int cp, plan::CpComm comm, int dp, plan::Recompute recompute) {
+  const auto model = model::load_model(kTiny);
+  plan::ParallelConfig c;
+  c.cp = cp;
+  c.cp_comm = comm;
+  c.dp = dp;
+  c.micro_batch = 1;
+  c.recompute = recompute;
+  return ir::plan_for_layout(model, topology::local_cpu_cluster(4), c, model.training.global_batch);
+}
+
 // The program of a cp layout: every attention's forward gathers the layer's keys and values over cp, its backward
 // gathers them again and reduce-scatters their gradients; gradients are reduced over the dp x cp ranks.
 TEST(CpProgram, AttentionsExchangeKeysAndValues) {
-  const auto model = model::load_model(kTiny);
-  const auto cluster = topology::local_cpu_cluster(4);
-  plan::ParallelConfig c;
-  c.cp = 2;
-  c.cp_comm = plan::CpComm::kAllGather;
-  c.dp = 2;
-  c.micro_batch = 1;
-  const plan::Plan plan = ir::plan_for_layout(model, cluster, c, model.training.global_batch);
-  const ir::Program p = ir::lower(plan, 3);
+  const ir::Program p = ir::lower(tiny_cp_plan(2, plan::CpComm::kAllGather, 2, plan::Recompute::kNone), 3);
   EXPECT_EQ(p.cp, 2);
   EXPECT_EQ(p.cp_rank, 1);
   EXPECT_EQ(p.dp_rank, 1);
@@ -115,15 +119,8 @@ TEST(CpProgram, AttentionsExchangeKeysAndValues) {
 // the backward, which passes the blocks around with their gradients), and every attention's backward is followed by
 // the gradients' last hop, RING what=kv_grad; the programs verify deadlock-free, and round-trip through the text.
 TEST(CpProgram, TheRingPassesOneBlockAtATime) {
-  const auto model = model::load_model(kTiny);
-  const auto cluster = topology::local_cpu_cluster(4);
-  plan::ParallelConfig c;
-  c.cp = 4;
-  c.cp_comm = plan::CpComm::kP2p;
-  c.micro_batch = 1;
-  c.recompute = plan::Recompute::kSelective;
-  const plan::Plan plan = ir::plan_for_layout(model, cluster, c, model.training.global_batch);
-  const std::vector<ir::Program> programs = ir::lower_all(plan);
+  const std::vector<ir::Program> programs =
+      ir::lower_all(tiny_cp_plan(4, plan::CpComm::kP2p, 1, plan::Recompute::kSelective));
   const std::int64_t block = 64 / 4 * 2 * 2 * 16;  // seq_len / cp x (k, v) x kv_heads x head_dim
   for (const auto& b : programs[1].bodies) {
     int kv = 0, grads = 0;
