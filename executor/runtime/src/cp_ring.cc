@@ -28,6 +28,7 @@ namespace dtrain::exec::detail {
 
 namespace k = dtrain::kernels;
 using ir::Instr;
+using ir::What;
 
 // One ring step's messages, posted as one group on a thread of their own while the caller computes. wait() returns
 // once they completed and rethrows a communication error; the destructor waits too, so that no message outlives its

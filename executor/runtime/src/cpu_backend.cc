@@ -530,9 +530,11 @@ class CpuBackend final : public Backend {
   // The memory pages wholly inside [x, x + bytes): [first, last), empty when first >= last.
   static std::pair<std::uint8_t*, std::uint8_t*> whole_pages(void* x, std::size_t bytes) {
     static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
-    const auto begin = reinterpret_cast<std::uintptr_t>(x), end = begin + bytes;
-    const std::uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
-    return {reinterpret_cast<std::uint8_t*>(first), reinterpret_cast<std::uint8_t*>(std::max(first, last))};
+    auto* begin = static_cast<std::uint8_t*>(x);
+    const auto at = reinterpret_cast<std::uintptr_t>(x);
+    const std::uintptr_t up = (page - at % page) % page, down = (at + bytes) % page;  // to the page boundaries
+    if (up + down >= bytes) return {begin, begin};
+    return {begin + up, begin + bytes - down};
   }
 
   // One instance per process (cpu_backend()): ranks run as threads of one process share these counts.

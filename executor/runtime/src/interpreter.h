@@ -136,6 +136,8 @@ class Interpreter final : public InterpreterBase {
   std::size_t p2p_group(std::size_t pc);
   void schedule_collective(const ir::Instr& in);
   void sharded_collective(const ir::Instr& in);
+  // The most elements a sharded collective packs at once (4 MiB of fp32), over all members.
+  static constexpr std::int64_t kPackedElements = std::int64_t{1} << 20;
 
   // ---- fsdp.cc: fully sharded data parallelism's collectives in the bodies ----
   // ALLGATHER what=layer_params: a unit's parameters whole (and for A != float its weights; in a backward body its

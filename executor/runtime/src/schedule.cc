@@ -316,19 +316,40 @@ void Interpreter<A>::sharded_collective(const Instr& in) {
   const Sharded& s = it->second;
   check_count(in, s.size);
   comm::Communicator& group = experts ? *comms.edp : *comms.dp;
-  F32 buf(be, static_cast<std::size_t>(s.shard * s.members));
-  float* my_block = buf.data() + s.member * s.shard;
-  const std::int64_t lo = s.member * s.shard, hi = std::min(s.size, lo + s.shard);
-  if (in.op == Opcode::kReduceScatter) {
-    copy_packed(s.pieces, 0, s.size, grads.data(), buf.data(), /*to_packed=*/true);
-    communicate(group, [&] {
-      group.reduce_scatter(buf.data(), my_block, static_cast<std::size_t>(s.shard), comm::ReduceOp::kSum);
-    });
-    copy_packed(s.pieces, lo, hi, grads.data(), my_block, /*to_packed=*/false);
-  } else {  // all-gather of the updated parameters
-    copy_packed(s.pieces, lo, hi, params.data(), my_block, /*to_packed=*/true);
-    communicate(group, [&] { group.all_gather(my_block, buf.data(), static_cast<std::size_t>(s.shard)); });
-    copy_packed(s.pieces, 0, s.size, params.data(), buf.data(), /*to_packed=*/false);
+  // The bucket goes through in rounds of `step` elements of every member's slice, so that the packed copy stays
+  // small beside the bucket: a whole-bucket copy was a distributed-optimizer step's peak memory, over the plan's.
+  // (One round when the slices are small: the same single collective as before.)
+  const std::int64_t step =
+      std::clamp<std::int64_t>(kPackedElements / s.members, 1, std::max<std::int64_t>(1, s.shard));
+  F32 buf(be, static_cast<std::size_t>(step * s.members));
+  const bool scatter = in.op == Opcode::kReduceScatter;
+  for (std::int64_t k0 = 0; k0 < s.shard; k0 += step) {
+    const std::int64_t q = std::min(step, s.shard - k0);
+    float* mine = buf.data() + s.member * q;
+    // Member r's part of the round: its slice's packed elements [k0, k0 + q), those within the bucket.
+    auto part = [&](std::int64_t r) {
+      const std::int64_t b = std::min(s.size, r * s.shard + k0);
+      return std::pair{b, std::min(s.size, b + q)};
+    };
+    if (scatter) {
+      for (int r = 0; r < s.members; ++r) {
+        const auto [b, e] = part(r);
+        copy_packed(s.pieces, b, e, grads.data(), buf.data() + r * q, /*to_packed=*/true);
+        if (e - b < q) be.fill(q - (e - b), 0.0f, buf.data() + r * q + (e - b));  // past the bucket's end
+      }
+      communicate(group,
+                  [&] { group.reduce_scatter(buf.data(), mine, static_cast<std::size_t>(q), comm::ReduceOp::kSum); });
+      const auto [b, e] = part(s.member);
+      copy_packed(s.pieces, b, e, grads.data(), mine, /*to_packed=*/false);
+    } else {  // all-gather of the updated parameters
+      const auto [b, e] = part(s.member);
+      copy_packed(s.pieces, b, e, params.data(), mine, /*to_packed=*/true);
+      communicate(group, [&] { group.all_gather(mine, buf.data(), static_cast<std::size_t>(q)); });
+      for (int r = 0; r < s.members; ++r) {
+        const auto [rb, re] = part(r);
+        copy_packed(s.pieces, rb, re, params.data(), buf.data() + r * q, /*to_packed=*/false);
+      }
+    }
   }
 }
 
