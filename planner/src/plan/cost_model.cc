@@ -823,7 +823,7 @@ ParallelConfig CostModel::complete(ParallelConfig c, std::int64_t global_batch) 
 bool CostModel::repeats_previous_stage(const ParallelConfig& c, int s) const {
   if (!graph_.moe.empty() || s < 2 || s >= c.pp - 1) return false;
   for (int j = 0; j < c.vpp; ++j) {
-    const auto ch = static_cast<std::size_t>(j * c.pp + s);
+    const auto ch = static_cast<std::size_t>(j) * static_cast<std::size_t>(c.pp) + static_cast<std::size_t>(s);
     if (c.chunk_layers[ch] != c.chunk_layers[ch - 1]) return false;
   }
   return true;
