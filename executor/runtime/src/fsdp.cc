@@ -1,6 +1,8 @@
 // Fully sharded data parallelism in the interpreter (interpreter.h; the IR's What::kLayerParams, docs/ir.md): each
 // data-parallel rank keeps only its slice of a unit's parameters (the distributed optimizer's Sharded slice, one per
-// unit) outside the passes that use them. A body gathers a unit's parameters one unit ahead of its ops; the pass
+// unit) outside the passes that use them. A body gathers a unit's parameters one unit ahead of its ops (on a host
+// backend on a thread of its own while the unit before it computes: the unit's first op, the next data-parallel
+// collective or the pass's end waits for it, fsdp_join); the pass
 // keeps a unit until two more were gathered after it, then releases the other ranks' slices again (Backend::release:
 // they read as zeros, and on the CPU their memory pages go back to the system, so that a rank holds what the cost
 // model prices: its slices, plus the units in use). After a unit's backward its gradients are reduce-scattered into
@@ -88,6 +90,7 @@ void Interpreter<A>::fsdp_collective(const Instr& in) {
   const auto it = sharded_buckets.find(key);
   if (it == sharded_buckets.end()) throw input_error("an fsdp collective without its unit's reduce-scatter");
   Sharded& s = it->second;
+  fsdp_join();  // one operation on the data-parallel communicators at a time
   if (in.op == Opcode::kReduceScatter) {
     if (in.what != What::kGradBucket && in.what != What::kExpertGradBucket) {
       throw input_error("an fsdp reduce-scatter of something other than gradients");
@@ -102,9 +105,15 @@ void Interpreter<A>::fsdp_collective(const Instr& in) {
   hold_unowned(s, /*gradients=*/false);
   // A backward's ops write the unit's gradients whole, until its reduce-scatter.
   if (step_.body != nullptr && step_.body->kind != ir::BodyKind::kForward) hold_unowned(s, /*gradients=*/true);
-  sharded_collective(in);
-  if constexpr (!std::is_same_v<A, float>) {
-    for (auto [flat, n] : s.pieces) kern.from_fp32(n, params.data() + flat, weights.data() + flat);
+  if (be.host_accessible()) {
+    // Overlapped: the gather runs on a thread of its own while the ops of the unit before it compute; the unit's
+    // first op (or the next data-parallel collective, or the pass's end) waits for it (fsdp_join).
+    fsdp_pending = std::async(std::launch::async, [this, &in] { sharded_collective(in, /*off_thread=*/true); });
+    fsdp_pending_layer = in.layer;
+    fsdp_pending_key = key;
+  } else {  // a device backend's collectives are ordered on its streams already
+    sharded_collective(in);
+    weights_of(s);
   }
   if (!fsdp_held.empty() && fsdp_held.back().first == in.layer) {
     fsdp_held.back().second.push_back(key);  // a MoE unit's experts (over edp) after the rest (over dp)
@@ -112,6 +121,22 @@ void Interpreter<A>::fsdp_collective(const Instr& in) {
     fsdp_held.push_back({in.layer, {key}});
   }
   fsdp_release(2);
+}
+
+template <typename A>
+void Interpreter<A>::fsdp_join() {
+  if (!fsdp_pending.valid()) return;
+  timed([&] { fsdp_pending.get(); });
+  weights_of(sharded_buckets.at(fsdp_pending_key));
+}
+
+template <typename A>
+void Interpreter<A>::weights_of(const Sharded& s) {
+  if constexpr (!std::is_same_v<A, float>) {
+    for (auto [flat, n] : s.pieces) kern.from_fp32(n, params.data() + flat, weights.data() + flat);
+  } else {
+    (void)s;
+  }
 }
 
 template <typename A>
@@ -131,7 +156,9 @@ void Interpreter<A>::fsdp_release(std::size_t keep) {
   template void Interpreter<A>::fsdp_hold_all();                           \
   template void Interpreter<A>::round_weights();                           \
   template void Interpreter<A>::fsdp_collective(const Instr&);             \
-  template void Interpreter<A>::fsdp_release(std::size_t);
+  template void Interpreter<A>::fsdp_release(std::size_t);                 \
+  template void Interpreter<A>::fsdp_join();                               \
+  template void Interpreter<A>::weights_of(const Sharded&);
 DTRAIN_INSTANTIATE_FSDP(float)
 DTRAIN_INSTANTIATE_FSDP(bf16)
 #undef DTRAIN_INSTANTIATE_FSDP

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <span>
@@ -135,7 +136,9 @@ class Interpreter final : public InterpreterBase {
   void load(const ir::Instr& in);
   std::size_t p2p_group(std::size_t pc);
   void schedule_collective(const ir::Instr& in);
-  void sharded_collective(const ir::Instr& in);
+  // off_thread: run by fsdp's overlapped gather on a thread of its own (no bookkeeping in step_, which the passes'
+  // thread owns).
+  void sharded_collective(const ir::Instr& in, bool off_thread = false);
   // The most elements a sharded collective packs at once (4 MiB of fp32), over all members.
   static constexpr std::int64_t kPackedElements = std::int64_t{1} << 20;
 
@@ -147,6 +150,9 @@ class Interpreter final : public InterpreterBase {
   // The parameters of the units a pass gathered, back to this rank's shards (the rest released): all of them at the
   // end of a pass, the oldest when a third unit is gathered.
   void fsdp_release(std::size_t keep);
+  // Waits for the gather in flight (fsdp_pending), then rounds its unit's weights (A != float).
+  void fsdp_join();
+  void weights_of(const Sharded& s);
   // The elements of `s` outside this member's slice in the parameters (with the weights the passes read, for A !=
   // float) or the gradients: released (Backend::release: zeros, their memory given back) or held again before they
   // are written. Each does nothing when the elements already are so.
@@ -407,6 +413,10 @@ class Interpreter final : public InterpreterBase {
   std::map<std::pair<std::int64_t, bool>, Sharded> sharded_buckets;
   // fsdp: the units the running pass holds gathered, oldest first: (layer, their sharded_buckets keys).
   std::vector<std::pair<int, std::vector<std::pair<std::int64_t, bool>>>> fsdp_held;
+  // fsdp on a host backend: the gather in flight, its unit (layer) and its sharded_buckets key.
+  std::future<void> fsdp_pending;
+  int fsdp_pending_layer = 0;
+  std::pair<std::int64_t, bool> fsdp_pending_key;
   kernels::LrSchedule sched;
   // Shapes: tokens per micro-batch (T; this rank's chunks with context parallelism) and held here (Tl, a sequence
   // shard with SP), hidden, head dim, local heads,

@@ -148,6 +148,7 @@ void Interpreter<A>::run_pass(const Instr& in) {
     bool in_range = in.layer_end < 0 || (op.layer >= in.layer && op.layer < in.layer_end);
     if (!in_range) continue;
     step_.body_pc = i;
+    if (op.op == Opcode::kCompute && fsdp_pending.valid() && op.layer == fsdp_pending_layer) fsdp_join();
     if (op.op != Opcode::kCompute)
       body_collective(op, st, cur, st.rcur);
     else if (op.pass == ir::Pass::kForward) {
@@ -160,7 +161,10 @@ void Interpreter<A>::run_pass(const Instr& in) {
       backward_op(op, st, cur);
   }
   step_.in_body = false;
-  if (prog.fsdp) fsdp_release(0);
+  if (prog.fsdp) {
+    fsdp_join();
+    fsdp_release(0);
+  }
   // Units covered by this pass (a bucket piece covers a range).
   if (in.op == Opcode::kBackward || in.op == Opcode::kBackwardInput) {
     int units = 0;
@@ -309,7 +313,7 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
 // The distributed optimizer's collectives: the reduce-scatter of a bucket's gradients (this member keeps the sum of
 // its slice) and, after the optimizer step, the all-gather of the updated parameters (Sharded, interpreter.h).
 template <typename A>
-void Interpreter<A>::sharded_collective(const Instr& in) {
+void Interpreter<A>::sharded_collective(const Instr& in, bool off_thread) {
   const bool experts = in.on == ir::CommGroup::kEdp;
   const auto it = sharded_buckets.find({bucket_range(in).first, experts});
   if (it == sharded_buckets.end()) throw input_error("a sharded collective without its bucket's reduce-scatter");
@@ -323,6 +327,12 @@ void Interpreter<A>::sharded_collective(const Instr& in) {
       std::clamp<std::int64_t>(kPackedElements / s.members, 1, std::max<std::int64_t>(1, s.shard));
   F32 buf(be, static_cast<std::size_t>(step * s.members));
   const bool scatter = in.op == Opcode::kReduceScatter;
+  auto call = [&](auto&& fn) {
+    if (off_thread)
+      fn();
+    else
+      communicate(group, fn);
+  };
   for (std::int64_t k0 = 0; k0 < s.shard; k0 += step) {
     const std::int64_t q = std::min(step, s.shard - k0);
     float* mine = buf.data() + s.member * q;
@@ -337,14 +347,13 @@ void Interpreter<A>::sharded_collective(const Instr& in) {
         copy_packed(s.pieces, b, e, grads.data(), buf.data() + r * q, /*to_packed=*/true);
         if (e - b < q) be.fill(q - (e - b), 0.0f, buf.data() + r * q + (e - b));  // past the bucket's end
       }
-      communicate(group,
-                  [&] { group.reduce_scatter(buf.data(), mine, static_cast<std::size_t>(q), comm::ReduceOp::kSum); });
+      call([&] { group.reduce_scatter(buf.data(), mine, static_cast<std::size_t>(q), comm::ReduceOp::kSum); });
       const auto [b, e] = part(s.member);
       copy_packed(s.pieces, b, e, grads.data(), mine, /*to_packed=*/false);
     } else {  // all-gather of the updated parameters
       const auto [b, e] = part(s.member);
       copy_packed(s.pieces, b, e, params.data(), mine, /*to_packed=*/true);
-      communicate(group, [&] { group.all_gather(mine, buf.data(), static_cast<std::size_t>(q)); });
+      call([&] { group.all_gather(mine, buf.data(), static_cast<std::size_t>(q)); });
       for (int r = 0; r < s.members; ++r) {
         const auto [rb, re] = part(r);
         copy_packed(s.pieces, rb, re, params.data(), buf.data() + r * q, /*to_packed=*/false);
@@ -467,7 +476,7 @@ void Interpreter<A>::slice(ir::Stream stream, Clock::time_point a, Clock::time_p
   template void Interpreter<A>::load(const Instr&);                                                                  \
   template std::size_t Interpreter<A>::p2p_group(std::size_t);                                                       \
   template void Interpreter<A>::schedule_collective(const Instr&);                                                   \
-  template void Interpreter<A>::sharded_collective(const Instr&);                                                    \
+  template void Interpreter<A>::sharded_collective(const Instr&, bool);                                              \
   template void Interpreter<A>::check_count(const Instr&, std::int64_t) const;                                       \
   template void Interpreter<A>::reduce_tensor_grads(const Instr&, comm::Communicator&, const Pieces&);               \
   template void Interpreter<A>::settle();                                                                            \
