@@ -1,7 +1,9 @@
 // Context parallelism's ring exchange (cp_comm = p2p; Megatron's "p2p" CP, after Liu et al.'s ring attention): each
 // rank's keys and values (its two chunks of every sequence, one block of T rows) travel around the cp ranks, one hop
-// per step, and the attention runs over the block in hand while the next one arrives. No rank ever holds more than
-// two blocks, where the all-gather (context_parallel.cc) holds the whole sequences'.
+// per step, and the attention runs over the block in hand while the next one arrives. A rank holds two blocks in the
+// forward, and in the backward four and its own part of the held block's gradients and its queries' gradients (fp32),
+// whatever cp is, where the all-gather (context_parallel.cc) holds the whole sequences' (CostModel::cp_transient_bytes
+// prices these).
 //
 // Forward, cp steps: at step s this rank holds the block of cp rank (cp_rank - s) mod cp. Each of its query chunks
 // attends to each of the block's key chunks that is not after it: the block's own chunk causally (the diagonal), an

@@ -101,4 +101,6 @@ void Executor::write(State which, std::int64_t offset, std::span<const float> ho
   }
 }
 
+void Executor::settle() { impl_->interpreter->shed_state(); }
+
 }  // namespace dtrain::exec

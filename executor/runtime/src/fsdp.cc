@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "dtrain/common/error.h"
+#include "dtrain/common/log.h"
 #include "interpreter.h"
 
 namespace dtrain::exec::detail {
@@ -69,6 +70,16 @@ void Interpreter<A>::fsdp_hold_all() {
   for (auto& [key, s] : sharded_buckets) {
     hold_unowned(s, false);
     hold_unowned(s, true);
+  }
+}
+
+template <typename A>
+Interpreter<A>::~Interpreter() {
+  if (fsdp_pending.valid()) fsdp_pending.wait();
+  try {
+    if (prog.fsdp) fsdp_hold_all();
+  } catch (const std::exception& e) {  // a destructor does not throw; the counts are off, nothing else
+    log::warn("exec", "fsdp: the released slices were not counted back in: {}", e.what());
   }
 }
 
@@ -154,6 +165,7 @@ void Interpreter<A>::fsdp_release(std::size_t keep) {
   template void Interpreter<A>::hold_unowned(Sharded&, bool);              \
   template void Interpreter<A>::fsdp_shed();                               \
   template void Interpreter<A>::fsdp_hold_all();                           \
+  template Interpreter<A>::~Interpreter();                                 \
   template void Interpreter<A>::round_weights();                           \
   template void Interpreter<A>::fsdp_collective(const Instr&);             \
   template void Interpreter<A>::fsdp_release(std::size_t);                 \

@@ -71,6 +71,8 @@ class InterpreterBase {
   // Before Executor::write fills the parameters or gradients whole: with fsdp, the other ranks' slices it released
   // are counted in again (the next step releases them anew).
   virtual void hold_state() = 0;
+  // The other ranks' slices released again (Executor::settle).
+  virtual void shed_state() = 0;
 };
 
 // The interpreter for the options' activation type on their backend (cpu_backend() when none). Throws dtrain::Error
@@ -102,6 +104,12 @@ class Interpreter final : public InterpreterBase {
   void hold_state() override {
     if (prog.fsdp) fsdp_hold_all();
   }
+  void shed_state() override {
+    if (prog.fsdp) fsdp_shed();
+  }
+  // Waits for a gather in flight and counts the released slices back in, so that the buffers' deallocation takes out
+  // of the backend's memory_use what it counted in.
+  ~Interpreter() override;
 
  private:
   // Pieces of the flat buffer, (offset, elements), that a collective takes in this order as one packed vector.
@@ -166,6 +174,15 @@ class Interpreter final : public InterpreterBase {
   void round_weights();
   void check_count(const ir::Instr& in, std::int64_t actual) const;
   void reduce_tensor_grads(const ir::Instr& in, comm::Communicator& group, const Pieces& pieces);
+  // The gradients of `pieces`, packed, summed over `group` and unpacked.
+  void sum_grads(comm::Communicator& group, const Pieces& pieces);
+  // The parts of `pieces` inside this rank's owned ranges, in the same order.
+  Pieces owned_part(const Pieces& pieces) const;
+  static std::int64_t packed_size(const Pieces& pieces) {
+    std::int64_t n = 0;
+    for (auto [b, e] : pieces) n += e;
+    return n;
+  }
   void settle();
   void synchronize_all();
   std::string pending_instruction(const std::vector<std::size_t>& pcs, std::string_view message) const;

@@ -272,9 +272,17 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
     return;
   }
   if (in.on == ir::CommGroup::kTp && in.what == What::kReplicatedGrads) {
-    reduce_tensor_grads(in, *comms.tp, tensor_pieces([&](const TensorSpec& t) {
-                          return t.chunk == in.chunk && t.tp_replicated && t.unit >= in.layer && t.unit < in.layer_end;
-                        }));
+    Pieces pieces = tensor_pieces([&](const TensorSpec& t) {
+      return t.chunk == in.chunk && t.tp_replicated && t.unit >= in.layer && t.unit < in.layer_end;
+    });
+    if (prog.fsdp) {
+      // After the units' reduce-scatters only this rank's slices hold gradients (the same elements on every
+      // tensor-parallel peer); the rest are released, zeros, and stay so.
+      check_count(in, packed_size(pieces));
+      sum_grads(*comms.tp, owned_part(pieces));
+      return;
+    }
+    reduce_tensor_grads(in, *comms.tp, pieces);
     return;
   }
   if (in.on == ir::CommGroup::kEmbedding) {
@@ -366,13 +374,30 @@ void Interpreter<A>::sharded_collective(const Instr& in, bool off_thread) {
 // buffer) and unpacked after; the instruction's count must be their size.
 template <typename A>
 void Interpreter<A>::reduce_tensor_grads(const Instr& in, comm::Communicator& group, const Pieces& pieces) {
-  std::int64_t total = 0;
-  for (auto [b, n] : pieces) total += n;
-  check_count(in, total);
+  check_count(in, packed_size(pieces));
+  sum_grads(group, pieces);
+}
+
+template <typename A>
+void Interpreter<A>::sum_grads(comm::Communicator& group, const Pieces& pieces) {
+  const std::int64_t total = packed_size(pieces);
+  if (total == 0) return;
   F32 buf(be, static_cast<std::size_t>(total));
   copy_packed(pieces, 0, total, grads.data(), buf.data(), /*to_packed=*/true);
   communicate(group, [&] { group.all_reduce(buf.data(), buf.data(), buf.size(), comm::ReduceOp::kSum); });
   copy_packed(pieces, 0, total, grads.data(), buf.data(), /*to_packed=*/false);
+}
+
+template <typename A>
+typename Interpreter<A>::Pieces Interpreter<A>::owned_part(const Pieces& pieces) const {
+  Pieces out;
+  for (auto [b, n] : pieces) {
+    for (auto [ob, oe] : owned_ranges) {
+      const std::int64_t lo = std::max(b, ob), hi = std::min(b + n, oe);
+      if (lo < hi) out.emplace_back(lo, hi - lo);
+    }
+  }
+  return out;
 }
 
 template <typename A>
@@ -479,6 +504,8 @@ void Interpreter<A>::slice(ir::Stream stream, Clock::time_point a, Clock::time_p
   template void Interpreter<A>::sharded_collective(const Instr&, bool);                                              \
   template void Interpreter<A>::check_count(const Instr&, std::int64_t) const;                                       \
   template void Interpreter<A>::reduce_tensor_grads(const Instr&, comm::Communicator&, const Pieces&);               \
+  template void Interpreter<A>::sum_grads(comm::Communicator&, const Pieces&);                                       \
+  template typename Interpreter<A>::Pieces Interpreter<A>::owned_part(const Pieces&) const;                          \
   template void Interpreter<A>::settle();                                                                            \
   template void Interpreter<A>::report_activity(Activity);                                                           \
   template void Interpreter<A>::arrive_at(std::size_t);                                                              \

@@ -63,6 +63,7 @@ class Run {
       if (world_.rank() == 0) log::info("train", "weights from {}", o_.init_from);
     }
     detail::check_data_suffices(*data_, run_, o_, result.first_step);
+    executor_->settle();    // with fsdp: a resume or a load held the parameters whole
     backend_.reset_peak();  // the reported peak is the steps' (with fsdp, setup held the parameters whole)
     if (world_.rank() == 0) {
       log::info("train", "plan {}: {}; data {}; steps {}..{}", run_.plan.digest.substr(0, 12),

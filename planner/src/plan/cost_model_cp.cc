@@ -105,8 +105,14 @@ double CostModel::cp_transient_bytes(const ParallelConfig& c) const {
   if (c.cp <= 1) return 0;
   const double kv = cp_kv_bytes(c);
   switch (c.cp_comm) {
-    case CpComm::kP2p:
-      return 2.0 * 2.0 * kv;  // the chunk held and the one arriving, with their gradients in the backward
+    case CpComm::kP2p: {
+      // The backward's (more than the forward's): the block held and the one arriving, the summed gradients sent on
+      // and received, this rank's part of the held block's gradients in fp32, and its queries' gradients in fp32.
+      const auto& m = model_.model;
+      const double e = activation_bytes(model_.training.dtype);
+      const double dq = local_tokens(c) * static_cast<double>(m.heads) / c.tp * static_cast<double>(m.head_dim()) * 4;
+      return 4.0 * kv + kv / e * 4 + dq;
+    }
     case CpComm::kAllGather:
       return 2.0 * kv * c.cp;  // the whole sequence's K/V and, in the backward, their gradients
     case CpComm::kA2a:

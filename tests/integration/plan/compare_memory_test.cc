@@ -69,7 +69,7 @@ class CompareMemoryTest : public ::testing::Test {
 
   // Plans `fix` on 4 CPU ranks, trains 2 steps with --trace and --metrics, and returns rank 0's memory from dtplan
   // compare --json.
-  static Memory run(const std::string& name, const std::string& fix) {
+  static Memory run(const std::string& name, const std::string& fix, const std::string& train_args = "--steps 2") {
     const fs::path& d = scratch_->path();
     const std::string plan = (d / (name + ".toml")).string(), trace = (d / (name + ".json")).string(),
                       metrics = (d / (name + ".jsonl")).string(), model = (d / "model.toml").string();
@@ -78,8 +78,8 @@ class CompareMemoryTest : public ::testing::Test {
                                          kBin, model, kRoot, fix, plan));
     EXPECT_EQ(p.exit_code, 0) << p.err;
     ShellResult t = shell(d, fmt::format("{}/dtlaunch --nproc 4 -- {}/dtexec train --model {} --plan {} --data "
-                                         "synthetic --steps 2 --trace {} --metrics {}",
-                                         kBin, kBin, model, plan, trace, metrics));
+                                         "synthetic {} --trace {} --metrics {}",
+                                         kBin, kBin, model, plan, train_args, trace, metrics));
     EXPECT_EQ(t.exit_code, 0) << t.err;
     ShellResult c = shell(
         d, fmt::format("{}/dtplan compare --plan {} --measured {} --metrics {} --json", kBin, plan, trace, metrics));
@@ -125,6 +125,18 @@ TEST_F(CompareMemoryTest, FullyShardedLayoutsHoldWhatThePlanPrices) {
     ASSERT_EQ(m->losses.size(), 2u);
     for (std::size_t i = 0; i < 2; ++i) EXPECT_NEAR(m->losses[i], plain.losses[i], 1e-5 * plain.losses[i]) << i;
   }
+}
+
+// A resumed fsdp run holds what a fresh one does: the checkpoint's writes fill the parameters whole, and the other
+// ranks' slices are released again before the steps (the reported peak is the steps').
+TEST_F(CompareMemoryTest, AResumedFullyShardedRunHoldsWhatTheFreshOneDoes) {
+  const std::string ckpt = (scratch_->path() / "fsdp-ckpt").string();
+  const Memory fresh = run("fsdp-first", "dp=4,fsdp=true", "--steps 2 --checkpoint-dir " + ckpt);
+  const Memory resumed = run("fsdp-resumed", "dp=4,fsdp=true", "--steps 3 --resume --checkpoint-dir " + ckpt);
+  ASSERT_EQ(resumed.losses.size(), 1u);  // step 3 only: it resumed from step 2
+  expect_within(resumed, 0.10, "fsdp dp4 resumed");
+  EXPECT_LT(std::abs(resumed.measured / fresh.measured - 1.0), 0.05)
+      << "fresh " << fresh.measured << " bytes, resumed " << resumed.measured;
 }
 
 TEST_F(CompareMemoryTest, ContextParallelLayoutsHoldWhatThePlanPrices) {

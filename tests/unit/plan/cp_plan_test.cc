@@ -74,7 +74,9 @@ TEST(CpPlan, TheThreeExchangesArePricedApart) {
   EXPECT_GT(cm.cp_forward_seconds(p2p, 0), 0);
   EXPECT_DOUBLE_EQ(cm.cp_kv_bytes(p2p), 131072.0 / 8 * 2 * 1 * 128 * 2);    // tokens x (k, v) x kv heads/tp x d x bf16
   EXPECT_DOUBLE_EQ(cm.cp_transient_bytes(ag), 2 * 8 * cm.cp_kv_bytes(ag));  // the whole K/V and their gradients
-  EXPECT_DOUBLE_EQ(cm.cp_transient_bytes(p2p), 4 * cm.cp_kv_bytes(p2p));    // two chunks in flight, with gradients
+  // The ring's backward: four blocks (held, arriving, gradient sums sent and received), this rank's part of the
+  // gradients in fp32 (two bf16 blocks) and the queries' gradients in fp32 (8 heads x fp32 = 8 blocks of one K/V head).
+  EXPECT_DOUBLE_EQ(cm.cp_transient_bytes(p2p), (4 + 2 + 8) * cm.cp_kv_bytes(p2p));
 }
 
 TEST(CpPlan, Llama405BAt128kFitsOnlyWithContextParallelism) {

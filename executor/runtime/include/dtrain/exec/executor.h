@@ -71,6 +71,9 @@ class Executor {
   // Replaces host.size() elements of a state from element `offset` on (else dtrain::Error, internal): for a loader
   // that fills the state piece by piece instead of holding a whole copy.
   void write(State which, std::int64_t offset, std::span<const float> host);
+  // After the writes of a resume or a load: with fsdp, the other ranks' slices that write() held are released again
+  // (their values are gathered anew before each use), so that memory_use counts what the steps hold.
+  void settle();
 
   // Slices recorded during the last step (record_trace): the same form as the simulator's.
   const std::vector<ir::Slice>& trace() const;
