@@ -43,6 +43,22 @@ class CudaBackendTest : public ::testing::Test {
     return train(o, *world);
   }
 
+  // `model` (from the source tree) trained 20 steps on this GPU follows the CPU backend's bf16 run. Summation orders
+  // differ (and a MoE's routing is decided on bf16 logits, so a token near a tie may pick another expert): within
+  // 5e-3 relative, and the loss falls.
+  void expect_follows_the_cpu(const std::string& model) {
+    SCOPED_TRACE(model);
+    TrainOptions o = tiny_options(20, "dp=1,tp=1,pp=1,vpp=1,micro_batch=4", DType::kBf16);
+    o.model_path = std::string(DTRAIN_SOURCE_DIR) + model;
+    std::vector<double> cpu = losses(train_threads(1, o));
+    std::vector<double> gpu = losses(train_on_gpu(o));
+    ASSERT_EQ(gpu.size(), cpu.size());
+    for (std::size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], 5e-3 * cpu[i]) << "step " << i + 1;
+    EXPECT_LT(gpu.back(), gpu.front() - 0.5);
+    std::printf("%s: step 1 loss cpu %.6f gpu %.6f; step %zu cpu %.6f gpu %.6f\n", model.c_str(), cpu.front(),
+                gpu.front(), cpu.size(), cpu.back(), gpu.back());
+  }
+
  private:
   std::unique_ptr<Backend> backend_;
   int runs_ = 0;
@@ -88,23 +104,20 @@ TEST_F(CudaBackendTest, TinyModelOverNcclFollowsTheCpuBf16Run) {
 }
 
 // The MoE models (router, top-k, permutation, experts, combine and their gradients in the CUDA kernels): tiny-moe and
-// the variant with shared experts, un-normalised gates and capacity drops, against the CPU bf16 run. The routing is
-// decided on bf16 logits summed in different orders, so a token near a tie may pick another expert: the tolerance
-// is the dense model's.
+// the variant with shared experts, un-normalised gates and capacity drops, against the CPU bf16 run.
 TEST_F(CudaBackendTest, TinyMoeModelsFollowTheCpuBf16Run) {
   for (const char* model : {"/examples/models/tiny-moe.toml", "/tests/data/models/tiny-moe-shared.toml",
                             "/tests/data/models/tiny-moe-gated.toml"}) {
-    TrainOptions o = tiny_options(20, "dp=1,tp=1,pp=1,vpp=1,micro_batch=4", DType::kBf16);
-    o.model_path = std::string(DTRAIN_SOURCE_DIR) + model;
-    std::vector<double> cpu = losses(train_threads(1, o));
-    std::vector<double> gpu = losses(train_on_gpu(o));
-    ASSERT_EQ(gpu.size(), cpu.size()) << model;
-    for (std::size_t i = 0; i < cpu.size(); ++i) {
-      EXPECT_NEAR(gpu[i], cpu[i], 5e-3 * cpu[i]) << model << " step " << i + 1;
-    }
-    EXPECT_LT(gpu.back(), gpu.front() - 0.5) << model;
-    std::printf("%s: step 1 loss cpu %.6f gpu %.6f; step %zu cpu %.6f gpu %.6f\n", model, cpu.front(), gpu.front(),
-                cpu.size(), cpu.back(), gpu.back());
+    expect_follows_the_cpu(model);
+  }
+}
+
+// Rotary frequency scaling (HF's llama3, linear and yarn with its attention factor) on the GPU: the kernels rotate by
+// the host-built scaled tables (dtrain/kernels/rope.h) as the CPU's do.
+TEST_F(CudaBackendTest, RopeScalingFollowsTheCpuBf16Run) {
+  for (const char* model : {"/tests/data/models/tiny-llama31.toml", "/tests/data/models/tiny-llama-linear.toml",
+                            "/tests/data/models/tiny-qwen2-yarn.toml"}) {
+    expect_follows_the_cpu(model);
   }
 }
 
