@@ -42,15 +42,22 @@ void add_comparison(Explanation& e, const PlanningInputs& in, const std::string&
   if (f.recompute) c.recompute = *f.recompute;
   if (f.sequence_parallel) c.sequence_parallel = *f.sequence_parallel;
   if (f.distributed_optimizer) c.distributed_optimizer = *f.distributed_optimizer;
+  if (f.fsdp) c.fsdp = *f.fsdp;
+  if (f.cp) c.cp = *f.cp;
+  if (f.cp_comm) c.cp_comm = *f.cp_comm;
+  if (f.ep) c.ep = *f.ep;
+  if (f.etp) c.etp = *f.etp;
   if (f.placement) c.placement = *f.placement;
   c.schedule = f.schedule ? *f.schedule : (c.vpp > 1 ? plan::Schedule::kInterleaved : plan::Schedule::k1F1B);
-  c.dp = f.dp ? *f.dp : in.options.gpus / (c.tp * c.pp);
-  if (c.tp * c.pp * c.dp != in.options.gpus) {
-    throw input_error(fmt::format("--compare {}: tp*pp*dp = {} is not the {} GPUs planned for", spec,
-                                  c.tp * c.pp * c.dp, in.options.gpus));
+  c.dp = f.dp ? *f.dp : in.options.gpus / (c.tp * c.pp * c.cp);
+  if (c.world_size() != in.options.gpus) {
+    throw input_error(fmt::format("--compare {}: tp*pp*dp*cp = {} is not the {} GPUs planned for", spec, c.world_size(),
+                                  in.options.gpus));
   }
   if (!f.sequence_parallel && c.tp == 1) c.sequence_parallel = false;
-  if (!f.distributed_optimizer && c.dp == 1) c.distributed_optimizer = false;
+  if (!f.distributed_optimizer && c.dp_cp() == 1) c.distributed_optimizer = false;
+  // Not named: fsdp as in the chosen layout where it can be (it needs the distributed optimizer and dp x cp > 1).
+  if (!f.fsdp && (!c.distributed_optimizer || c.dp_cp() == 1)) c.fsdp = false;
   c.chunk_layers = f.chunk_layers;
   if (auto problem = in.cost_model->structural_problem(c, in.options.global_batch)) {
     throw input_error(fmt::format("--compare {}: {}", spec, *problem));

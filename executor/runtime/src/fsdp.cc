@@ -60,6 +60,7 @@ void Interpreter<A>::hold_unowned(Sharded& s, bool gradients) {
 template <typename A>
 void Interpreter<A>::fsdp_shed() {
   for (auto& [key, s] : sharded_buckets) {
+    if (!s.unit) continue;  // the tied matrix: held whole
     release_unowned(s, false);
     release_unowned(s, true);
   }
@@ -91,6 +92,9 @@ void Interpreter<A>::round_weights() {
       return;
     }
     for (auto [b, e] : owned_ranges) kern.from_fp32(e - b, params.data() + b, weights.data() + b);
+    for (const auto& [key, s] : sharded_buckets) {
+      if (!s.unit) weights_of(s);  // the tied matrix, gathered whole after the last step
+    }
   }
 }
 

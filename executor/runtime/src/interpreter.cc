@@ -109,14 +109,14 @@ void Interpreter<A>::plan_owned_ranges() {
   }
   std::vector<std::pair<std::int64_t, std::int64_t>> mine;  // [begin, end) of the flat buffer
   // The reduce-scatters of the schedule (buckets), or with fsdp of the backward bodies (units).
-  std::vector<const Instr*> scatters;
-  for (const auto& in : prog.schedule) scatters.push_back(&in);
+  std::vector<std::pair<const Instr*, bool>> scatters;  // and whether in a body (an fsdp unit's)
+  for (const auto& in : prog.schedule) scatters.emplace_back(&in, false);
   if (prog.fsdp) {
     for (const auto& b : prog.bodies) {
-      for (const auto& in : b->instrs) scatters.push_back(&in);
+      for (const auto& in : b->instrs) scatters.emplace_back(&in, true);
     }
   }
-  for (const Instr* scatter : scatters) {
+  for (const auto& [scatter, unit] : scatters) {
     const Instr& in = *scatter;
     if (in.op != Opcode::kReduceScatter) continue;
     if (in.on != ir::CommGroup::kDp && in.on != ir::CommGroup::kEdp) continue;
@@ -126,6 +126,7 @@ void Interpreter<A>::plan_owned_ranges() {
     comm::Communicator* group = experts ? comms.edp.get() : comms.dp.get();
     if (group == nullptr) throw input_error(fmt::format("{} without its communicator", ir::to_text(in)));
     Sharded s;
+    s.unit = unit;
     s.pieces = prog.ep > 1 ? bucket_pieces(in, experts) : Pieces{{range.first, range.second - range.first}};
     for (auto [b, n] : s.pieces) s.size += n;
     s.members = group->size();

@@ -120,8 +120,10 @@ class Interpreter final : public InterpreterBase {
     Pieces pieces;
     std::int64_t size = 0, shard = 0;
     int members = 1, member = 0;
-    // fsdp: whether the elements outside this member's slice are released (Backend::release) in the parameters (and
-    // the weights) and in the gradients.
+    // fsdp: whether this is a unit's (gathered by the passes, released between their uses; else a bucket the
+    // schedule reduces and gathers, the tied matrix), and whether the elements outside this member's slice are
+    // released (Backend::release) in the parameters (and the weights) and in the gradients.
+    bool unit = false;
     bool params_released = false, grads_released = false;
   };
 

@@ -127,7 +127,7 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
   const std::int64_t L = m.layers;
   const bool ln = m.norm == model::NormKind::kLayerNorm;
   const bool swiglu = m.activation == model::ActivationKind::kSwiGlu;
-  const bool tied_split = m.tied_embeddings && prog.pp > 1;
+  const bool tied_split = model::tied_matrix_apart(m, prog.pp, prog.fsdp, prog.dp_cp());
   // The padded vocabulary's rows [vb, ve) of this rank, of which [vb, min(ve, vocab)) are real: the tensor's blocks
   // cover those (checkpoints hold the real rows alone, whatever the padding); the padding rows stay zero.
   const auto vocab = vocab_range(m, r, tp);
@@ -263,7 +263,7 @@ ParamLayout::ParamLayout(const model::ModelSpec& m, const ir::Program& prog) : l
   if (tied_split) {
     for (const auto& ci : prog.chunks) {
       if (ci.embedding) word_embeddings(ci.index, -2, false);
-      if (ci.head) word_embeddings(ci.index, -2, true);
+      if (ci.head && !ci.embedding) word_embeddings(ci.index, -2, true);  // pp > 1: the last stage's copy
     }
   }
 }

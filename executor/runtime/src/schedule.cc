@@ -29,6 +29,10 @@ StepMetrics Interpreter<A>::run(std::int64_t step_index) {
   if (prog.fsdp) {
     fsdp_shed();  // the other ranks' slices: released (zeros) since the last step, or after Executor::write
     for (auto [b, e] : owned_ranges) be.fill(e - b, 0.0f, grads.data() + b);
+    for (const auto& [key, s] : sharded_buckets) {
+      if (s.unit) continue;
+      for (auto [b, n] : s.pieces) be.fill(n, 0.0f, grads.data() + b);  // the tied matrix, held whole
+    }
   } else {
     be.fill(static_cast<std::int64_t>(grads.size()), 0.0f, grads.data());
   }

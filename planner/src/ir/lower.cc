@@ -436,6 +436,7 @@ class Lowering {
     act_dtype_ = plan.model.training.dtype;
     grad_dtype_ = plan.model.training.grad_reduce_fp32 ? DType::kFp32 : act_dtype_;
     tied_across_stages_ = m.tied_embeddings && c_.pp > 1;
+    tied_apart_ = model::tied_matrix_apart(m, c_.pp, c_.fsdp, c_.dp_cp());
   }
 
   Program lower_rank(int rank, std::map<int, std::vector<std::shared_ptr<const Body>>>* body_cache) const {
@@ -557,7 +558,7 @@ class Lowering {
     }
     if (ch.embedding) {
       std::int64_t emb = params_of(0, true, false);
-      if (tied_across_stages_) emb -= vocab_shard;
+      if (tied_apart_) emb -= vocab_shard;
       units.push_back({-1, emb});
     }
     return units;
@@ -853,12 +854,14 @@ class Lowering {
       in.dtype = grad_dtype_;
       in.reduce = ReduceOp::kSum;
       out.push_back(in);
-      if (c_.dp_cp() > 1) {
-        int chunk = pl.pp_rank == 0 ? 0 : C - 1;
-        Bucket tied{0, 0, in.count};
-        out.push_back(dp_reduction(chunk, bucket_index++, tied, true));
-        all_buckets.emplace_back(chunk, Bucket{-2, -2, in.count});  // -2: the tied matrix
-      }
+    }
+    if (tied_apart_ && (pl.pp_rank == 0 || pl.pp_rank == c_.pp - 1) && c_.dp_cp() > 1) {
+      // The tied matrix, a bucket of its own (with fsdp the only one the schedule reduces and gathers).
+      const std::int64_t count = model::vocab_shard_rows(m, c_.tp) * m.hidden;
+      int chunk = pl.pp_rank == 0 ? 0 : C - 1;
+      Bucket tied{0, 0, count};
+      out.push_back(dp_reduction(chunk, bucket_index++, tied, true));
+      all_buckets.emplace_back(chunk, Bucket{-2, -2, count});  // -2: the tied matrix
     }
     if (p.world > 1) {
       Instr norm;
@@ -876,9 +879,9 @@ class Lowering {
     Instr optim;
     optim.op = Opcode::kOptimizerStep;
     out.push_back(optim);
-    if (c_.distributed_optimizer && c_.dp_cp() > 1 && !c_.fsdp) {
+    if (c_.distributed_optimizer && c_.dp_cp() > 1) {
       // The updated shards back to every replica: like the gradients, a bucket's routed experts over edp (ep > 1),
-      // the rest over dp.
+      // the rest over dp. (With fsdp the tied matrix alone: the units are gathered by the passes.)
       int index = 0;
       for (const auto& [chunk, b] : all_buckets) {
         Instr in;
@@ -920,6 +923,7 @@ class Lowering {
   DType act_dtype_ = DType::kFp32;
   DType grad_dtype_ = DType::kFp32;
   bool tied_across_stages_ = false;
+  bool tied_apart_ = false;  // model::tied_matrix_apart: the tied matrix outside the units (pp > 1, or fsdp)
 };
 
 }  // namespace

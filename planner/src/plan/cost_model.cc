@@ -652,6 +652,7 @@ double CostModel::stage_params(const ParallelConfig& c, int first_layer, int lay
 
 double CostModel::dp_reduce_seconds(const ParallelConfig& c, double params, double expert_params) const {
   if (c.dp_cp() == 1) return 0;
+  if (c.fsdp) return fsdp_tied_seconds(c);  // the passes reduce the units (with_fsdp); the schedule the tied matrix
   if (c.ep <= 1 || expert_params <= 0) return bucket_reduce_seconds(c, params, dp_group(c));
   // The routed experts' gradients are summed over the ranks with the same experts, the rest over dp; one after the
   // other on the same links.
@@ -718,7 +719,10 @@ StageMemory CostModel::stage_memory(const ParallelConfig& c, int stage) const {
   if (c.fsdp) {
     // Fully sharded: this rank's shard of the weights and gradients, and whole the unit in use and the one being
     // gathered (in the backward: the one whose gradients are being reduce-scattered); FP8 copies of those two only.
-    const double held = sharded_params(c, mem.params, stage_experts);
+    // Tied word embeddings are held whole beside the shards (fsdp_whole_params), as the distributed optimizer holds
+    // its buckets; their optimizer state is sharded.
+    const double whole = fsdp_whole_params(c, stage);
+    const double held = sharded_params(c, mem.params - whole, stage_experts) + whole;
     const double gathered = 2.0 * fsdp_unit_params(c, stage);
     const double fp8 = mem.layers > 0 ? fp8_weight_params(c, stage) / mem.layers : 0.0;
     mem.weights_bytes = (held + gathered) * wb + 2.0 * std::min(2.0, static_cast<double>(mem.layers)) * fp8;
@@ -967,7 +971,7 @@ TimeBreakdown CostModel::step_time(const ParallelConfig& c, const LayerCosts& lc
 
   // Data-parallel reduction of the stage with the most parameters.
   double dp_s = dp_reduce_seconds(c, max_params, max_stage_experts);
-  if (model_.training.overlap_grad_reduce && c.dp_cp() > 1) {
+  if (model_.training.overlap_grad_reduce && c.dp_cp() > 1 && !c.fsdp) {
     // Buckets reduce while the last micro-batch's backward is still running; what is left when it ends is exposed,
     // and never less than the last bucket.
     double window = param_stage_times.backward_input_s + param_stage_times.backward_weight_s;

@@ -5,6 +5,7 @@
 // computes (PyTorch FSDP2's and Megatron-FSDP's way with one unit of prefetch).
 #include <algorithm>
 
+#include "dtrain/model/layout_fit.h"
 #include "dtrain/plan/cost_model.h"
 
 namespace dtrain::plan {
@@ -14,16 +15,34 @@ double CostModel::sharded_params(const ParallelConfig& c, double params, double 
   return (params - expert_params) / c.dp_cp() + expert_params * c.ep / c.dp_cp();
 }
 
+double CostModel::fsdp_whole_params(const ParallelConfig& c, int stage) const {
+  const auto& m = model_.model;
+  if (!c.fsdp || !model::tied_matrix_apart(m, c.pp, c.fsdp, c.dp_cp())) return 0;
+  if (stage != 0 && stage != c.pp - 1) return 0;
+  return static_cast<double>(model::vocab_shard_rows(m, c.tp)) * static_cast<double>(m.hidden);
+}
+
 double CostModel::fsdp_unit_params(const ParallelConfig& c, int stage) const {
   const bool first = stage == 0, last = stage == c.pp - 1;
   const int layers = c.stage_layers(stage);
   const int moe = graph_.moe.empty() ? 0 : stage_moe_layers(c, stage);
+  const double whole = fsdp_whole_params(c, stage);
   double unit = 0;
   if (layers > moe) unit = layers_params(c, 1, 0);
   if (moe > 0) unit = std::max(unit, layers_params(c, 0, 1));
-  if (first) unit = std::max(unit, stage_params(c, 0, 0, true, false));
-  if (last) unit = std::max(unit, stage_params(c, 0, 0, false, true));
+  // The tied matrix is the embedding's (pp = 1: the head has none; pp > 1: each end stage's copy).
+  if (first) unit = std::max(unit, stage_params(c, 0, 0, true, false) - whole);
+  if (last) unit = std::max(unit, stage_params(c, 0, 0, false, true) - (first ? 0.0 : whole));
   return unit;
+}
+
+double CostModel::fsdp_tied_seconds(const ParallelConfig& c) const {
+  const double whole = std::max(fsdp_whole_params(c, 0), fsdp_whole_params(c, c.pp - 1));
+  if (whole == 0) return 0;
+  // The distributed optimizer's pair for one bucket: the gradients reduce-scattered, the updated slices gathered.
+  const GroupGeometry g = dp_group(c);
+  return reduce_scatter_seconds(whole * grad_bytes_per_param(model_.training), g) +
+         all_gather_seconds(whole * weight_bytes_per_param(model_.training.dtype), g);
 }
 
 StageTimes CostModel::with_fsdp(const ParallelConfig& c, int stage, StageTimes st) const {
@@ -55,8 +74,9 @@ StageTimes CostModel::with_fsdp(const ParallelConfig& c, int stage, StageTimes s
   };
   if (layers > moe) add(unit(layers_params(c, 1, 0), 0), layers - moe);
   if (moe > 0) add(unit(layers_params(c, 0, 1), moe_layer_expert_params(c)), moe);
-  if (first) add(unit(stage_params(c, 0, 0, true, false), 0), 1);
-  if (last) add(unit(stage_params(c, 0, 0, false, true), 0), 1);
+  const double whole = fsdp_whole_params(c, stage);  // the tied matrix, not in the units
+  if (first) add(unit(stage_params(c, 0, 0, true, false) - whole, 0), 1);
+  if (last) add(unit(stage_params(c, 0, 0, false, true) - (first ? 0.0 : whole), 0), 1);
   const int units = layers + (first ? 1 : 0) + (last ? 1 : 0);
   if (units == 0) return st;
   // Each chunk's first unit is gathered before anything can hide it; the rest while the unit before computes.

@@ -78,17 +78,11 @@ std::optional<ExecutionProblem> execution_problem(const model::ModelSpec& model,
         "dtexec runs cp > 1 without dropout only", "cp"};
   }
   if (!config.fsdp) return std::nullopt;
-  if (model.tied_embeddings) {
-    return ExecutionProblem{
-        "fsdp = true with tied embeddings (the head reads the embedding's matrix, which fsdp would have released): "
-        "dtrain prices this but does not run it yet; plan with --fix fsdp=false",
-        "dtexec does not run fsdp with tied embeddings or zb-h1 yet", "fsdp"};
-  }
   if (config.schedule == Schedule::kZbH1) {
     return ExecutionProblem{
         "fsdp = true with the zb-h1 schedule (weight gradients apart from input gradients): dtrain prices this "
         "but does not run it yet; plan with --fix fsdp=false or another schedule",
-        "dtexec does not run fsdp with tied embeddings or zb-h1 yet", "fsdp"};
+        "dtexec does not run fsdp with zb-h1 yet", "fsdp"};
   }
   return std::nullopt;
 }

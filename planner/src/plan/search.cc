@@ -282,7 +282,7 @@ class Searcher {
     const double memory = cm_.peak_memory_bytes(c);
     const double capacity = cm_.cluster().node.gpu.memory_bytes();
     const Scored s{c, cm_.step_time(c, lc).total(), memory, order_};
-    // A layout dtexec cannot run yet (plan::execution_problem: fsdp with tied embeddings or zb-h1, cp_comm a2a,
+    // A layout dtexec cannot run yet (plan::execution_problem: fsdp with zb-h1, cp_comm a2a,
     // cp with dropout) is priced and explained (best_per_fsdp, best_per_cp_comm) but chosen only when the dimension
     // is pinned (explain --fix fsdp=true, --fix cp_comm=a2a).
     const auto problem = execution_problem(cm_.model().model, c);
@@ -296,8 +296,8 @@ class Searcher {
     }
     ++result_.candidates;
     ++result_.evaluated;
-    // The best per fsdp and per exchange include layouts priced only for that dimension's sake (fsdp with tied
-    // embeddings; an all-to-all exchange), not those priced only for another's.
+    // The best per fsdp and per exchange include layouts priced only for that dimension's sake (fsdp with zb-h1; an
+    // all-to-all exchange), not those priced only for another's.
     const bool other_exchange = c.cp > 1 && c.cp_comm == CpComm::kA2a;
     if (!advisory || !other_exchange) offer(best_fsdp_, c.fsdp ? 1 : 0, s);
     if (c.cp > 1 && (!advisory || (other_exchange && runs_with_all_gather(c)))) {

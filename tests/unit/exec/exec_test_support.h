@@ -105,11 +105,14 @@ inline void expect_same_curve(const std::vector<double>& curve, const std::vecto
   }
 }
 
-// Checkpoints written by the tiny model (seed 11) under layout `a` on `world` ranks resume under layout `b`, and the
-// other way round: steps 3 and 4 after 2 steps and a resume equal the uninterrupted single-rank run within 1e-5.
-inline void expect_checkpoints_cross(const std::string& dir, int world, const std::string& a, const std::string& b) {
+// Checkpoints written by the tiny model (or `model`; seed 11) under layout `a` on `world` ranks resume under layout
+// `b`, and the other way round: steps 3 and 4 after 2 steps and a resume equal the uninterrupted single-rank run
+// within 1e-5.
+inline void expect_checkpoints_cross(const std::string& dir, int world, const std::string& a, const std::string& b,
+                                     const std::string& model = kTiny) {
   auto run = [&](int ranks, const std::string& fix, int steps, bool resume) {
     TrainOptions o = tiny_options(steps, fix, DType::kFp32, 11);
+    o.model_path = model;
     o.deterministic = true;
     o.checkpoint_dir = ranks > 1 ? dir : "";
     o.resume = resume;

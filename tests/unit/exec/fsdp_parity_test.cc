@@ -63,6 +63,29 @@ TEST(FsdpMoe, ExpertsShardedOverTheirGroupEqualTheSingleRank) {
   }
 }
 
+// Tied word embeddings (tiny Qwen2): fsdp holds the tied matrix whole beside its shards (the head reads it after the
+// embedding's unit is released), the schedule reduce-scatters its gradients and gathers its updated slices; with a
+// pipeline the first and last stage keep their copies equal as without fsdp.
+TEST(FsdpTied, TheTiedMatrixHeldWholeEqualsTheSingleRank) {
+  const std::string tied = std::string(DTRAIN_SOURCE_DIR) + "/tests/data/models/tiny-qwen2.toml";
+  const std::vector<double> ref = single_rank_curve(tied);
+  for (const char* fix : {"dp=4,tp=1,pp=1,distributed_optimizer=true,fsdp=true",
+                          "dp=2,tp=1,pp=2,distributed_optimizer=true,fsdp=true,schedule=1f1b",
+                          "dp=2,tp=2,pp=1,distributed_optimizer=true,fsdp=true,sequence_parallel=true"}) {
+    SCOPED_TRACE(fix);
+    TrainOptions o;
+    o.model_path = tied;
+    o.steps = curve_steps(20);
+    o.seed = 7;
+    o.fixed = {fix};
+    expect_same_curve(losses(train_threads(4, o)), ref);
+  }
+  // Its checkpoints (each rank's slices, the tied matrix's among them) resume without fsdp and the other way round.
+  expect_checkpoints_cross(::testing::TempDir() + "/fsdp-tied-ckpt", 4,
+                           "dp=4,tp=1,pp=1,micro_batch=1,distributed_optimizer=true,fsdp=true",
+                           "dp=2,tp=1,pp=2,micro_batch=2,distributed_optimizer=false", tied);
+}
+
 // The program of a fully sharded layout: each body gathers its units' parameters over dp (one unit ahead), each
 // backward reduce-scatters their gradients; the schedule has neither the bucketed reduction nor the gather after the
 // optimizer step.

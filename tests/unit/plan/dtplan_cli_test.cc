@@ -552,14 +552,14 @@ INSTANTIATE_TEST_SUITE_P(
                 "",
                 "--gpus 12",
                 {"@FILE:7: [node] gpus = 8: --gpus 12 is not a multiple of the GPUs per node"}},
-        // Priced and explained (explain --fix fsdp=true), never written: dtexec does not run fsdp with tied
-        // embeddings yet (this model ties them).
-        BadCase{"FsdpWithTiedEmbeddingsIsNotWritten",
+        // Priced and explained (explain --fix fsdp=true,schedule=zb-h1), never written: dtexec does not run fsdp
+        // with the zb-h1 schedule yet.
+        BadCase{"FsdpWithZbH1IsNotWritten",
                 false,
                 "",
                 "",
-                "--fix fsdp=true",
-                {"dtplan plan: fsdp = true with tied embeddings", "dtrain prices this but does not run it yet"}},
+                "--fix fsdp=true,schedule=zb-h1",
+                {"dtplan plan: fsdp = true with the zb-h1 schedule", "dtrain prices this but does not run it yet"}},
         // Context parallelism the sequence or the heads do not allow, and an exchange dtexec does not run.
         BadCase{"CpNotCuttingTheSequence",
                 false,

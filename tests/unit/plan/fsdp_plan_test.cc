@@ -1,7 +1,7 @@
 // Planning with fully sharded data parallelism (ParallelConfig::fsdp): the memory it saves (parameters and gradients
 // sharded, two units gathered), the collectives it adds (priced per micro-batch, hidden behind the passes where they
-// can be), the search that weighs it (Llama 3 8B on 64 H100s, where experts run FSDP; with tied embeddings priced
-// only), explain's line for it, Megatron-FSDP's flags, and the --fix, plan-file and JSON keys.
+// can be), the search that weighs it (Llama 3 8B on 64 H100s, where experts run FSDP; Megatron's 1.7B, whose tied
+// embeddings it holds whole), explain's line for it, Megatron-FSDP's flags, and the --fix, plan-file and JSON keys.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -110,21 +110,37 @@ TEST(FsdpPlan, Llama3EightBOnSixtyFourH100sIsPlannedFullySharded) {
   EXPECT_THAT(megatron_args(cm, off.chosen.config), Not(HasSubstr("fsdp")));
 }
 
-TEST(FsdpPlan, FsdpCanBeFasterButWithTiedEmbeddingsItIsOnlyPriced) {
+TEST(FsdpPlan, FsdpWithTiedEmbeddingsIsChosenWhereItIsFaster) {
   // Megatron-LM 1.7B on 32 A100s: the distributed optimizer's parameter all-gather after the step is exposed, while
-  // fsdp's gathers hide behind the passes. Faster by that; but the model ties its embeddings, which dtexec does not
-  // run under fsdp yet (plan::execution_problem), so it is priced, not chosen.
+  // fsdp's gathers hide behind the passes; the model ties its embeddings, which fsdp holds whole beside its shards
+  // (their gradients reduce-scattered and their slices gathered by the schedule, as the distributed optimizer's).
   const CostModel cm = fsdp_cost_model("megatron-1.7b.toml", "dgx-a100-80g.toml");
   const Explanation e = explained(cm, 32);
-  EXPECT_FALSE(e.chosen.config.fsdp) << e.chosen.config.summary();
-  ASSERT_EQ(e.search->best_per_fsdp.count(1), 1u);
-  const Estimate& with = e.search->best_per_fsdp.at(1);
-  EXPECT_TRUE(with.config.fsdp);
-  EXPECT_LT(with.iteration_s, e.chosen.iteration_s);
-  EXPECT_LT(with.breakdown.dp_comm_s, e.chosen.breakdown.dp_comm_s);
+  ASSERT_TRUE(e.chosen.config.fsdp) << e.chosen.config.summary();
+  ASSERT_EQ(e.search->best_per_fsdp.count(0), 1u);
+  const Estimate& without = e.search->best_per_fsdp.at(0);
+  EXPECT_FALSE(without.config.fsdp);
+  EXPECT_LT(e.chosen.iteration_s, without.iteration_s);
+  EXPECT_LT(e.chosen.breakdown.dp_comm_s, without.breakdown.dp_comm_s);
   const std::string text = explain_text(e);
-  EXPECT_THAT(text, HasSubstr("fsdp=on instead: -"));
-  EXPECT_THAT(text, HasSubstr("priced only: dtexec does not run fsdp with tied embeddings or zb-h1 yet"));
+  EXPECT_THAT(text, HasSubstr("fsdp=off instead: +"));
+  EXPECT_THAT(text, Not(HasSubstr("priced only")));
+  // The tied matrix (51,200 rows x 2,304 on each of the dp=32 GPUs at tp=1): whole, and its collectives in the
+  // step's data-parallel time; the rest sharded.
+  const ParallelConfig& c = e.chosen.config;
+  ASSERT_EQ(c.pp, 1);
+  const double vocab = 51200.0 * 2304;
+  EXPECT_DOUBLE_EQ(cm.fsdp_whole_params(c, 0), vocab);
+  EXPECT_GT(cm.fsdp_tied_seconds(c), 0);
+  EXPECT_DOUBLE_EQ(cm.dp_reduce_seconds(c, cm.stage_params(c, 0)), cm.fsdp_tied_seconds(c));
+  const StageMemory mem = cm.stage_memory(c, 0);
+  const double params = cm.stage_params(c, 0);
+  const double held = (params - vocab) / c.dp + vocab + 2 * cm.fsdp_unit_params(c, 0);
+  const double bytes_per_gradient = mem.gradients_bytes / held;
+  EXPECT_TRUE(bytes_per_gradient == 2 || bytes_per_gradient == 4) << bytes_per_gradient;
+  ParallelConfig untied = c;
+  untied.fsdp = false;
+  EXPECT_EQ(cm.fsdp_whole_params(untied, 0), 0);
 }
 
 TEST(FsdpPlan, AFullyShardedLayoutThatRunsIsNotCalledPricedOnly) {

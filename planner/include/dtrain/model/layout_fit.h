@@ -44,4 +44,13 @@ std::int64_t padded_vocab(const ModelSpec& model, int tp);
 // Rows of the (padded) vocabulary each of `tp` ranks holds: padded_vocab(model, tp) / tp.
 std::int64_t vocab_shard_rows(const ModelSpec& model, int tp);
 
+// Whether tied word embeddings are a tensor of their own (unit -2 of a rank's parameters) outside the embedding's and
+// the head's units: with pipeline parallelism (the first and the last stage each hold a copy, their gradients summed
+// by an all-reduce), and with fsdp over more than one rank (held whole beside the sharded units: the head reads the
+// matrix after the embedding's unit is released). Its gradients are reduced after the backward, and with the
+// distributed optimizer its updated slices gathered after the step, as a bucket of their own.
+inline bool tied_matrix_apart(const ModelSpec& model, int pp, bool fsdp, int dp_cp) {
+  return model.tied_embeddings && (pp > 1 || (fsdp && dp_cp > 1));
+}
+
 }  // namespace dtrain::model

@@ -213,6 +213,11 @@ class CostModel {
   // Parameters of which `expert_params` routed experts', as one GPU holds them sharded: the dense ones over dp, the
   // routed experts over the dp / ep ranks holding them (the distributed optimizer's state has the same shards).
   double sharded_params(const ParallelConfig& config, double params, double expert_params) const;
+  // Tied word embeddings under fsdp (model::tied_matrix_apart): the parameters of the tied matrix one GPU of `stage`
+  // holds whole beside its shards (the first stage's, and the last stage's copy), 0 elsewhere or without fsdp.
+  double fsdp_whole_params(const ParallelConfig& config, int stage) const;
+  // The step's collectives of that matrix (after the backward, after the optimizer step); 0 without it.
+  double fsdp_tied_seconds(const ParallelConfig& config) const;
 
   // ---- Context parallelism (ParallelConfig::cp; cost_model_cp.cc, docs/cost-model.md#context-parallelism) ----
   // The cp ranks of one replica (consecutive data-parallel-with-cp ranks).

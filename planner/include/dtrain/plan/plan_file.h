@@ -55,7 +55,7 @@ struct Plan {
 };
 
 // Why a layout the planner prices cannot run (lowering refuses it, dtrain/ir/lower.h), or nullopt: fully sharded
-// data parallelism (fsdp) with tied embeddings or the zb-h1 schedule, and context parallelism with cp_comm = a2a or
+// data parallelism (fsdp) with the zb-h1 schedule, and context parallelism with cp_comm = a2a or
 // with dropout, are priced and explained, not yet lowered. `dtplan plan` and the Slurm plugin refuse such a plan
 // with this message (exit 2) before writing or starting it, so that a plan they write runs; the search chooses such
 // a layout only when its dimensions are pinned. (Constant texts: the search asks this of every candidate.)
