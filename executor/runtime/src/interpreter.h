@@ -256,6 +256,35 @@ class Interpreter final : public InterpreterBase {
   void ring_attention_forward(LayerState<A>& ls, int layer);
   void ring_attention_backward(LayerState<A>& ls, int layer, const Tensor& dout, Tensor& dqkv);
 
+  // ---- cp_heads.cc: context parallelism's all-to-all of the heads (cp_comm = a2a) ----
+  // ALLTOALL on=cp what=heads arms the attention that follows (ls.heads).
+  void heads_exchange(const ir::Instr& in, ChunkState<A>& st);
+  // Columns of a row-split tensor (rows of `stride` elements) that the head groups split: each group's first column
+  // and its width for one cp rank (cp rank j takes columns [first + j width, first + (j + 1) width)).
+  struct HeadColumns {
+    std::int64_t stride = 0;
+    std::vector<std::pair<std::int64_t, std::int64_t>> groups;
+    std::int64_t width() const {
+      std::int64_t w = 0;
+      for (auto [first, n] : groups) w += n;
+      return w;
+    }
+  };
+  HeadColumns qkv_head_columns() const;     // the fused QKV rows: query, key and value heads
+  HeadColumns output_head_columns() const;  // the attention's output (or its gradient): the query heads
+  // Where row r of cp rank `rank` (sample, piece, offset) sits in the head-split tensor (whole sequences).
+  std::int64_t head_position(std::int64_t rank, std::int64_t r) const;
+  // Part j of `out` to cp rank j, rank j's into part j of `got` (this rank's own copied), as one group.
+  void trade_parts(int layer, std::string_view what, const Tensor& out, Tensor& got);
+  // This rank's T rows (row-split) to the head-split tensor of its head group over whole sequences (position order,
+  // the groups' columns side by side), and back.
+  void rows_to_heads(int layer, std::string_view what, const HeadColumns& cols, const A* rows, A* heads);
+  void heads_to_rows(int layer, std::string_view what, const HeadColumns& cols, const A* heads, A* rows);
+  // The attention on this rank's head group (ls.qkv's rows exchanged), the output back into ls.o, the head group's
+  // log-sum-exps into ls.lse; its backward: the gradients of the queries, keys and values back into dqkv.
+  void heads_attention_forward(LayerState<A>& ls, int layer);
+  void heads_attention_backward(LayerState<A>& ls, int layer, const Tensor& dout, Tensor& dqkv);
+
   // ---- moe_ops.cc ----
   void moe_forward(const ir::Instr& in, ChunkState<A>& st, Tensor& cur);
   void moe_backward(const ir::Instr& in, ChunkState<A>& st, Tensor& cur);

@@ -209,6 +209,8 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
       if (prog.cp > 1) {
         if (ls.ring)
           ring_attention_forward(ls, l);
+        else if (ls.heads)
+          heads_attention_forward(ls, l);
         else if (!ls.kv.empty())
           cp_attention_forward(ls);
         else
@@ -216,6 +218,7 @@ void Interpreter<A>::forward_op(const Instr& in, ChunkState<A>& st, Tensor& cur,
         if (in.pass == ir::Pass::kForward) {  // a recomputation keeps them (or the ring armed) for the backward
           ls.kv.clear();
           ls.ring = false;
+          ls.heads = false;
         }
         if (!recompute) cur = ls.o;
         return;
@@ -384,12 +387,15 @@ void Interpreter<A>::backward_op(const Instr& in, ChunkState<A>& st, Tensor& cur
       if (prog.cp > 1) {  // the keys' and values' columns come with kv_grad
         if (ls.ring)
           ring_attention_backward(ls, l, cur, dqkv);
+        else if (ls.heads)
+          heads_attention_backward(ls, l, cur, dqkv);
         else if (!ls.kv.empty())
           cp_attention_backward(ls, cur, dqkv);
         else
           throw input_error(
               fmt::format("attn.core layer={} backward: cp = {} but no key/value exchange before it", l, prog.cp));
         ls.ring = false;
+        ls.heads = false;
         cur.swap(dqkv);
         return;
       }
@@ -463,6 +469,10 @@ void Interpreter<A>::free_recomputed(LayerState<A>& ls) {
 // A tensor-parallel collective inside a body.
 template <typename A>
 void Interpreter<A>::body_collective(const Instr& in, ChunkState<A>& st, Tensor& cur, Tensor& rcur) {
+  if (in.op == Opcode::kAllToAll && in.on == ir::CommGroup::kCp) {
+    heads_exchange(in, st);
+    return;
+  }
   if (in.op == Opcode::kAllToAll) {
     moe_exchange(in, st);
     return;

@@ -36,6 +36,7 @@ struct LayerState {
   F32 lse;                             // log-sum-exp
   Buffer<A> kv, dkv;                   // context parallelism: the whole sequences' k|v (gathered), their gradients
   bool ring = false;                   // context parallelism over the ring: a RING what=kv armed the attention
+  bool heads = false;                  // context parallelism over head groups: an ALLTOALL what=heads armed it
   Buffer<A> x2, y2;                    // MLP norm input, output
   F32 n2a, n2b;                        // its statistics
   Buffer<A> a, g;                      // fc1 output, activation output

@@ -193,9 +193,24 @@ class BodyBuilder {
 
   // Context parallelism: the whole sequences' keys and values gathered over the cp ranks before an attention reads
   // them (kKv), or their gradients reduce-scattered back to their chunks' ranks after its backward (kKvGrad); with
-  // cp_comm=p2p the ring that passes one rank's block at a time instead (RING, the count one block).
+  // cp_comm=p2p the ring that passes one rank's block at a time instead (RING, the count one block); with
+  // cp_comm=a2a the all-to-all of the heads before the attention (kHeads), whose backward sends the gradients back.
   void kv_exchange(std::vector<Instr>& out, int layer, int& index, Pass pass, bool gradients = false) const {
     const bool ring = c_.cp_comm == plan::CpComm::kP2p;
+    if (c_.cp_comm == plan::CpComm::kA2a) {
+      if (gradients) return;
+      Instr in;
+      in.op = Opcode::kAllToAll;
+      in.on = CommGroup::kCp;
+      in.what = What::kHeads;
+      in.layer = layer;
+      in.index = index++;
+      in.count = tokens_ * ((m_.heads + 2 * m_.kv_heads) / c_.tp / c_.cp) * m_.head_dim();
+      in.dtype = dtype_;
+      in.pass = pass;
+      out.push_back(in);
+      return;
+    }
     Instr in;
     in.op = ring ? Opcode::kRing : gradients ? Opcode::kReduceScatter : Opcode::kAllGather;
     in.on = CommGroup::kCp;

@@ -128,6 +128,8 @@ std::string_view to_string(What w) {
       return "kv_grad";
     case What::kRouterStats:
       return "router_stats";
+    case What::kHeads:
+      return "heads";
   }
   return "?";
 }

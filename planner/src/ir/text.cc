@@ -225,7 +225,7 @@ class Parser {
       } else if (key == "on") {
         in.on = enum_value<CommGroup>(value, CommGroup::kCp, "on");
       } else if (key == "what") {
-        in.what = enum_value<What>(value, What::kRouterStats, "what");
+        in.what = enum_value<What>(value, What::kHeads, "what");
       } else if (key == "pass") {
         in.pass = enum_value<Pass>(value, Pass::kRecompute, "pass");
       } else if (key == "chunk") {

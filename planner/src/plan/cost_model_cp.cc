@@ -96,7 +96,9 @@ double CostModel::cp_backward_seconds(const ParallelConfig& c, double attention_
       // K/V gathered again (the forward's are not kept), their gradients reduce-scattered to their chunks' ranks.
       return all_gather_seconds(kv * c.cp, g) + reduce_scatter_seconds(kv * c.cp, g);
     case CpComm::kA2a:
-      return cp_forward_seconds(c, attention_s);  // the same four all-to-alls, of the gradients
+      // Q, K, V and the output exchanged again (the forward's head-split copies are not kept), the output's gradient
+      // to the heads, the gradients of Q, K, V back: twice the forward's.
+      return 2.0 * cp_forward_seconds(c, attention_s);
   }
   return 0;
 }
@@ -115,8 +117,14 @@ double CostModel::cp_transient_bytes(const ParallelConfig& c) const {
     }
     case CpComm::kAllGather:
       return 2.0 * kv * c.cp;  // the whole sequence's K/V and, in the backward, their gradients
-    case CpComm::kA2a:
-      return 2.0 * kv;  // Q, K, V re-split: the same bytes, in other tokens and heads
+    case CpComm::kA2a: {
+      // The backward's: Q, K, V, the output and its gradient on the head group, the gradients of Q, K, V, and the
+      // send and receive copies of the last exchange (the same bytes as this rank's rows, in other tokens and heads).
+      const auto& m = model_.model;
+      const double q = local_tokens(c) * static_cast<double>(m.heads) / c.tp * static_cast<double>(m.head_dim()) *
+                       activation_bytes(model_.training.dtype);
+      return 4.0 * (q + kv) + 2.0 * q;
+    }
   }
   return 0;
 }

@@ -52,12 +52,6 @@ std::string cluster_digest(const topology::ClusterSpec& cluster) {
 }
 
 std::optional<ExecutionProblem> execution_problem(const model::ModelSpec& model, const ParallelConfig& config) {
-  if (config.cp > 1 && config.cp_comm == CpComm::kA2a) {
-    return ExecutionProblem{
-        "cp_comm = \"a2a\": dtrain prices it and writes it for Megatron but runs context parallelism with cp_comm = "
-        "\"p2p\" or \"all_gather\" only; plan with --fix cp_comm=p2p or cp_comm=all_gather",
-        "dtexec runs cp_comm=p2p or all_gather only", "cp_comm"};
-  }
   if (config.cp > 1 && model.moe.enabled() && model.moe.capacity_factor > 0) {
     return ExecutionProblem{
         "cp > 1 with an expert capacity (a sequence's earliest choices kept first, over all of its chunks): dtrain "

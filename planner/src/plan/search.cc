@@ -262,16 +262,10 @@ class Searcher {
   }
 
   // Whether c's only obstacle to running is its exchange: with all_gather, dtexec would run it.
-  bool runs_with_all_gather(ParallelConfig c) const {
-    c.cp_comm = CpComm::kAllGather;
-    return !execution_problem(cm_.model().model, c).has_value();
-  }
-
   // Whether the user pinned the dimension (problem.key) that makes a layout one dtexec cannot run: then it
   // is chosen like any other (and dtplan plan says why it does not run); else it is only priced and explained.
   bool pinned_problem(const ExecutionProblem& problem) const {
     const FixedDims& f = opt_.fixed;
-    if (problem.key == "cp_comm") return f.cp_comm.has_value();
     if (problem.key == "cp") return f.cp.has_value();
     return f.fsdp && *f.fsdp;
   }
@@ -282,9 +276,8 @@ class Searcher {
     const double memory = cm_.peak_memory_bytes(c);
     const double capacity = cm_.cluster().node.gpu.memory_bytes();
     const Scored s{c, cm_.step_time(c, lc).total(), memory, order_};
-    // A layout dtexec cannot run yet (plan::execution_problem: fsdp with zb-h1, cp_comm a2a,
-    // cp with dropout) is priced and explained (best_per_fsdp, best_per_cp_comm) but chosen only when the dimension
-    // is pinned (explain --fix fsdp=true, --fix cp_comm=a2a).
+    // A layout dtexec cannot run yet (plan::execution_problem: fsdp with zb-h1, cp with dropout) is priced and
+    // explained (best_per_fsdp) but chosen only when the dimension is pinned (explain --fix fsdp=true).
     const auto problem = execution_problem(cm_.model().model, c);
     const bool advisory = problem && !pinned_problem(*problem);
     if (memory > capacity) {
@@ -296,13 +289,10 @@ class Searcher {
     }
     ++result_.candidates;
     ++result_.evaluated;
-    // The best per fsdp and per exchange include layouts priced only for that dimension's sake (fsdp with zb-h1; an
-    // all-to-all exchange), not those priced only for another's.
-    const bool other_exchange = c.cp > 1 && c.cp_comm == CpComm::kA2a;
-    if (!advisory || !other_exchange) offer(best_fsdp_, c.fsdp ? 1 : 0, s);
-    if (c.cp > 1 && (!advisory || (other_exchange && runs_with_all_gather(c)))) {
-      offer(best_cp_comm_, std::string(to_string(c.cp_comm)), s);
-    }
+    // The best per fsdp includes layouts priced only for its sake (fsdp with zb-h1), not those priced only for
+    // another dimension's.
+    if (!advisory || problem->key == "fsdp") offer(best_fsdp_, c.fsdp ? 1 : 0, s);
+    if (c.cp > 1 && !advisory) offer(best_cp_comm_, std::string(to_string(c.cp_comm)), s);
     if (advisory) return true;
     offer(best_cp_, c.cp, s);
     top_.offer(s);

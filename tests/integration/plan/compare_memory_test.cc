@@ -1,8 +1,8 @@
 // Memory the planner predicts against the memory the executor holds (dtplan compare's memory lines), for the layouts
 // whose memory differs most from plain data parallelism: fully sharded data parallelism (each rank keeps its slices
 // of the parameters and gradients, and the units in use) and context parallelism (the ring's blocks, the
-// all-gather's whole sequences). A model whose parameters outweigh its activations, so that sharding shows: 4 layers
-// of hidden 256 (3.2 M parameters, 12.6 MB a fp32 copy) on 4 ranks, 2 steps each.
+// all-gather's whole sequences, the all-to-all's head groups). A model whose parameters outweigh its activations, so
+// that sharding shows: 4 layers of hidden 256 (3.2 M parameters, 12.6 MB a fp32 copy) on 4 ranks, 2 steps each.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -165,6 +165,7 @@ TEST_F(CompareMemoryTest, ContextParallelLayoutsHoldWhatThePlanPrices) {
   expect_within(run("cp-ring-tp", "cp=2,cp_comm=p2p,tp=2,dp=1,sequence_parallel=true,fsdp=false"), 0.10,
                 "cp2 p2p tp2 sp");
   expect_within(run("cp-gather", "cp=4,cp_comm=all_gather,dp=1"), 0.10, "cp4 all_gather");
+  expect_within(run("cp-heads", "cp=4,cp_comm=a2a,dp=1"), 0.10, "cp4 a2a");
 }
 
 }  // namespace

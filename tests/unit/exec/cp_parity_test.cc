@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "dtrain/ir/lower.h"
 #include "dtrain/ir/text.h"
@@ -23,7 +25,7 @@ using namespace exec::testing;
 struct CpLayout {
   int cp, dp, tp, pp;
   const char* extra;                // further --fix keys
-  const char* comm = "all_gather";  // cp_comm: the all-gather or the ring (p2p)
+  const char* comm = "all_gather";  // cp_comm: the all-gather, the ring (p2p) or the heads' all-to-all (a2a)
 };
 
 std::string cp_fix(const CpLayout& l) {
@@ -48,12 +50,38 @@ INSTANTIATE_TEST_SUITE_P(Layouts, CpParity,
                                            CpLayout{2, 1, 1, 1, "", "p2p"}, CpLayout{4, 1, 1, 1, "", "p2p"},
                                            CpLayout{2, 1, 2, 1, ",sequence_parallel=true", "p2p"},
                                            CpLayout{2, 1, 1, 2, ",schedule=1f1b,recompute=selective", "p2p"},
-                                           CpLayout{4, 2, 1, 1, ",distributed_optimizer=true,recompute=full", "p2p"}),
+                                           CpLayout{4, 2, 1, 1, ",distributed_optimizer=true,recompute=full", "p2p"},
+                                           // The heads' all-to-all: each of the 2 ranks one KV head's group.
+                                           CpLayout{2, 1, 1, 1, "", "a2a"},
+                                           CpLayout{2, 1, 1, 2, ",schedule=1f1b,recompute=selective", "a2a"},
+                                           CpLayout{2, 2, 1, 1, ",distributed_optimizer=true,recompute=full", "a2a"}),
                          [](const ::testing::TestParamInfo<CpLayout>& p) {
                            const CpLayout& l = p.param;
+                           const std::string_view comm = l.comm;
                            return fmt::format("cp{}dp{}tp{}pp{}{}", l.cp, l.dp, l.tp, l.pp,
-                                              std::string_view(l.comm) == "p2p" ? "_ring" : "");
+                                              comm == "p2p"   ? "_ring"
+                                              : comm == "a2a" ? "_a2a"
+                                                              : "");
                          });
+
+// The heads' all-to-all over 4 ranks (each one query and one key/value head of the tiny Llama with 4 KV heads), with
+// tensor parallelism beside it (8 ranks: each tensor-parallel rank's 2 heads over cp = 2).
+TEST(CpHeads, FourRanksEachWithOneHeadEqualTheSingleRank) {
+  const std::string mha = ::testing::TempDir() + "/tiny-mha.toml";
+  std::ostringstream tiny;
+  tiny << std::ifstream(kTiny).rdbuf();
+  std::string text = tiny.str();
+  text.replace(text.find("kv_heads = 2"), 12, "kv_heads = 4");
+  std::ofstream(mha) << text;
+  const std::vector<double> ref = single_rank_curve(mha);
+  for (const auto& [ranks, fix] : {std::pair{4, "cp=4,cp_comm=a2a,dp=1,tp=1,pp=1"},
+                                   std::pair{8, "cp=2,cp_comm=a2a,dp=2,tp=2,pp=1,sequence_parallel=true"}}) {
+    SCOPED_TRACE(fix);
+    TrainOptions o = tiny_options(curve_steps(20), fix, DType::kFp32);
+    o.model_path = mha;
+    expect_same_curve(losses(train_threads(ranks, o)), ref);
+  }
+}
 
 // The tiny MoE, its load-balancing loss included (per sequence: its statistics summed over the cp ranks, ALLREDUCE
 // what=router_stats): the experts split over two of the dp x cp ranks, with the all-gather and with the ring.
@@ -136,6 +164,31 @@ TEST(CpProgram, TheRingPassesOneBlockAtATime) {
   const std::string text = ir::print_program(programs[1]);
   EXPECT_NE(text.find("RING on=cp what=kv_grad"), std::string::npos);
   EXPECT_EQ(ir::parse_program(text, "ring.ir"), programs[1]);
+  const ir::VerifyReport report = ir::verify(programs);
+  EXPECT_TRUE(report.ok) << (report.problems.empty() ? "" : report.problems.front().message);
+}
+
+// The heads' all-to-all (cp_comm = a2a): an ALLTOALL on=cp what=heads before every attention's forward and
+// backward (each member sends each its rows of one head group: seq_len/cp x (heads + 2 kv_heads)/cp x head_dim), none
+// after; the programs verify deadlock-free and round-trip through the text.
+TEST(CpProgram, TheHeadsAllToAllArmsEveryAttention) {
+  const std::vector<ir::Program> programs =
+      ir::lower_all(tiny_cp_plan(2, plan::CpComm::kA2a, 2, plan::Recompute::kNone));
+  const std::int64_t part = 64 / 2 * (4 + 2 * 2) / 2 * 16;
+  for (const auto& b : programs[1].bodies) {
+    int heads = 0;
+    for (const auto& in : b->instrs) {
+      if (in.on != ir::CommGroup::kCp) continue;
+      EXPECT_EQ(in.op, ir::Opcode::kAllToAll) << ir::to_text(in);
+      EXPECT_EQ(in.what, ir::What::kHeads) << ir::to_text(in);
+      EXPECT_EQ(in.count, part) << ir::to_text(in);
+      ++heads;
+    }
+    EXPECT_EQ(heads, 4) << "one per layer";
+  }
+  const std::string text = ir::print_program(programs[1]);
+  EXPECT_NE(text.find("ALLTOALL on=cp what=heads"), std::string::npos);
+  EXPECT_EQ(ir::parse_program(text, "a2a.ir"), programs[1]);
   const ir::VerifyReport report = ir::verify(programs);
   EXPECT_TRUE(report.ok) << (report.problems.empty() ? "" : report.problems.front().message);
 }

@@ -560,7 +560,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "",
                 "--fix fsdp=true,schedule=zb-h1",
                 {"dtplan plan: fsdp = true with the zb-h1 schedule", "dtrain prices this but does not run it yet"}},
-        // Context parallelism the sequence or the heads do not allow, and an exchange dtexec does not run.
+        // Context parallelism the sequence or the heads do not allow.
         BadCase{"CpNotCuttingTheSequence",
                 false,
                 "",
@@ -573,13 +573,6 @@ INSTANTIATE_TEST_SUITE_P(
                 "",
                 "--fix cp=32,cp_comm=a2a,tp=1",
                 {"cp=32 with cp_comm=a2a needs cp to divide the heads (16) and key/value heads (16)"}},
-        BadCase{"CpAllToAllIsNotWritten",
-                false,
-                "",
-                "",
-                "--fix cp=2,cp_comm=a2a",
-                {"dtplan plan: cp_comm = \"a2a\"",
-                 "runs context parallelism with cp_comm = \"p2p\" or \"all_gather\" only"}},
         // Context parallelism with what dtexec cannot split over a sequence's chunks: an expert capacity (a
         // sequence's earliest choices first), the load-balancing loss when each tensor-parallel rank routes a shard.
         BadCase{"CpWithAnExpertCapacityIsNotWritten",

@@ -105,6 +105,11 @@ enum class What : std::uint8_t {
   kRouterStats,       // ALLREDUCE on=cp layer=L after a MoE layer's router with a load-balancing loss: per sequence of
                       // the micro-batch and expert, the rank's routed choices and router probabilities (count:
                       // micro_batch x experts x 2, fp32), summed over the cp ranks that hold the sequence's chunks
+  kHeads,             // context parallelism with cp_comm=a2a, in a body: ALLTOALL on=cp layer=L before an attention
+                      // (forward, recomputation, backward; count: what each member sends each, this rank's rows of
+                      // one head group's queries, keys and values). The attention runs on head groups: each member
+                      // all positions of heads/cp query and kv_heads/cp key/value heads, its output (and in the
+                      // backward the gradients) exchanged back to the sequence chunks (DeepSpeed-Ulysses)
 };
 
 // The model op a COMPUTE instruction of a stage body runs: the layer graph's ops (dtrain/model/layer_graph.h) plus

@@ -227,7 +227,7 @@ class CostModel {
   // The K/V exchanges of one layer's attention that its computation does not hide, forward and backward, given the
   // attention's own time in that pass: p2p a ring of cp - 1 steps each hidden behind 1/cp of the attention;
   // all_gather the whole sequence's K/V gathered before (and again for the backward, whose K/V gradients are
-  // reduce-scattered after); a2a four all-to-alls re-splitting the sequence into heads and back.
+  // reduce-scattered after); a2a two all-to-alls re-splitting the sequence into heads and back (four in the backward).
   double cp_forward_seconds(const ParallelConfig& config, double attention_s) const;
   double cp_backward_seconds(const ParallelConfig& config, double attention_s) const;
   // The largest buffer context parallelism adds to a layer's pass (the gathered K/V and their gradients, or the

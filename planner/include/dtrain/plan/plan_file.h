@@ -55,14 +55,15 @@ struct Plan {
 };
 
 // Why a layout the planner prices cannot run (lowering refuses it, dtrain/ir/lower.h), or nullopt: fully sharded
-// data parallelism (fsdp) with the zb-h1 schedule, and context parallelism with cp_comm = a2a or
-// with dropout, are priced and explained, not yet lowered. `dtplan plan` and the Slurm plugin refuse such a plan
-// with this message (exit 2) before writing or starting it, so that a plan they write runs; the search chooses such
-// a layout only when its dimensions are pinned. (Constant texts: the search asks this of every candidate.)
+// data parallelism (fsdp) with the zb-h1 schedule, and context parallelism with dropout, an expert capacity or (at
+// etp = 1) a MoE load-balancing loss, are priced and explained, not yet lowered. `dtplan plan` and the Slurm plugin
+// refuse such a plan with this message (exit 2) before writing or starting it, so that a plan they write runs; the
+// search chooses such a layout only when its dimensions are pinned. (Constant texts: the search asks this of every
+// candidate.)
 struct ExecutionProblem {
   std::string_view message;  // the whole sentence, with what to change (dtplan plan, the plugin, lowering)
   std::string_view limit;    // what dtexec runs instead, for explain's "priced only" ("dtexec runs cp_comm=...")
-  std::string_view key;      // the --fix key that makes the search choose such a layout anyway: fsdp, cp or cp_comm
+  std::string_view key;      // the --fix key that makes the search choose such a layout anyway: fsdp or cp
 };
 std::optional<ExecutionProblem> execution_problem(const model::ModelSpec& model, const ParallelConfig& config);
 
