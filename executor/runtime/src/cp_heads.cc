@@ -22,14 +22,15 @@ template <typename A>
 void Interpreter<A>::heads_exchange(const Instr& in, ChunkState<A>& st) {
   const std::int64_t hq = Hl / prog.cp, hk = KVl / prog.cp;
   if (hq * prog.cp != Hl || hk * prog.cp != KVl) {
-    throw input_error(fmt::format("ALLTOALL on=cp what=heads layer={}: cp={} does not divide the {} heads and {} "
-                                  "key/value heads of this rank",
-                                  in.layer, prog.cp, Hl, KVl));
+    throw input_error(
+        fmt::format("ALLTOALL on=cp what=heads layer={}: cp={} does not divide the {} heads and {} "
+                    "key/value heads of this rank",
+                    in.layer, prog.cp, Hl, KVl));
   }
   check_count(in, T * (hq + 2 * hk) * d);
   if (!be.host_accessible()) {
-    throw input_error(fmt::format("ALLTOALL on=cp layer={}: the {} backend does not run context parallelism",
-                                  in.layer, be.name()));
+    throw input_error(
+        fmt::format("ALLTOALL on=cp layer={}: the {} backend does not run context parallelism", in.layer, be.name()));
   }
   layer_state(st, in.layer).heads = true;  // the attention that follows runs on head groups
 }
@@ -67,8 +68,10 @@ void Interpreter<A>::trade_parts(int layer, std::string_view what, const Tensor&
 }
 
 template <typename A>
-void Interpreter<A>::rows_to_heads(int layer, std::string_view what, const HeadColumns& cols, const A* rows,
-                                   A* heads) {
+void Interpreter<A>::rows_to_heads(int layer, std::string_view what, const HeadColumns& cols, const Tensor& rows_t,
+                                   Tensor& heads_t) {
+  const A* rows = rows_t.data();
+  A* heads = heads_t.data();
   const std::int64_t width = cols.width(), part = T * width;
   Tensor out(be, static_cast<std::size_t>(prog.cp * part), kUninitialized), got(be, out.size(), kUninitialized);
   // Part j: cp rank j's group of columns of this rank's rows.
@@ -92,8 +95,10 @@ void Interpreter<A>::rows_to_heads(int layer, std::string_view what, const HeadC
 }
 
 template <typename A>
-void Interpreter<A>::heads_to_rows(int layer, std::string_view what, const HeadColumns& cols, const A* heads,
-                                   A* rows) {
+void Interpreter<A>::heads_to_rows(int layer, std::string_view what, const HeadColumns& cols, const Tensor& heads_t,
+                                   Tensor& rows_t) {
+  const A* heads = heads_t.data();
+  A* rows = rows_t.data();
   const std::int64_t width = cols.width(), part = T * width;
   Tensor out(be, static_cast<std::size_t>(prog.cp * part), kUninitialized), got(be, out.size(), kUninitialized);
   // Part j: this rank's group of columns of cp rank j's rows.
@@ -122,12 +127,12 @@ void Interpreter<A>::heads_attention_forward(LayerState<A>& ls, int layer) {
   const HeadColumns qkv_cols_h = qkv_head_columns(), o_cols = output_head_columns();
   const std::int64_t width = (hq + 2 * hk) * d;
   Tensor qkv(be, static_cast<std::size_t>(rows * width), kUninitialized);
-  rows_to_heads(layer, "qkv", qkv_cols_h, ls.qkv.data(), qkv.data());
+  rows_to_heads(layer, "qkv", qkv_cols_h, ls.qkv, qkv);
   Tensor o(be, static_cast<std::size_t>(rows * hq * d), kUninitialized);
   const k::AttentionShape shape{prog.micro_batch, m.seq_len, hq, hk, d, width, width};
   kern.attention_forward(shape, qkv.data(), qkv.data() + hq * d, qkv.data() + (hq + hk) * d, o.data(), ls.lse.data(),
                          nullptr);
-  heads_to_rows(layer, "o", o_cols, o.data(), ls.o.data());
+  heads_to_rows(layer, "o", o_cols, o, ls.o);
 }
 
 template <typename A>
@@ -136,29 +141,29 @@ void Interpreter<A>::heads_attention_backward(LayerState<A>& ls, int layer, cons
   const HeadColumns qkv_cols_h = qkv_head_columns(), o_cols = output_head_columns();
   const std::int64_t width = (hq + 2 * hk) * d;
   Tensor qkv(be, static_cast<std::size_t>(rows * width), kUninitialized);
-  rows_to_heads(layer, "qkv", qkv_cols_h, ls.qkv.data(), qkv.data());
+  rows_to_heads(layer, "qkv", qkv_cols_h, ls.qkv, qkv);
   Tensor o(be, static_cast<std::size_t>(rows * hq * d), kUninitialized);
   Tensor dout_h(be, o.size(), kUninitialized);
-  rows_to_heads(layer, "o", o_cols, ls.o.data(), o.data());
-  rows_to_heads(layer, "do", o_cols, dout.data(), dout_h.data());
+  rows_to_heads(layer, "o", o_cols, ls.o, o);
+  rows_to_heads(layer, "do", o_cols, dout, dout_h);
   Tensor dqkv_h(be, qkv.size(), kUninitialized);
   const k::AttentionShape shape{prog.micro_batch, m.seq_len, hq, hk, d, width, width};
   const A* q = qkv.data();
   kern.attention_backward(shape, q, q + hq * d, q + (hq + hk) * d, o.data(), ls.lse.data(), dout_h.data(),
                           dqkv_h.data(), dqkv_h.data() + hq * d, dqkv_h.data() + (hq + hk) * d, nullptr);
-  heads_to_rows(layer, "dqkv", qkv_cols_h, dqkv_h.data(), dqkv.data());
+  heads_to_rows(layer, "dqkv", qkv_cols_h, dqkv_h, dqkv);
 }
 
 // This file's members for both activation types (interpreter.h).
-#define DTRAIN_INSTANTIATE_CP_HEADS(A)                                                                                  \
-  template void Interpreter<A>::heads_exchange(const Instr&, ChunkState<A>&);                                          \
-  template typename Interpreter<A>::HeadColumns Interpreter<A>::qkv_head_columns() const;                              \
-  template typename Interpreter<A>::HeadColumns Interpreter<A>::output_head_columns() const;                           \
-  template std::int64_t Interpreter<A>::head_position(std::int64_t, std::int64_t) const;                               \
-  template void Interpreter<A>::trade_parts(int, std::string_view, const Tensor&, Tensor&);                            \
-  template void Interpreter<A>::rows_to_heads(int, std::string_view, const HeadColumns&, const A*, A*);                \
-  template void Interpreter<A>::heads_to_rows(int, std::string_view, const HeadColumns&, const A*, A*);                \
-  template void Interpreter<A>::heads_attention_forward(LayerState<A>&, int);                                          \
+#define DTRAIN_INSTANTIATE_CP_HEADS(A)                                                                            \
+  template void Interpreter<A>::heads_exchange(const Instr&, ChunkState<A>&);                                     \
+  template typename Interpreter<A>::HeadColumns Interpreter<A>::qkv_head_columns() const;                         \
+  template typename Interpreter<A>::HeadColumns Interpreter<A>::output_head_columns() const;                      \
+  template std::int64_t Interpreter<A>::head_position(std::int64_t, std::int64_t) const;                          \
+  template void Interpreter<A>::trade_parts(int, std::string_view, const Tensor&, Tensor&);                       \
+  template void Interpreter<A>::rows_to_heads(int, std::string_view, const HeadColumns&, const Tensor&, Tensor&); \
+  template void Interpreter<A>::heads_to_rows(int, std::string_view, const HeadColumns&, const Tensor&, Tensor&); \
+  template void Interpreter<A>::heads_attention_forward(LayerState<A>&, int);                                     \
   template void Interpreter<A>::heads_attention_backward(LayerState<A>&, int, const Tensor&, Tensor&);
 DTRAIN_INSTANTIATE_CP_HEADS(float)
 DTRAIN_INSTANTIATE_CP_HEADS(bf16)

@@ -278,8 +278,8 @@ class Interpreter final : public InterpreterBase {
   void trade_parts(int layer, std::string_view what, const Tensor& out, Tensor& got);
   // This rank's T rows (row-split) to the head-split tensor of its head group over whole sequences (position order,
   // the groups' columns side by side), and back.
-  void rows_to_heads(int layer, std::string_view what, const HeadColumns& cols, const A* rows, A* heads);
-  void heads_to_rows(int layer, std::string_view what, const HeadColumns& cols, const A* heads, A* rows);
+  void rows_to_heads(int layer, std::string_view what, const HeadColumns& cols, const Tensor& rows, Tensor& heads);
+  void heads_to_rows(int layer, std::string_view what, const HeadColumns& cols, const Tensor& heads, Tensor& rows);
   // The attention on this rank's head group (ls.qkv's rows exchanged), the output back into ls.o, the head group's
   // log-sum-exps into ls.lse; its backward: the gradients of the queries, keys and values back into dqkv.
   void heads_attention_forward(LayerState<A>& ls, int layer);
