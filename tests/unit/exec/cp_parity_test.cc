@@ -84,18 +84,11 @@ TEST(CpHeads, FourRanksEachWithOneHeadEqualTheSingleRank) {
 }
 
 // The tiny MoE, its load-balancing loss included (per sequence: its statistics summed over the cp ranks, ALLREDUCE
-// what=router_stats): the experts split over two of the dp x cp ranks, with the all-gather and with the ring.
+// what=router_stats): the experts split over two of the dp x cp ranks, with each of the three exchanges.
 TEST(CpMoe, ExpertsOverTheContextParallelRanksEqualTheSingleRank) {
-  const std::string moe = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny-moe.toml";
-  const std::vector<double> ref = single_rank_curve(moe);
-  for (const char* comm : {"all_gather", "p2p"}) {
-    TrainOptions o;
-    o.model_path = moe;
-    o.steps = curve_steps(20);
-    o.seed = 7;
-    o.fixed = {fmt::format("cp=2,cp_comm={},ep=2,dp=1,tp=1,pp=1", comm)};
-    expect_same_curve(losses(train_threads(2, o)), ref);
-  }
+  expect_layouts_follow_single_rank(std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny-moe.toml", 2,
+                                    {"cp=2,cp_comm=all_gather,ep=2,dp=1,tp=1,pp=1",
+                                     "cp=2,cp_comm=p2p,ep=2,dp=1,tp=1,pp=1", "cp=2,cp_comm=a2a,ep=2,dp=1,tp=1,pp=1"});
 }
 
 // The tiny Llama's plan on 4 CPU ranks with context parallelism (one sequence a micro-batch).

@@ -105,6 +105,21 @@ inline void expect_same_curve(const std::vector<double>& curve, const std::vecto
   }
 }
 
+// `model` trained (seed 7, 20 steps) on `ranks` threads under each layout of `fixes` gives its single-rank curve.
+inline void expect_layouts_follow_single_rank(const std::string& model, int ranks,
+                                              const std::vector<std::string>& fixes) {
+  const std::vector<double> ref = single_rank_curve(model);
+  for (const std::string& fix : fixes) {
+    SCOPED_TRACE(fix);
+    TrainOptions o;
+    o.model_path = model;
+    o.steps = curve_steps(20);
+    o.seed = 7;
+    o.fixed = {fix};
+    expect_same_curve(losses(train_threads(ranks, o)), ref);
+  }
+}
+
 // Checkpoints written by the tiny model (or `model`; seed 11) under layout `a` on `world` ranks resume under layout
 // `b`, and the other way round: steps 3 and 4 after 2 steps and a resume equal the uninterrupted single-rank run
 // within 1e-5.

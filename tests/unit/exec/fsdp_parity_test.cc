@@ -49,18 +49,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, FsdpParity,
                          });
 
 TEST(FsdpMoe, ExpertsShardedOverTheirGroupEqualTheSingleRank) {
-  const std::string moe = std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny-moe.toml";
-  const std::vector<double> ref = single_rank_curve(moe);
-  for (const char* fix : {"dp=4,tp=1,pp=1,ep=2,distributed_optimizer=true,fsdp=true",
-                          "dp=2,tp=1,pp=2,ep=2,distributed_optimizer=true,fsdp=true"}) {
-    SCOPED_TRACE(fix);
-    TrainOptions o;
-    o.model_path = moe;
-    o.steps = curve_steps(20);
-    o.seed = 7;
-    o.fixed = {fix};
-    expect_same_curve(losses(train_threads(4, o)), ref);
-  }
+  expect_layouts_follow_single_rank(std::string(DTRAIN_SOURCE_DIR) + "/examples/models/tiny-moe.toml", 4,
+                                    {"dp=4,tp=1,pp=1,ep=2,distributed_optimizer=true,fsdp=true",
+                                     "dp=2,tp=1,pp=2,ep=2,distributed_optimizer=true,fsdp=true"});
 }
 
 // Tied word embeddings (tiny Qwen2): fsdp holds the tied matrix whole beside its shards (the head reads it after the
@@ -68,18 +59,10 @@ TEST(FsdpMoe, ExpertsShardedOverTheirGroupEqualTheSingleRank) {
 // pipeline the first and last stage keep their copies equal as without fsdp.
 TEST(FsdpTied, TheTiedMatrixHeldWholeEqualsTheSingleRank) {
   const std::string tied = std::string(DTRAIN_SOURCE_DIR) + "/tests/data/models/tiny-qwen2.toml";
-  const std::vector<double> ref = single_rank_curve(tied);
-  for (const char* fix : {"dp=4,tp=1,pp=1,distributed_optimizer=true,fsdp=true",
-                          "dp=2,tp=1,pp=2,distributed_optimizer=true,fsdp=true,schedule=1f1b",
-                          "dp=2,tp=2,pp=1,distributed_optimizer=true,fsdp=true,sequence_parallel=true"}) {
-    SCOPED_TRACE(fix);
-    TrainOptions o;
-    o.model_path = tied;
-    o.steps = curve_steps(20);
-    o.seed = 7;
-    o.fixed = {fix};
-    expect_same_curve(losses(train_threads(4, o)), ref);
-  }
+  expect_layouts_follow_single_rank(tied, 4,
+                                    {"dp=4,tp=1,pp=1,distributed_optimizer=true,fsdp=true",
+                                     "dp=2,tp=1,pp=2,distributed_optimizer=true,fsdp=true,schedule=1f1b",
+                                     "dp=2,tp=2,pp=1,distributed_optimizer=true,fsdp=true,sequence_parallel=true"});
   // Its checkpoints (each rank's slices, the tied matrix's among them) resume without fsdp and the other way round.
   expect_checkpoints_cross(::testing::TempDir() + "/fsdp-tied-ckpt", 4,
                            "dp=4,tp=1,pp=1,micro_batch=1,distributed_optimizer=true,fsdp=true",
