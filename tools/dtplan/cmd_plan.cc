@@ -43,6 +43,7 @@ void add_comparison(Explanation& e, const PlanningInputs& in, const std::string&
   if (f.sequence_parallel) c.sequence_parallel = *f.sequence_parallel;
   if (f.distributed_optimizer) c.distributed_optimizer = *f.distributed_optimizer;
   if (f.fsdp) c.fsdp = *f.fsdp;
+  if (c.fsdp && !f.distributed_optimizer) c.distributed_optimizer = true;  // fsdp shards the optimizer state too
   if (f.cp) c.cp = *f.cp;
   if (f.cp_comm) c.cp_comm = *f.cp_comm;
   if (f.ep) c.ep = *f.ep;

@@ -261,7 +261,6 @@ class Searcher {
     }
   }
 
-  // Whether c's only obstacle to running is its exchange: with all_gather, dtexec would run it.
   // Whether the user pinned the dimension (problem.key) that makes a layout one dtexec cannot run: then it
   // is chosen like any other (and dtplan plan says why it does not run); else it is only priced and explained.
   bool pinned_problem(const ExecutionProblem& problem) const {

@@ -299,6 +299,21 @@ TEST(DtplanCli, CompareWithThePublishedLayoutQuantifiesTheReason) {
   EXPECT_THAT(text.out, HasSubstr("slower than the chosen layout"));
 }
 
+// --compare names fsdp and cp too: fsdp over a chosen layout without the distributed optimizer turns it on (fsdp
+// shards the optimizer state), and a cp layout takes its GPUs out of dp.
+TEST(DtplanCli, CompareTakesFsdpAndContextParallelism) {
+  const std::string model = kRoot + "/examples/models/megatron-1.7b.toml";
+  Result fsdp = run("explain --model " + model + " --cluster " + kDgx +
+                    " --gpus 32 --fix fsdp=false,distributed_optimizer=false --compare fsdp=true");
+  ASSERT_EQ(fsdp.exit_code, 0) << fsdp.err;
+  EXPECT_THAT(fsdp.out, HasSubstr("dopt=on fsdp=on"));
+  EXPECT_THAT(fsdp.out, HasSubstr("faster than the chosen layout"));
+  Result cp = run("explain --model " + model + " --cluster " + kDgx + " --gpus 32 --compare cp=2,cp_comm=a2a");
+  ASSERT_EQ(cp.exit_code, 0) << cp.err;
+  EXPECT_THAT(cp.out, HasSubstr("dp=16"));
+  EXPECT_THAT(cp.out, HasSubstr("(cp=2,cp_comm=a2a)"));
+}
+
 TEST(DtplanCli, PlansFromADiscoveredTopologyAndSaysWhatWasObserved) {
   std::string xml = kRoot + "/tests/data/topologies/aws-p4d.24xlarge.xml";
   Result r =
