@@ -68,102 +68,94 @@ void Interpreter<A>::trade_parts(int layer, std::string_view what, const Tensor&
 }
 
 template <typename A>
-void Interpreter<A>::rows_to_heads(int layer, std::string_view what, const HeadColumns& cols, const Tensor& rows_t,
-                                   Tensor& heads_t) {
-  const A* rows = rows_t.data();
-  A* heads = heads_t.data();
+void Interpreter<A>::trade_heads(int layer, std::string_view what, const HeadColumns& cols, const Tensor& from,
+                                 Tensor& to, bool to_heads) {
   const std::int64_t width = cols.width(), part = T * width;
+  const auto bytes = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(A); };
+  // Row r of a row-split tensor against cp rank j's group of its columns, packed side by side.
+  auto copy_groups = [&](std::int64_t j, const A* src, A* dst, bool src_is_row) {
+    for (auto [first, w] : cols.groups) {
+      if (src_is_row) {
+        be.copy(dst, src + first + j * w, bytes(w));
+        dst += w;
+      } else {
+        be.copy(dst + first + j * w, src, bytes(w));
+        src += w;
+      }
+    }
+  };
+  // Part j: to the heads, rank j's group of this rank's rows; back, this rank's group of rank j's rows (whole rows
+  // of the head-split tensor, at their positions).
   Tensor out(be, static_cast<std::size_t>(prog.cp * part), kUninitialized), got(be, out.size(), kUninitialized);
-  // Part j: cp rank j's group of columns of this rank's rows.
   for (std::int64_t j = 0; j < prog.cp; ++j) {
     for (std::int64_t r = 0; r < T; ++r) {
-      A* into = out.data() + j * part + r * width;
-      for (auto [first, w] : cols.groups) {
-        be.copy(into, rows + r * cols.stride + first + j * w, static_cast<std::size_t>(w) * sizeof(A));
-        into += w;
-      }
+      A* packed = out.data() + j * part + r * width;
+      if (to_heads)
+        copy_groups(j, from.data() + r * cols.stride, packed, true);
+      else
+        be.copy(packed, from.data() + head_position(j, r) * width, bytes(width));
     }
   }
   trade_parts(layer, what, out, got);
-  // Part j: cp rank j's rows of this rank's group, placed at their positions.
+  // Part j: to the heads, rank j's rows of this rank's group, placed at their positions; back, rank j's group of
+  // this rank's rows.
   for (std::int64_t j = 0; j < prog.cp; ++j) {
     for (std::int64_t r = 0; r < T; ++r) {
-      be.copy(heads + head_position(j, r) * width, got.data() + j * part + r * width,
-              static_cast<std::size_t>(width) * sizeof(A));
+      const A* packed = got.data() + j * part + r * width;
+      if (to_heads)
+        be.copy(to.data() + head_position(j, r) * width, packed, bytes(width));
+      else
+        copy_groups(j, packed, to.data() + r * cols.stride, false);
     }
   }
 }
 
 template <typename A>
-void Interpreter<A>::heads_to_rows(int layer, std::string_view what, const HeadColumns& cols, const Tensor& heads_t,
-                                   Tensor& rows_t) {
-  const A* heads = heads_t.data();
-  A* rows = rows_t.data();
-  const std::int64_t width = cols.width(), part = T * width;
-  Tensor out(be, static_cast<std::size_t>(prog.cp * part), kUninitialized), got(be, out.size(), kUninitialized);
-  // Part j: this rank's group of columns of cp rank j's rows.
-  for (std::int64_t j = 0; j < prog.cp; ++j) {
-    for (std::int64_t r = 0; r < T; ++r) {
-      be.copy(out.data() + j * part + r * width, heads + head_position(j, r) * width,
-              static_cast<std::size_t>(width) * sizeof(A));
-    }
-  }
-  trade_parts(layer, what, out, got);
-  // Part j: cp rank j's group of columns of this rank's rows.
-  for (std::int64_t j = 0; j < prog.cp; ++j) {
-    for (std::int64_t r = 0; r < T; ++r) {
-      const A* from = got.data() + j * part + r * width;
-      for (auto [first, w] : cols.groups) {
-        be.copy(rows + r * cols.stride + first + j * w, from, static_cast<std::size_t>(w) * sizeof(A));
-        from += w;
-      }
-    }
-  }
+typename Interpreter<A>::HeadSplit Interpreter<A>::head_split_qkv(LayerState<A>& ls, int layer) {
+  const std::int64_t hq = Hl / prog.cp, hk = KVl / prog.cp, width = (hq + 2 * hk) * d;
+  HeadSplit out{Tensor(be, static_cast<std::size_t>(prog.micro_batch * m.seq_len * width), kUninitialized),
+                {prog.micro_batch, m.seq_len, hq, hk, d, width, width}};
+  trade_heads(layer, "qkv", qkv_head_columns(), ls.qkv, out.qkv, true);
+  return out;
 }
 
 template <typename A>
 void Interpreter<A>::heads_attention_forward(LayerState<A>& ls, int layer) {
-  const std::int64_t hq = Hl / prog.cp, hk = KVl / prog.cp, rows = prog.micro_batch * m.seq_len;
-  const HeadColumns qkv_cols_h = qkv_head_columns(), o_cols = output_head_columns();
-  const std::int64_t width = (hq + 2 * hk) * d;
-  Tensor qkv(be, static_cast<std::size_t>(rows * width), kUninitialized);
-  rows_to_heads(layer, "qkv", qkv_cols_h, ls.qkv, qkv);
-  Tensor o(be, static_cast<std::size_t>(rows * hq * d), kUninitialized);
-  const k::AttentionShape shape{prog.micro_batch, m.seq_len, hq, hk, d, width, width};
-  kern.attention_forward(shape, qkv.data(), qkv.data() + hq * d, qkv.data() + (hq + hk) * d, o.data(), ls.lse.data(),
-                         nullptr);
-  heads_to_rows(layer, "o", o_cols, o, ls.o);
+  const HeadSplit split = head_split_qkv(ls, layer);
+  const std::int64_t hq = split.shape.n_heads, hk = split.shape.n_kv_heads;
+  Tensor o(be, split.qkv.size() / static_cast<std::size_t>(hq + 2 * hk) * static_cast<std::size_t>(hq), kUninitialized);
+  const A* q = split.qkv.data();
+  kern.attention_forward(split.shape, q, q + hq * d, q + (hq + hk) * d, o.data(), ls.lse.data(), nullptr);
+  trade_heads(layer, "o", output_head_columns(), o, ls.o, false);
 }
 
 template <typename A>
 void Interpreter<A>::heads_attention_backward(LayerState<A>& ls, int layer, const Tensor& dout, Tensor& dqkv) {
-  const std::int64_t hq = Hl / prog.cp, hk = KVl / prog.cp, rows = prog.micro_batch * m.seq_len;
-  const HeadColumns qkv_cols_h = qkv_head_columns(), o_cols = output_head_columns();
-  const std::int64_t width = (hq + 2 * hk) * d;
-  Tensor qkv(be, static_cast<std::size_t>(rows * width), kUninitialized);
-  rows_to_heads(layer, "qkv", qkv_cols_h, ls.qkv, qkv);
-  Tensor o(be, static_cast<std::size_t>(rows * hq * d), kUninitialized);
+  const HeadSplit split = head_split_qkv(ls, layer);
+  const std::int64_t hq = split.shape.n_heads, hk = split.shape.n_kv_heads;
+  const HeadColumns o_cols = output_head_columns();
+  Tensor o(be, split.qkv.size() / static_cast<std::size_t>(hq + 2 * hk) * static_cast<std::size_t>(hq), kUninitialized);
   Tensor dout_h(be, o.size(), kUninitialized);
-  rows_to_heads(layer, "o", o_cols, ls.o, o);
-  rows_to_heads(layer, "do", o_cols, dout, dout_h);
-  Tensor dqkv_h(be, qkv.size(), kUninitialized);
-  const k::AttentionShape shape{prog.micro_batch, m.seq_len, hq, hk, d, width, width};
-  const A* q = qkv.data();
-  kern.attention_backward(shape, q, q + hq * d, q + (hq + hk) * d, o.data(), ls.lse.data(), dout_h.data(),
-                          dqkv_h.data(), dqkv_h.data() + hq * d, dqkv_h.data() + (hq + hk) * d, nullptr);
-  heads_to_rows(layer, "dqkv", qkv_cols_h, dqkv_h, dqkv);
+  trade_heads(layer, "o", o_cols, ls.o, o, true);
+  trade_heads(layer, "do", o_cols, dout, dout_h, true);
+  Tensor dqkv_h(be, split.qkv.size(), kUninitialized);
+  const A* q = split.qkv.data();
+  A* dq = dqkv_h.data();
+  kern.attention_backward(split.shape, q, q + hq * d, q + (hq + hk) * d, o.data(), ls.lse.data(), dout_h.data(), dq,
+                          dq + hq * d, dq + (hq + hk) * d, nullptr);
+  trade_heads(layer, "dqkv", qkv_head_columns(), dqkv_h, dqkv, false);
 }
 
 // This file's members for both activation types (interpreter.h).
-#define DTRAIN_INSTANTIATE_CP_HEADS(A)                                                                            \
-  template void Interpreter<A>::heads_exchange(const Instr&, ChunkState<A>&);                                     \
-  template typename Interpreter<A>::HeadColumns Interpreter<A>::qkv_head_columns() const;                         \
-  template typename Interpreter<A>::HeadColumns Interpreter<A>::output_head_columns() const;                      \
-  template std::int64_t Interpreter<A>::head_position(std::int64_t, std::int64_t) const;                          \
-  template void Interpreter<A>::trade_parts(int, std::string_view, const Tensor&, Tensor&);                       \
-  template void Interpreter<A>::rows_to_heads(int, std::string_view, const HeadColumns&, const Tensor&, Tensor&); \
-  template void Interpreter<A>::heads_to_rows(int, std::string_view, const HeadColumns&, const Tensor&, Tensor&); \
-  template void Interpreter<A>::heads_attention_forward(LayerState<A>&, int);                                     \
+#define DTRAIN_INSTANTIATE_CP_HEADS(A)                                                                                \
+  template void Interpreter<A>::heads_exchange(const Instr&, ChunkState<A>&);                                         \
+  template typename Interpreter<A>::HeadColumns Interpreter<A>::qkv_head_columns() const;                             \
+  template typename Interpreter<A>::HeadColumns Interpreter<A>::output_head_columns() const;                          \
+  template std::int64_t Interpreter<A>::head_position(std::int64_t, std::int64_t) const;                              \
+  template void Interpreter<A>::trade_parts(int, std::string_view, const Tensor&, Tensor&);                           \
+  template void Interpreter<A>::trade_heads(int, std::string_view, const HeadColumns&, const Tensor&, Tensor&, bool); \
+  template typename Interpreter<A>::HeadSplit Interpreter<A>::head_split_qkv(LayerState<A>&, int);                    \
+  template void Interpreter<A>::heads_attention_forward(LayerState<A>&, int);                                         \
   template void Interpreter<A>::heads_attention_backward(LayerState<A>&, int, const Tensor&, Tensor&);
 DTRAIN_INSTANTIATE_CP_HEADS(float)
 DTRAIN_INSTANTIATE_CP_HEADS(bf16)

@@ -276,10 +276,17 @@ class Interpreter final : public InterpreterBase {
   std::int64_t head_position(std::int64_t rank, std::int64_t r) const;
   // Part j of `out` to cp rank j, rank j's into part j of `got` (this rank's own copied), as one group.
   void trade_parts(int layer, std::string_view what, const Tensor& out, Tensor& got);
-  // This rank's T rows (row-split) to the head-split tensor of its head group over whole sequences (position order,
-  // the groups' columns side by side), and back.
-  void rows_to_heads(int layer, std::string_view what, const HeadColumns& cols, const Tensor& rows, Tensor& heads);
-  void heads_to_rows(int layer, std::string_view what, const HeadColumns& cols, const Tensor& heads, Tensor& rows);
+  // to_heads: this rank's T rows (row-split) to the head-split tensor of its head group over whole sequences
+  // (position order, the groups' columns side by side); else back.
+  void trade_heads(int layer, std::string_view what, const HeadColumns& cols, const Tensor& from, Tensor& to,
+                   bool to_heads);
+  // This rank's head group's queries, keys and values over whole sequences (ls.qkv's rows exchanged) and the
+  // attention's shape over them.
+  struct HeadSplit {
+    Tensor qkv;
+    kernels::AttentionShape shape;
+  };
+  HeadSplit head_split_qkv(LayerState<A>& ls, int layer);
   // The attention on this rank's head group (ls.qkv's rows exchanged), the output back into ls.o, the head group's
   // log-sum-exps into ls.lse; its backward: the gradients of the queries, keys and values back into dqkv.
   void heads_attention_forward(LayerState<A>& ls, int layer);
