@@ -128,7 +128,7 @@ void Interpreter<A>::plan_owned_ranges() {
     Sharded s;
     s.unit = unit;
     s.pieces = prog.ep > 1 ? bucket_pieces(in, experts) : Pieces{{range.first, range.second - range.first}};
-    for (auto [b, n] : s.pieces) s.size += n;
+    s.size = packed_size(s.pieces);
     s.members = group->size();
     s.member = group->rank();
     s.shard = (s.size + s.members - 1) / s.members;

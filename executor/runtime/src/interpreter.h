@@ -176,14 +176,12 @@ class Interpreter final : public InterpreterBase {
   void round_weights();
   void check_count(const ir::Instr& in, std::int64_t actual) const;
   void reduce_tensor_grads(const ir::Instr& in, comm::Communicator& group, const Pieces& pieces);
-  // The gradients of `pieces`, packed, summed over `group` and unpacked.
-  void sum_grads(comm::Communicator& group, const Pieces& pieces);
   // The parts of `pieces` inside this rank's owned ranges, in the same order.
   Pieces owned_part(const Pieces& pieces) const;
   static std::int64_t packed_size(const Pieces& pieces) {
-    std::int64_t n = 0;
-    for (auto [b, e] : pieces) n += e;
-    return n;
+    std::int64_t total = 0;
+    for (auto [b, n] : pieces) total += n;
+    return total;
   }
   void settle();
   void synchronize_all();

@@ -276,17 +276,9 @@ void Interpreter<A>::schedule_collective(const Instr& in) {
     return;
   }
   if (in.on == ir::CommGroup::kTp && in.what == What::kReplicatedGrads) {
-    Pieces pieces = tensor_pieces([&](const TensorSpec& t) {
-      return t.chunk == in.chunk && t.tp_replicated && t.unit >= in.layer && t.unit < in.layer_end;
-    });
-    if (prog.fsdp) {
-      // After the units' reduce-scatters only this rank's slices hold gradients (the same elements on every
-      // tensor-parallel peer); the rest are released, zeros, and stay so.
-      check_count(in, packed_size(pieces));
-      sum_grads(*comms.tp, owned_part(pieces));
-      return;
-    }
-    reduce_tensor_grads(in, *comms.tp, pieces);
+    reduce_tensor_grads(in, *comms.tp, tensor_pieces([&](const TensorSpec& t) {
+                          return t.chunk == in.chunk && t.tp_replicated && t.unit >= in.layer && t.unit < in.layer_end;
+                        }));
     return;
   }
   if (in.on == ir::CommGroup::kEmbedding) {
@@ -375,15 +367,13 @@ void Interpreter<A>::sharded_collective(const Instr& in, bool off_thread) {
 }
 
 // Sums over `group` the gradients of `pieces`, packed into one buffer (they need not be contiguous in the flat
-// buffer) and unpacked after; the instruction's count must be their size.
+// buffer) and unpacked after; the instruction's count must be their size. With fsdp only this rank's slices hold
+// gradients after the units' reduce-scatters (the same elements on every peer of a group that is not data-parallel);
+// the rest are released, zeros, and stay so: only those slices are summed.
 template <typename A>
-void Interpreter<A>::reduce_tensor_grads(const Instr& in, comm::Communicator& group, const Pieces& pieces) {
-  check_count(in, packed_size(pieces));
-  sum_grads(group, pieces);
-}
-
-template <typename A>
-void Interpreter<A>::sum_grads(comm::Communicator& group, const Pieces& pieces) {
+void Interpreter<A>::reduce_tensor_grads(const Instr& in, comm::Communicator& group, const Pieces& all) {
+  check_count(in, packed_size(all));
+  const Pieces pieces = prog.fsdp ? owned_part(all) : all;
   const std::int64_t total = packed_size(pieces);
   if (total == 0) return;
   F32 buf(be, static_cast<std::size_t>(total));
@@ -508,7 +498,6 @@ void Interpreter<A>::slice(ir::Stream stream, Clock::time_point a, Clock::time_p
   template void Interpreter<A>::sharded_collective(const Instr&, bool);                                              \
   template void Interpreter<A>::check_count(const Instr&, std::int64_t) const;                                       \
   template void Interpreter<A>::reduce_tensor_grads(const Instr&, comm::Communicator&, const Pieces&);               \
-  template void Interpreter<A>::sum_grads(comm::Communicator&, const Pieces&);                                       \
   template typename Interpreter<A>::Pieces Interpreter<A>::owned_part(const Pieces&) const;                          \
   template void Interpreter<A>::settle();                                                                            \
   template void Interpreter<A>::report_activity(Activity);                                                           \

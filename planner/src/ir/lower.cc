@@ -858,6 +858,7 @@ class Lowering {
     }
 
     const auto& m = plan_.model.model;
+    const std::int64_t tied_count = model::vocab_shard_rows(m, c_.tp) * m.hidden;  // the tied matrix, where apart
     if (!p.embedding_group.empty()) {
       // First and last stage sum the gradients of their copies of the word embeddings, then reduce that matrix over
       // data parallelism.
@@ -865,18 +866,17 @@ class Lowering {
       in.op = Opcode::kAllReduce;
       in.on = CommGroup::kEmbedding;
       in.what = What::kEmbeddingGrad;
-      in.count = model::vocab_shard_rows(m, c_.tp) * m.hidden;
+      in.count = tied_count;
       in.dtype = grad_dtype_;
       in.reduce = ReduceOp::kSum;
       out.push_back(in);
     }
     if (tied_apart_ && (pl.pp_rank == 0 || pl.pp_rank == c_.pp - 1) && c_.dp_cp() > 1) {
       // The tied matrix, a bucket of its own (with fsdp the only one the schedule reduces and gathers).
-      const std::int64_t count = model::vocab_shard_rows(m, c_.tp) * m.hidden;
       int chunk = pl.pp_rank == 0 ? 0 : C - 1;
-      Bucket tied{0, 0, count};
+      Bucket tied{0, 0, tied_count};
       out.push_back(dp_reduction(chunk, bucket_index++, tied, true));
-      all_buckets.emplace_back(chunk, Bucket{-2, -2, count});  // -2: the tied matrix
+      all_buckets.emplace_back(chunk, Bucket{-2, -2, tied_count});  // -2: the tied matrix
     }
     if (p.world > 1) {
       Instr norm;

@@ -35,6 +35,11 @@ std::optional<std::string> cp_problem(const model::ModelSpec& m, const ParallelC
 
 GroupGeometry CostModel::cp_group(const ParallelConfig& c) const { return data_parallel_ranks(c, c.cp); }
 
+double CostModel::cp_query_elements(const ParallelConfig& c) const {
+  const auto& m = model_.model;
+  return local_tokens(c) * static_cast<double>(m.heads) / c.tp * static_cast<double>(m.head_dim());
+}
+
 double CostModel::cp_kv_bytes(const ParallelConfig& c) const {
   const auto& m = model_.model;
   const double kv_heads = static_cast<double>(m.kv_heads) / c.tp;
@@ -71,9 +76,7 @@ double CostModel::cp_forward_seconds(const ParallelConfig& c, double attention_s
       return all_gather_seconds(kv * c.cp, g);
     case CpComm::kA2a: {
       // Q, K, V to the heads' ranks before the attention, the output back after it.
-      const auto& m = model_.model;
-      const double e = activation_bytes(model_.training.dtype), hd = static_cast<double>(m.head_dim());
-      const double q = local_tokens(c) * static_cast<double>(m.heads) / c.tp * hd * e;
+      const double q = cp_query_elements(c) * activation_bytes(model_.training.dtype);
       return all_to_all_seconds(q + kv, g) + all_to_all_seconds(q, g);
     }
   }
@@ -110,19 +113,15 @@ double CostModel::cp_transient_bytes(const ParallelConfig& c) const {
     case CpComm::kP2p: {
       // The backward's (more than the forward's): the block held and the one arriving, the summed gradients sent on
       // and received, this rank's part of the held block's gradients in fp32, and its queries' gradients in fp32.
-      const auto& m = model_.model;
       const double e = activation_bytes(model_.training.dtype);
-      const double dq = local_tokens(c) * static_cast<double>(m.heads) / c.tp * static_cast<double>(m.head_dim()) * 4;
-      return 4.0 * kv + kv / e * 4 + dq;
+      return 4.0 * kv + kv / e * 4 + cp_query_elements(c) * 4;
     }
     case CpComm::kAllGather:
       return 2.0 * kv * c.cp;  // the whole sequence's K/V and, in the backward, their gradients
     case CpComm::kA2a: {
       // The backward's: Q, K, V, the output and its gradient on the head group, the gradients of Q, K, V, and the
       // send and receive copies of the last exchange (the same bytes as this rank's rows, in other tokens and heads).
-      const auto& m = model_.model;
-      const double q = local_tokens(c) * static_cast<double>(m.heads) / c.tp * static_cast<double>(m.head_dim()) *
-                       activation_bytes(model_.training.dtype);
+      const double q = cp_query_elements(c) * activation_bytes(model_.training.dtype);
       return 4.0 * (q + kv) + 2.0 * q;
     }
   }

@@ -22,18 +22,21 @@ double CostModel::fsdp_whole_params(const ParallelConfig& c, int stage) const {
   return static_cast<double>(model::vocab_shard_rows(m, c.tp)) * static_cast<double>(m.hidden);
 }
 
-double CostModel::fsdp_unit_params(const ParallelConfig& c, int stage) const {
+std::pair<double, double> CostModel::fsdp_end_units(const ParallelConfig& c, int stage) const {
   const bool first = stage == 0, last = stage == c.pp - 1;
+  const double whole = fsdp_whole_params(c, stage);
+  return {first ? stage_params(c, 0, 0, true, false) - whole : 0.0,
+          last ? stage_params(c, 0, 0, false, true) - (first ? 0.0 : whole) : 0.0};
+}
+
+double CostModel::fsdp_unit_params(const ParallelConfig& c, int stage) const {
   const int layers = c.stage_layers(stage);
   const int moe = graph_.moe.empty() ? 0 : stage_moe_layers(c, stage);
-  const double whole = fsdp_whole_params(c, stage);
   double unit = 0;
   if (layers > moe) unit = layers_params(c, 1, 0);
   if (moe > 0) unit = std::max(unit, layers_params(c, 0, 1));
-  // The tied matrix is the embedding's (pp = 1: the head has none; pp > 1: each end stage's copy).
-  if (first) unit = std::max(unit, stage_params(c, 0, 0, true, false) - whole);
-  if (last) unit = std::max(unit, stage_params(c, 0, 0, false, true) - (first ? 0.0 : whole));
-  return unit;
+  const auto [embedding, head] = fsdp_end_units(c, stage);
+  return std::max({unit, embedding, head});
 }
 
 double CostModel::fsdp_tied_seconds(const ParallelConfig& c) const {
@@ -74,9 +77,9 @@ StageTimes CostModel::with_fsdp(const ParallelConfig& c, int stage, StageTimes s
   };
   if (layers > moe) add(unit(layers_params(c, 1, 0), 0), layers - moe);
   if (moe > 0) add(unit(layers_params(c, 0, 1), moe_layer_expert_params(c)), moe);
-  const double whole = fsdp_whole_params(c, stage);  // the tied matrix, not in the units
-  if (first) add(unit(stage_params(c, 0, 0, true, false) - whole, 0), 1);
-  if (last) add(unit(stage_params(c, 0, 0, false, true) - (first ? 0.0 : whole), 0), 1);
+  const auto [embedding, head] = fsdp_end_units(c, stage);
+  if (first) add(unit(embedding, 0), 1);
+  if (last) add(unit(head, 0), 1);
   const int units = layers + (first ? 1 : 0) + (last ? 1 : 0);
   if (units == 0) return st;
   // Each chunk's first unit is gathered before anything can hide it; the rest while the unit before computes.

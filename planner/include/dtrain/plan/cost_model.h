@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtrain/model/layer_graph.h"
@@ -210,6 +211,9 @@ class CostModel {
   StageTimes with_fsdp(const ParallelConfig& config, int stage, StageTimes st) const;
   // The parameters of the largest unit of `stage` one GPU gathers (its tensor-parallel shard, whole over dp).
   double fsdp_unit_params(const ParallelConfig& config, int stage) const;
+  // The embedding's and the head's units of `stage` (0 where it has none), less the tied matrix fsdp holds whole
+  // (pp = 1: the embedding's; pp > 1: each end stage's copy).
+  std::pair<double, double> fsdp_end_units(const ParallelConfig& config, int stage) const;
   // Parameters of which `expert_params` routed experts', as one GPU holds them sharded: the dense ones over dp, the
   // routed experts over the dp / ep ranks holding them (the distributed optimizer's state has the same shards).
   double sharded_params(const ParallelConfig& config, double params, double expert_params) const;
@@ -224,6 +228,8 @@ class CostModel {
   GroupGeometry cp_group(const ParallelConfig& config) const;
   // This rank's keys and values of one layer for one micro-batch (its 2 chunks of every sequence, its kv heads).
   double cp_kv_bytes(const ParallelConfig& config) const;
+  // This rank's queries of one layer for one micro-batch (its 2 chunks of every sequence, its heads), in elements.
+  double cp_query_elements(const ParallelConfig& config) const;
   // The K/V exchanges of one layer's attention that its computation does not hide, forward and backward, given the
   // attention's own time in that pass: p2p a ring of cp - 1 steps each hidden behind 1/cp of the attention;
   // all_gather the whole sequence's K/V gathered before (and again for the backward, whose K/V gradients are
