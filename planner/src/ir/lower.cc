@@ -196,28 +196,18 @@ class BodyBuilder {
   // cp_comm=p2p the ring that passes one rank's block at a time instead (RING, the count one block); with
   // cp_comm=a2a the all-to-all of the heads before the attention (kHeads), whose backward sends the gradients back.
   void kv_exchange(std::vector<Instr>& out, int layer, int& index, Pass pass, bool gradients = false) const {
-    const bool ring = c_.cp_comm == plan::CpComm::kP2p;
-    if (c_.cp_comm == plan::CpComm::kA2a) {
-      if (gradients) return;
-      Instr in;
-      in.op = Opcode::kAllToAll;
-      in.on = CommGroup::kCp;
-      in.what = What::kHeads;
-      in.layer = layer;
-      in.index = index++;
-      in.count = tokens_ * ((m_.heads + 2 * m_.kv_heads) / c_.tp / c_.cp) * m_.head_dim();
-      in.dtype = dtype_;
-      in.pass = pass;
-      out.push_back(in);
-      return;
-    }
+    const bool ring = c_.cp_comm == plan::CpComm::kP2p, heads = c_.cp_comm == plan::CpComm::kA2a;
+    if (heads && gradients) return;  // the attention's backward sends the gradients back itself
     Instr in;
-    in.op = ring ? Opcode::kRing : gradients ? Opcode::kReduceScatter : Opcode::kAllGather;
+    in.op = heads ? Opcode::kAllToAll : ring ? Opcode::kRing : gradients ? Opcode::kReduceScatter : Opcode::kAllGather;
     in.on = CommGroup::kCp;
-    in.what = gradients ? What::kKvGrad : What::kKv;
+    in.what = heads ? What::kHeads : gradients ? What::kKvGrad : What::kKv;
     in.layer = layer;
     in.index = index++;
-    in.count = ring ? kv_count_ / c_.cp : kv_count_;
+    // a2a: what each member sends each, this rank's rows of one head group's queries, keys and values.
+    in.count = heads  ? tokens_ * ((m_.heads + 2 * m_.kv_heads) / c_.tp / c_.cp) * m_.head_dim()
+               : ring ? kv_count_ / c_.cp
+                      : kv_count_;
     in.dtype = dtype_;
     in.reduce = gradients && !ring ? ReduceOp::kSum : ReduceOp::kNone;
     in.pass = pass;
